@@ -1,0 +1,48 @@
+# tpufleet: two commands for a newcomer, `make demo` and `make test`. Both bootstrap .venv themselves.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.tpufleet-installed
+
+.PHONY: venv test lint unit integration demo bench clean help
+
+help:
+	@echo "make demo   - start an emulated TPU fleet and run the main job end to end"
+	@echo "make test   - ruff, mypy, import-linter contracts and the whole pytest suite"
+	@echo "make venv   - create or update .venv with the pinned dependencies"
+	@echo "make bench  - run the benchmarks in bench/ (not part of the tests)"
+
+# The stamp is rebuilt only when the pins or the package metadata change, so a second run is instant.
+$(STAMP): requirements.lock pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 (or run: make PYTHON=/path/to/python3.11)"; exit 2; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip==26.3
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/mypy src
+	$(BIN)/lint-imports
+
+test: lint
+	./scripts/ensure-test-services.sh
+	$(BIN)/python -m pytest tests
+
+unit: venv
+	$(BIN)/python -m pytest tests/unit -q
+
+integration: venv
+	$(BIN)/python -m pytest tests/integration -q
+
+demo: venv
+	$(BIN)/tpufleet demo
+
+bench: venv
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit $$?; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info src/*.egg-info

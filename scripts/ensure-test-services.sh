@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs beyond Python packages, from Debian's packages, when it is missing.
+# The tests start and stop their own servers; this script only makes sure the programs exist.
+set -euo pipefail
+need=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    echo "installing test services: ${need[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "warning: ${need[*]} missing and cannot be installed here (needs root + apt-get); those tests will be skipped with the reason" >&2
+  fi
+fi

@@ -1,0 +1,3 @@
+from tpufleet.cli import main
+
+main()

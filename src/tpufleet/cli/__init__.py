@@ -1,0 +1,28 @@
+"""The ``tpufleet`` command. Thin: parse, call, print.
+
+Each command family lives in its own module and registers itself on ``app``:
+``catalog`` (TPU facts), ``emulate``/``doctor`` (local fleet), ``render``/``lint``/``up``/``down``/``attach``
+(configs), and the control-plane client and server commands. ``main`` turns every
+:class:`~tpufleet.errors.TpufleetError` into a one- or two-line message and its exit code.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tpufleet.cli._app import app, console_err
+from tpufleet.errors import TpufleetError
+
+# Command modules register themselves on import; keep this list in the order of `tpufleet --help`.
+from tpufleet.cli import catalog as _catalog  # noqa: F401  isort: skip
+
+__all__ = ["app", "main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: usage errors exit 2 (Click), user errors exit 2 with one line, no traceback."""
+    try:
+        app(args=argv, prog_name="tpufleet")
+    except TpufleetError as err:
+        console_err.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True, markup=True)
+        sys.exit(err.exit_code)

@@ -1,0 +1,1 @@
+"""The RayCluster linter: manifests in, findings out. Pure: no I/O, no Ray."""
