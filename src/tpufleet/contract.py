@@ -1,0 +1,64 @@
+"""The host environment contract (DESIGN.md): the variables a real TPU host gets, as pure functions.
+
+On GKE the TPU webhook (ai-on-gke ``kuberay-tpu-webhook``) injects ``TPU_NAME``, ``TPU_WORKER_ID``,
+``TPU_WORKER_HOSTNAMES`` (multi-host only) and, for multi-slice, the ``MEGASCALE_*`` variables; GKE
+sets ``TPU_ACCELERATOR_TYPE`` and ``TPU_TOPOLOGY``. On GCE TPU VMs the same facts come from the
+metadata server. The emulator gives each raylet ``host_env``; the executor gives each process
+``host_env`` (read back from its host) plus ``megascale_env`` and ``job_env``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tpufleet.catalog import SliceType
+
+MEGASCALE_PORT = 8081  # the port GKE's webhook and Ray Train use for the megascale coordinator
+
+HOST_VARS = ("TPU_NAME", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
+MEGASCALE_VARS = (
+    "MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_PORT", "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID",
+)
+JOB_VARS = ("TPUFLEET_JOB_ID", "TPUFLEET_ATTEMPT", "TPUFLEET_CHECKPOINT_DIR")
+
+
+def host_env(slice_name: str, slice_type: SliceType, worker_id: int, hostnames: Sequence[str]) -> dict[str, str]:
+    """The variables of host ``worker_id`` of a slice, exactly as real hardware has them.
+
+    ``TPU_WORKER_HOSTNAMES`` is only set on multi-host slices, as the webhook does.
+    """
+    if not 0 <= worker_id < slice_type.hosts:
+        raise ValueError(f"worker_id {worker_id} out of range for {slice_type.accelerator_type}")
+    env = {
+        "TPU_NAME": slice_name,
+        "TPU_WORKER_ID": str(worker_id),
+        "TPU_ACCELERATOR_TYPE": slice_type.accelerator_type,
+        "TPU_TOPOLOGY": str(slice_type.topology),
+    }
+    if slice_type.multi_host:
+        if len(hostnames) != slice_type.hosts:
+            raise ValueError(
+                f"{slice_type.accelerator_type} has {slice_type.hosts} hosts, got {len(hostnames)} hostnames"
+            )
+        env["TPU_WORKER_HOSTNAMES"] = ",".join(hostnames)
+    return env
+
+
+def megascale_env(coordinator_address: str, num_slices: int, slice_id: int, port: int = MEGASCALE_PORT) -> dict[str, str]:
+    """Multi-slice variables; empty for a single-slice job (the webhook sets none then either)."""
+    if num_slices <= 1:
+        return {}
+    return {
+        "MEGASCALE_COORDINATOR_ADDRESS": coordinator_address,  # host only, as Ray Train sets it
+        "MEGASCALE_PORT": str(port),
+        "MEGASCALE_NUM_SLICES": str(num_slices),
+        "MEGASCALE_SLICE_ID": str(slice_id),
+    }
+
+
+def job_env(job_id: str, attempt: int, checkpoint_dir: str) -> dict[str, str]:
+    return {
+        "TPUFLEET_JOB_ID": job_id,
+        "TPUFLEET_ATTEMPT": str(attempt),
+        "TPUFLEET_CHECKPOINT_DIR": checkpoint_dir,
+    }

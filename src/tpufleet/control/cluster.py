@@ -1,0 +1,136 @@
+"""The one seam between the control plane and the machines: ``ClusterClient``.
+
+The service loop (``control/service.py``) never touches Ray directly; it talks to a
+``ClusterClient``. Two real implementations ship as modules:
+
+- ``control/executor.py`` (``RayCluster``): Ray, ``ray.util.tpu.SlicePlacementGroup`` pinned by
+  ``bundle_label_selector`` on ``ray.io/tpu-slice-name``, one named, detached runner actor per host.
+- ``control/fake.py`` (``FakeCluster``): an in-memory cluster with a scripted clock, so the service,
+  the store and the API are tested without Ray (a real module, not a mock of our own code).
+
+All calls are synchronous and must return quickly (well under 100 ms on a warm cluster): ``launch``
+starts work and returns; progress is observed through ``poll``. Names are plain strings at this
+seam; the typed ids live in ``scheduler.model``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    worker_id: int
+    node_id: str | None  # Ray node id (hex); None when the host is missing
+    address: str | None  # the host's IP as Ray sees it
+    alive: bool
+
+
+@dataclass(frozen=True)
+class SliceInfo:
+    """One slice as discovered from Ray's node labels (``ray.io/tpu-slice-name`` etc.)."""
+
+    name: str
+    accelerator_type: str  # GCE naming, e.g. "v4-16", "v5litepod-16", "tpu7x-16"
+    topology: str
+    expected_hosts: int
+    hosts: tuple[HostInfo, ...]
+    problems: tuple[str, ...] = ()  # why the slice is not intact; empty when it is
+
+    @property
+    def intact(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class AttemptSpec:
+    """Everything needed to run one attempt of a job on the slices the policy chose."""
+
+    job_id: str
+    attempt: int
+    slices: tuple[str, ...]  # slice names, in MEGASCALE_SLICE_ID order
+    accelerator_type: str
+    command: tuple[str, ...]  # run on every host, SPMD style
+    env: dict[str, str] = field(default_factory=dict)  # the user's env; the contract is added on top
+    working_dir: str | None = None  # shipped with Ray's runtime_env
+    checkpoint_dir: str = ""  # TPUFLEET_CHECKPOINT_DIR, stable across attempts of the job
+
+
+class HostState(StrEnum):
+    STARTING = "STARTING"  # runner placed, process not yet started
+    RUNNING = "RUNNING"
+    EXITED = "EXITED"  # process ended; see exit_code
+    LOST = "LOST"  # the host (node) died or the runner vanished
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    slice: str
+    worker_id: int
+    state: HostState
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    job_id: str
+    attempt: int
+    hosts: tuple[HostStatus, ...]
+
+    @property
+    def all_running(self) -> bool:
+        return bool(self.hosts) and all(h.state is HostState.RUNNING for h in self.hosts)
+
+    @property
+    def succeeded(self) -> bool:
+        return bool(self.hosts) and all(
+            h.state is HostState.EXITED and h.exit_code == 0 for h in self.hosts
+        )
+
+    @property
+    def failure(self) -> str | None:
+        """Why the attempt failed, or None while it may still succeed (SPMD: one host ends all)."""
+        for h in self.hosts:
+            if h.state is HostState.LOST:
+                return f"host {h.slice}/{h.worker_id} was lost"
+            if h.state is HostState.EXITED and h.exit_code not in (0, None):
+                return f"host {h.slice}/{h.worker_id} exited with code {h.exit_code}"
+        return None
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    data: str
+    next_offset: int
+    complete: bool  # the process has ended and every line has been read
+
+
+@runtime_checkable
+class ClusterClient(Protocol):
+    def inventory(self) -> list[SliceInfo]:
+        """Every TPU slice the cluster has, intact or not."""
+        ...
+
+    def launch(self, spec: AttemptSpec) -> None:
+        """Start ``spec.command`` on every host of ``spec.slices`` with the full host contract."""
+        ...
+
+    def poll(self, job_id: str, attempt: int) -> AttemptStatus:
+        """The state of every host of a launched attempt."""
+        ...
+
+    def stop(self, job_id: str, attempt: int, grace_s: float = 10.0) -> None:
+        """End every process of the attempt (SIGTERM, then SIGKILL after ``grace_s``) and free
+        its slices. Idempotent; safe on an attempt that already ended."""
+        ...
+
+    def read_logs(self, job_id: str, attempt: int, slice_name: str, worker_id: int, offset: int) -> LogChunk:
+        """Output (stdout and stderr, interleaved) of one host's process from ``offset``."""
+        ...
+
+    def running_attempts(self) -> list[tuple[str, int]]:
+        """(job_id, attempt) of every attempt whose runners still exist; lets a restarted control
+        plane find its detached runners again."""
+        ...
