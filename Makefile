@@ -25,6 +25,7 @@ venv: $(STAMP)
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy src
 	$(BIN)/lint-imports
 

@@ -111,11 +111,7 @@ def _cubes(max_dims: tuple[int, int, int], max_chips: int) -> tuple[Topology, ..
     listed by hand in ``_SMALL_3D`` because they follow the "all dims <= 4" branch of the rule.
     """
     steps = [range(4, m + 1, 4) for m in max_dims]
-    shapes = {
-        tuple(sorted(dims))
-        for dims in itertools.product(*steps)
-        if math.prod(dims) <= max_chips
-    }
+    shapes = {tuple(sorted(dims)) for dims in itertools.product(*steps) if math.prod(dims) <= max_chips}
     return tuple(Topology(s) for s in sorted(shapes, key=lambda d: (math.prod(d), d)))
 
 
@@ -124,25 +120,61 @@ _FLAT = tuple(Topology.parse(t) for t in ("1x1", "2x2", "2x4", "4x4", "4x8", "8x
 
 GENERATIONS: tuple[Generation, ...] = (
     Generation(
-        "v4", "v4", "v4", 2, 32, 275.0, "tpu-v4-podslice", {4: "ct4p-hightpu-4t"},
-        _SMALL_3D + _cubes((16, 16, 16), 4096), "https://cloud.google.com/tpu/docs/v4",
+        "v4",
+        "v4",
+        "v4",
+        2,
+        32,
+        275.0,
+        "tpu-v4-podslice",
+        {4: "ct4p-hightpu-4t"},
+        _SMALL_3D + _cubes((16, 16, 16), 4096),
+        "https://cloud.google.com/tpu/docs/v4",
     ),
     Generation(
-        "v5e", "v5litepod", "v5litepod", 1, 16, 197.0, "tpu-v5-lite-podslice",
+        "v5e",
+        "v5litepod",
+        "v5litepod",
+        1,
+        16,
+        197.0,
+        "tpu-v5-lite-podslice",
         {1: "ct5lp-hightpu-1t", 4: "ct5lp-hightpu-4t", 8: "ct5lp-hightpu-8t"},
-        _FLAT, "https://cloud.google.com/tpu/docs/v5e",
+        _FLAT,
+        "https://cloud.google.com/tpu/docs/v5e",
     ),
     Generation(
-        "v5p", "v5p", "v5p", 2, 95, 459.0, "tpu-v5p-slice", {4: "ct5p-hightpu-4t"},
-        _SMALL_3D + _cubes((16, 20, 28), 8960), "https://cloud.google.com/tpu/docs/v5p",
+        "v5p",
+        "v5p",
+        "v5p",
+        2,
+        95,
+        459.0,
+        "tpu-v5p-slice",
+        {4: "ct5p-hightpu-4t"},
+        _SMALL_3D + _cubes((16, 20, 28), 8960),
+        "https://cloud.google.com/tpu/docs/v5p",
     ),
     Generation(
-        "v6e", "v6e", "v6e", 1, 32, 918.0, "tpu-v6e-slice",
+        "v6e",
+        "v6e",
+        "v6e",
+        1,
+        32,
+        918.0,
+        "tpu-v6e-slice",
         {1: "ct6e-standard-1t", 4: "ct6e-standard-4t", 8: "ct6e-standard-8t"},
-        _FLAT, "https://cloud.google.com/tpu/docs/v6e",
+        _FLAT,
+        "https://cloud.google.com/tpu/docs/v6e",
     ),
     Generation(
-        "tpu7x", "tpu7x", "v7x", 2, 192, 2307.0, "tpu7x",
+        "tpu7x",
+        "tpu7x",
+        "v7x",
+        2,
+        192,
+        2307.0,
+        "tpu7x",
         {1: "tpu7x-standard-1t", 4: "tpu7x-standard-4t"},
         (Topology.parse("1x1x1"), *_SMALL_3D, *_cubes((16, 24, 24), 9216)),
         "https://cloud.google.com/tpu/docs/tpu7x",
@@ -150,9 +182,18 @@ GENERATIONS: tuple[Generation, ...] = (
 )
 
 _ALIASES = {
-    "v5litepod": "v5e", "v5lite": "v5e", "v5-lite": "v5e", "v7x": "tpu7x", "ironwood": "tpu7x",
-    "trillium": "v6e", "tpu-v4": "v4", "tpu-v5e": "v5e", "tpu-v5p": "v5p", "tpu-v6e": "v6e",
-    "tpu-v7x": "tpu7x", "tpu-v5litepod": "v5e",
+    "v5litepod": "v5e",
+    "v5lite": "v5e",
+    "v5-lite": "v5e",
+    "v7x": "tpu7x",
+    "ironwood": "tpu7x",
+    "trillium": "v6e",
+    "tpu-v4": "v4",
+    "tpu-v5e": "v5e",
+    "tpu-v5p": "v5p",
+    "tpu-v6e": "v6e",
+    "tpu-v7x": "tpu7x",
+    "tpu-v5litepod": "v5e",
 }
 
 
@@ -309,9 +350,7 @@ def find(gen_name: str, topology: str | Topology, machine_type: str | None = Non
         if st.machine_type == machine_type:
             return st
     valid_mt = [st.machine_type for st in matches]
-    raise SpecError(
-        f"{machine_type} cannot run a {gen.name} {topo} slice; use {' or '.join(valid_mt)}"
-    )
+    raise SpecError(f"{machine_type} cannot run a {gen.name} {topo} slice; use {' or '.join(valid_mt)}")
 
 
 def from_gke(accelerator_label: str, topology: str, machine_type: str | None = None) -> SliceType:

@@ -17,12 +17,17 @@ MEGASCALE_PORT = 8081  # the port GKE's webhook and Ray Train use for the megasc
 
 HOST_VARS = ("TPU_NAME", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
 MEGASCALE_VARS = (
-    "MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_PORT", "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID",
+    "MEGASCALE_COORDINATOR_ADDRESS",
+    "MEGASCALE_PORT",
+    "MEGASCALE_NUM_SLICES",
+    "MEGASCALE_SLICE_ID",
 )
 JOB_VARS = ("TPUFLEET_JOB_ID", "TPUFLEET_ATTEMPT", "TPUFLEET_CHECKPOINT_DIR")
 
 
-def host_env(slice_name: str, slice_type: SliceType, worker_id: int, hostnames: Sequence[str]) -> dict[str, str]:
+def host_env(
+    slice_name: str, slice_type: SliceType, worker_id: int, hostnames: Sequence[str]
+) -> dict[str, str]:
     """The variables of host ``worker_id`` of a slice, exactly as real hardware has them.
 
     ``TPU_WORKER_HOSTNAMES`` is only set on multi-host slices, as the webhook does.
@@ -44,7 +49,9 @@ def host_env(slice_name: str, slice_type: SliceType, worker_id: int, hostnames: 
     return env
 
 
-def megascale_env(coordinator_address: str, num_slices: int, slice_id: int, port: int = MEGASCALE_PORT) -> dict[str, str]:
+def megascale_env(
+    coordinator_address: str, num_slices: int, slice_id: int, port: int = MEGASCALE_PORT
+) -> dict[str, str]:
     """Multi-slice variables; empty for a single-slice job (the webhook sets none then either)."""
     if num_slices <= 1:
         return {}

@@ -28,7 +28,11 @@ from tpufleet.errors import SpecError
 def test_lookup_by_accelerator_type(accel, topology, chips, hosts, cph, machine):
     st = cat.slice_type(accel)
     assert (str(st.topology), st.chips, st.hosts, st.chips_per_host, st.machine_type) == (
-        topology, chips, hosts, cph, machine,
+        topology,
+        chips,
+        hosts,
+        cph,
+        machine,
     )
     assert st.accelerator_type == accel
 
@@ -116,8 +120,16 @@ def test_every_entry_is_consistent():
 
 
 def test_json_rows_have_the_documented_keys():
-    keys = {"accelerator_type", "generation", "topology", "chips", "hosts", "chips_per_host",
-            "gke_accelerator", "machine_type"}
+    keys = {
+        "accelerator_type",
+        "generation",
+        "topology",
+        "chips",
+        "hosts",
+        "chips_per_host",
+        "gke_accelerator",
+        "machine_type",
+    }
     rows = [st.to_dict() for st in cat.all_slice_types()]
     assert all(keys <= set(r) for r in rows)
     triples = {(r["accelerator_type"], r["topology"], r["machine_type"]) for r in rows}

@@ -48,9 +48,10 @@ def test_entry_agrees_with_ray(st: cat.SliceType):
     pod_type = tpu.infer_tpu_pod_type_from_topology(topo, st.generation.ray_accelerator_type)
     assert pod_type == tpu.normalize_tpu_accelerator_type(st.accelerator_type)
     assert tpu.get_tpu_cores_per_chip(ray_gen) == st.generation.cores_per_chip
-    assert tpu.get_total_chips_from_accelerator_type(
-        tpu.normalize_tpu_accelerator_type(st.accelerator_type)
-    ) == st.chips
+    assert (
+        tpu.get_total_chips_from_accelerator_type(tpu.normalize_tpu_accelerator_type(st.accelerator_type))
+        == st.chips
+    )
 
     two_host_2x4 = st.gen_name in ("v5e", "v6e") and topo == "2x4" and st.chips_per_host == 4
     one_chip_tpu7x = st.gen_name == "tpu7x" and st.chips == 1

@@ -5,7 +5,13 @@ import tpufleet
 
 def test_all_is_pinned():
     assert sorted(tpufleet.__all__) == [
-        "SliceType", "Topology", "TpufleetError", "__version__", "find", "from_gke", "generation",
+        "SliceType",
+        "Topology",
+        "TpufleetError",
+        "__version__",
+        "find",
+        "from_gke",
+        "generation",
         "slice_type",
     ]
     for name in tpufleet.__all__:

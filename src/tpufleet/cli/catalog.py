@@ -44,13 +44,30 @@ def catalog_cmd(
         print_json([st.to_dict() for st in rows])
         return
     table = Table(title=f"TPU slice types ({len(rows)})", title_justify="left")
-    for col in ("type", "generation", "topology", "chips", "hosts", "chips/host", "GKE accelerator",
-                "machine type", "HBM GiB", "bf16 TFLOP/s"):
+    for col in (
+        "type",
+        "generation",
+        "topology",
+        "chips",
+        "hosts",
+        "chips/host",
+        "GKE accelerator",
+        "machine type",
+        "HBM GiB",
+        "bf16 TFLOP/s",
+    ):
         table.add_column(col, justify="right" if col[0].isdigit() or col in ("chips", "hosts") else "left")
     for st in rows:
         table.add_row(
-            st.accelerator_type, st.generation.name, str(st.topology), str(st.chips), str(st.hosts),
-            str(st.chips_per_host), st.gke_accelerator, st.machine_type, f"{st.hbm_gib:,}",
+            st.accelerator_type,
+            st.generation.name,
+            str(st.topology),
+            str(st.chips),
+            str(st.hosts),
+            str(st.chips_per_host),
+            st.gke_accelerator,
+            st.machine_type,
+            f"{st.hbm_gib:,}",
             f"{st.peak_bf16_tflops:,.0f}",
         )
     console.print(table)

@@ -85,9 +85,7 @@ class AttemptStatus:
 
     @property
     def succeeded(self) -> bool:
-        return bool(self.hosts) and all(
-            h.state is HostState.EXITED and h.exit_code == 0 for h in self.hosts
-        )
+        return bool(self.hosts) and all(h.state is HostState.EXITED and h.exit_code == 0 for h in self.hosts)
 
     @property
     def failure(self) -> str | None:
