@@ -1,0 +1,223 @@
+"""``tpufleet render``, ``tpufleet lint`` and ``tpufleet up|down|attach``: configs in, YAML out.
+
+Thin: read the files, call the pure spec/render/lint layers, write YAML. The only Ray import is
+in ``render --check --target gce`` (Ray's own launcher validation), and ``up|down|attach`` run the
+``ray`` command through an injectable runner so their command lines are testable.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from tpufleet.cli._app import app, console_err
+from tpufleet.errors import InputError, SpecError
+from tpufleet.lint.crds import SchemaSource, find_crd_dir, load_crd_schemas
+from tpufleet.lint.runner import format_json, format_text, has_errors, lint_objects, lint_text
+from tpufleet.render.kuberay import render_kuberay
+from tpufleet.render.launcher import render_launcher
+from tpufleet.spec import FleetSpec, read_spec
+
+__all__ = ["RayRunner", "dump_yaml", "launcher_argv", "run_launcher", "write_objects"]
+
+RayRunner = Callable[[list[str]], int]
+
+
+class Target(StrEnum):
+    kuberay = "kuberay"
+    gce = "gce"
+
+
+class Format(StrEnum):
+    text = "text"
+    json = "json"
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # plain YAML for humans and kubectl: no &id001 anchors
+
+
+def dump_yaml(objects: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+def _file_name(obj: dict[str, Any]) -> str:
+    return f"{str(obj['kind']).lower()}-{obj['metadata']['name']}.yaml"
+
+
+def write_objects(objects: list[dict[str, Any]], out_dir: Path, single: str | None = None) -> list[Path]:
+    """One file per object (or all in ``single``); returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if single:
+        path = out_dir / single
+        path.write_text(dump_yaml(objects), encoding="utf-8")
+        return [path]
+    paths = []
+    for obj in objects:
+        path = out_dir / _file_name(obj)
+        path.write_text(dump_yaml([obj]), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def _render(spec: FleetSpec, target: Target, rayjob: str | None) -> list[dict[str, Any]]:
+    if target is Target.gce:
+        if rayjob:
+            raise SpecError("--rayjob needs --target kuberay (the GCE launcher has no RayJob)")
+        return [render_launcher(spec)]
+    return render_kuberay(spec, rayjob)
+
+
+def _check(objects: list[dict[str, Any]], target: Target) -> None:
+    if target is Target.gce:
+        from ray.autoscaler._private.util import prepare_config, validate_config
+
+        try:
+            validate_config(prepare_config(copy.deepcopy(objects[0])))
+        except Exception as err:  # Ray raises ValueError or jsonschema errors
+            raise SpecError(f"Ray's launcher validation rejects the rendered config: {err}") from None
+        return
+    findings = lint_objects(objects, _schemas(None, structural=False))
+    if findings:
+        raise SpecError(f"the rendered objects do not lint clean: {findings[0].code} {findings[0].message}")
+
+
+@app.command("render")
+def render_cmd(
+    spec_file: Annotated[Path, typer.Argument(help="The fleet spec (YAML).", metavar="SPEC")],
+    target: Annotated[
+        Target, typer.Option(help="kuberay: GKE objects; gce: a `ray up` config.")
+    ] = Target.kuberay,
+    out: Annotated[
+        Path | None, typer.Option("-o", "--out", help="Write files here instead of stdout.")
+    ] = None,
+    rayjob: Annotated[
+        str | None, typer.Option("--rayjob", help="Wrap the cluster in a RayJob running ENTRYPOINT.")
+    ] = None,
+    check: Annotated[bool, typer.Option(help="Validate the result (CRDs / Ray's launcher).")] = False,
+) -> None:
+    """Render a fleet spec as KubeRay objects or a Ray cluster-launcher config for GCE TPU VMs."""
+    spec = read_spec(spec_file)
+    objects = _render(spec, target, rayjob)
+    if check:
+        _check(objects, target)
+    if out is None:
+        typer.echo(dump_yaml(objects), nl=False)
+        return
+    single = f"{spec.name}-gce.yaml" if target is Target.gce else None
+    for path, obj in zip(write_objects(objects, out, single), objects, strict=False):
+        what = (
+            "Ray cluster launcher config"
+            if target is Target.gce
+            else f"{obj['kind']} {obj['metadata']['name']}"
+        )
+        typer.echo(f"wrote {path} ({what})")
+
+
+def _schemas(crds: Path | None, structural: bool) -> SchemaSource | None:
+    if structural:
+        return None
+    directory = crds or find_crd_dir()
+    if directory is None:
+        console_err.print("note: KubeRay CRDs not found; checking with the packaged structural rules")
+        return None
+    if not (directory / "ray.io_rayclusters.yaml").is_file():
+        raise InputError(f"{directory}: no KubeRay CRD files (ray.io_rayclusters.yaml, ...)")
+    return load_crd_schemas(directory)
+
+
+@app.command("lint")
+def lint_cmd(
+    files: Annotated[list[Path], typer.Argument(help="RayCluster / RayJob / RayService YAML files.")],
+    fmt: Annotated[
+        Format, typer.Option("--format", help="text: file:line:col: CODE message; json.")
+    ] = Format.text,
+    crds: Annotated[
+        Path | None, typer.Option(help="KubeRay CRD directory (default: ../shared/kuberay).")
+    ] = None,
+    structural: Annotated[
+        bool, typer.Option(help="Use the packaged structural rules, not the CRDs.")
+    ] = False,
+) -> None:
+    """Lint hand-written Ray YAML for TPU mistakes. Exit 1 on errors, 0 clean, 2 unreadable."""
+    schemas = _schemas(crds, structural)
+    findings = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise InputError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
+        findings += lint_text(text, str(path), schemas)
+    if fmt is Format.json:
+        typer.echo(format_json(findings))
+    elif findings:
+        typer.echo(format_text(findings))
+    errors = sum(1 for f in findings if f.severity == "error")
+    console_err.print(f"{len(files)} file(s), {len(findings)} finding(s), {errors} error(s)", highlight=False)
+    if has_errors(findings):
+        raise typer.Exit(1)
+
+
+# --- the Ray cluster launcher on GCE -----------------------------------------------------------
+
+
+def launcher_argv(action: str, config: Path, yes: bool = False) -> list[str]:
+    """The ``ray`` command line for ``up``/``down``/``attach`` on a rendered config."""
+    local = Path(sys.executable).with_name("ray")
+    argv = [str(local) if local.exists() else "ray", action, str(config)]
+    if yes and action in ("up", "down"):
+        argv.append("--yes")
+    return argv
+
+
+def _subprocess_runner(argv: list[str]) -> int:
+    return subprocess.call(argv)  # interactive: ray up asks, ray attach opens a shell
+
+
+def run_launcher(
+    action: str, spec_file: Path, out_dir: Path, yes: bool = False, runner: RayRunner = _subprocess_runner
+) -> tuple[Path, list[str], int]:
+    """Render the spec for GCE into ``out_dir`` and run ``ray <action>`` on it."""
+    spec = read_spec(spec_file)
+    (path,) = write_objects([render_launcher(spec)], out_dir, f"{spec.name}-gce.yaml")
+    argv = launcher_argv(action, path, yes)
+    return path, argv, runner(argv)
+
+
+def _launcher_command(action: str, doc: str) -> None:
+    def command(
+        spec_file: Annotated[Path, typer.Argument(help="The fleet spec (YAML).", metavar="SPEC")],
+        target: Annotated[
+            Target, typer.Option(help="Only gce: KubeRay objects go through kubectl.")
+        ] = Target.gce,
+        out: Annotated[Path, typer.Option("-o", "--out", help="Where the rendered config goes.")] = Path(
+            ".tpufleet"
+        ),
+        yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    ) -> None:
+        if target is not Target.gce:
+            raise SpecError(
+                f"`tpufleet {action}` drives the GCE launcher; for GKE use "
+                "`tpufleet render SPEC --target kuberay -o DIR` and `kubectl apply -f DIR`"
+            )
+        path, argv, rc = run_launcher(action, spec_file, out, yes)
+        console_err.print(f"rendered {path}; ran: {' '.join(argv)}", highlight=False)
+        if rc:
+            raise typer.Exit(rc)
+
+    command.__doc__ = doc
+    app.command(action)(command)
+
+
+_launcher_command("up", "Render the spec for GCE and run `ray up` on it (creates or updates the TPU VMs).")
+_launcher_command("down", "Render the spec for GCE and run `ray down` on it (deletes the cluster).")
+_launcher_command("attach", "Render the spec for GCE and run `ray attach` on it (a shell on the head).")

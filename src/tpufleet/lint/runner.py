@@ -1,0 +1,96 @@
+"""Run every rule over the Ray objects of a YAML text and report located findings.
+
+``lint_text(text, file, schemas)`` finds each RayCluster, RayJob (``spec.rayClusterSpec``) and
+RayService (``spec.rayClusterConfig``) document, runs the TPU rules on its head and worker groups,
+checks ``apiVersion`` and checks the whole object against the schema source (KubeRay's CRDs, or the
+packaged structural subset when ``schemas`` is None). Other kinds are skipped. Pure: the caller
+reads files; unparsable YAML raises :class:`~tpufleet.errors.InputError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from tpufleet._yamlpos import Document, Path, dotted, load_documents
+from tpufleet.lint.crds import SchemaSource
+from tpufleet.lint.findings import RULES, Finding
+from tpufleet.lint.rules import GROUP_RULES, Problem, api_version_problems, groups_of
+from tpufleet.lint.schema import schema_problems
+from tpufleet.lint.structure import FALLBACK
+
+__all__ = ["RAY_KINDS", "fallback_schemas", "format_json", "format_text", "has_errors", "lint_text"]
+
+# kind -> where the RayCluster spec sits inside it
+RAY_KINDS: dict[str, Path] = {
+    "RayCluster": ("spec",),
+    "RayJob": ("spec", "rayClusterSpec"),
+    "RayService": ("spec", "rayClusterConfig"),
+}
+
+
+def fallback_schemas(kind: str, version: str) -> dict[str, Any] | None:
+    """The packaged structural rules (any served version of a kind shares them)."""
+    return FALLBACK.get(kind)
+
+
+def _get(data: Any, path: Path) -> Any:
+    for part in path:
+        if isinstance(part, int):
+            data = data[part] if isinstance(data, list) and part < len(data) else None
+        else:
+            data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _problems(data: dict[str, Any], schemas: SchemaSource) -> Iterator[Problem]:
+    kind = str(data.get("kind"))
+    yield from api_version_problems(data)
+    version = str(data.get("apiVersion", "ray.io/v1")).rpartition("/")[2]
+    schema = schemas(kind, version) or schemas(kind, "v1")
+    if schema is not None:
+        yield from schema_problems(data, schema)
+    base = RAY_KINDS[kind]
+    for group in groups_of(_get(data, base), base):
+        for rule in GROUP_RULES:
+            yield from rule(group)
+
+
+def _finding(file: str, doc: Document, problem: Problem) -> Finding:
+    code, path, message = problem
+    line, column = doc.where(path)
+    return Finding(file, line, column, code, RULES[code].severity, dotted(path), message)
+
+
+def lint_text(text: str, file: str = "<input>", schemas: SchemaSource | None = None) -> list[Finding]:
+    """Findings for every Ray object in ``text``, in file order."""
+    source = schemas or fallback_schemas
+    findings: list[Finding] = []
+    for doc in load_documents(text, file):
+        if isinstance(doc.data, dict) and doc.data.get("kind") in RAY_KINDS:
+            findings += sorted(_finding(file, doc, p) for p in _problems(doc.data, source))
+    return findings
+
+
+def lint_objects(objects: Iterable[dict[str, Any]], schemas: SchemaSource | None = None) -> list[Finding]:
+    """Lint objects that are already in memory (what ``render`` returns); lines are 0."""
+    source = schemas or fallback_schemas
+    out: list[Finding] = []
+    for index, obj in enumerate(objects):
+        if obj.get("kind") in RAY_KINDS:
+            doc = Document(obj, {}, (0, 0))
+            out += [_finding(f"<object {index}>", doc, p) for p in _problems(obj, source)]
+    return out
+
+
+def has_errors(findings: Iterable[Finding]) -> bool:
+    return any(f.severity == "error" for f in findings)
+
+
+def format_text(findings: Iterable[Finding]) -> str:
+    return "\n".join(f.text() for f in findings)
+
+
+def format_json(findings: Iterable[Finding]) -> str:
+    return json.dumps([f.as_dict() for f in findings], indent=2)
