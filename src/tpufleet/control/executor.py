@@ -1,0 +1,431 @@
+"""``RayCluster``: the ``ClusterClient`` on a live Ray cluster (an emulated fleet or real TPU slices).
+
+Placement: every slice an attempt uses is reserved by ``slices.SlicePool`` (one detached, named
+``SlicePlacementGroup`` per slice, pinned by label). Runners (``runner.HostRunner``) start the
+command on every host. With the warm pool on (the default), ``inventory()`` keeps a reservation and
+idle runners on every free intact slice, releases broken ones and re-reserves restored ones, so
+``launch`` on a pooled slice is one actor call per host and returns in milliseconds. The service
+may take a slice out of the pool (``release``, e.g. for ``DRAINING``) and put it back (``warm``).
+A job with a ``working_dir`` gets its own runners (``runtime_env``), which costs an actor start.
+
+Per-attempt ports: on real hardware every host has its own address and ``MEGASCALE_PORT`` is 8081.
+When the attempt's hosts share an address (the emulator: every host is this machine) a free port is
+picked here per attempt, for ``MEGASCALE_PORT`` and for ``TPUFLEET_JAX_COORDINATOR_PORT`` (read by
+``tpufleet.runtime.initialize_jax()`` on the emulator), so concurrent jobs do not collide.
+
+``stop`` blocks until every process of the attempt is gone (at most ``grace_s`` plus the SIGKILL):
+the service may hand the slices to the next job as soon as it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+
+from tpufleet import contract
+from tpufleet.catalog import SliceType, Topology, all_slice_types, generation
+from tpufleet.control.cluster import (
+    AttemptSpec,
+    AttemptStatus,
+    HostInfo,
+    HostState,
+    HostStatus,
+    LogChunk,
+    SliceInfo,
+)
+from tpufleet.control.runner import NAMESPACE, job_runner_name, pool_runner_name, read_log_task
+from tpufleet.control.slices import SLICE_LABEL, WORKER_LABEL, SlicePool
+from tpufleet.errors import ClusterError, ConflictError, NotFoundError
+
+log = logging.getLogger(__name__)
+
+POD_TYPE_LABEL = "ray.io/tpu-pod-type"
+TOPOLOGY_LABEL = "ray.io/tpu-topology"
+JAX_PORT_VAR = "TPUFLEET_JAX_COORDINATOR_PORT"
+_POLL_WAIT_S = 0.5
+_CALL_TIMEOUT_S = 10.0
+
+
+def _slices_from_nodes(nodes: list[dict[str, Any]]) -> list[SliceInfo]:
+    """Private stand-in for ``tpufleet.inventory.slices_from_nodes`` until that module lands."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for node in nodes:
+        labels = node.get("Labels") or {}
+        if labels.get(SLICE_LABEL) and labels.get(WORKER_LABEL) is not None:
+            groups.setdefault(labels[SLICE_LABEL], []).append(node)
+    return [_slice_info(name, members) for name, members in sorted(groups.items())]
+
+
+def _slice_info(name: str, members: list[dict[str, Any]]) -> SliceInfo:
+    labels = members[0]["Labels"]
+    pod_type, topo = labels.get(POD_TYPE_LABEL, ""), labels.get(TOPOLOGY_LABEL, "")
+    alive = [n for n in members if n.get("Alive")]
+    chips = Topology.parse(topo).chips
+    cph = int(next((n["Resources"].get("TPU", 0) for n in alive), 0)) or _default_cph(pod_type, topo)
+    expected = max(chips // max(cph, 1), 1)
+    by_worker: dict[int, list[dict[str, Any]]] = {}
+    for n in members:
+        by_worker.setdefault(int(n["Labels"][WORKER_LABEL]), []).append(n)
+    hosts, problems = [], []
+    for wid in sorted(set(range(expected)) | set(by_worker)):
+        nodes = sorted(by_worker.get(wid, []), key=lambda n: not n.get("Alive"))
+        live = [n for n in nodes if n.get("Alive")]
+        if wid >= expected:
+            problems.append(f"worker {wid} is beyond the {expected} hosts of {pod_type}")
+        elif not nodes:
+            problems.append(f"worker {wid} is missing")
+        elif not live:
+            problems.append(f"worker {wid} is dead")
+        elif len(live) > 1:
+            problems.append(f"worker {wid} appears on {len(live)} live nodes")
+        node = nodes[0] if nodes else None
+        hosts.append(
+            HostInfo(
+                worker_id=wid,
+                node_id=node["NodeID"] if node else None,
+                address=node.get("NodeManagerAddress") if node else None,
+                alive=bool(live),
+            )
+        )
+    return SliceInfo(name, pod_type, topo, expected, tuple(hosts), tuple(problems))
+
+
+def _default_cph(pod_type: str, topo: str) -> int:
+    try:
+        return _slice_type(pod_type, topo, None).chips_per_host
+    except Exception:
+        return 4
+
+
+def _slice_type(pod_type: str, topo: str, cph: int | None) -> SliceType:
+    gen = generation(pod_type.rsplit("-", 1)[0])
+    for st in all_slice_types():
+        if st.gen_name == gen.name and str(st.topology) == topo and cph in (None, st.chips_per_host):
+            return st
+    raise ClusterError(f"slice type {pod_type} {topo} with {cph} chips per host is not in the catalog")
+
+
+def _nodes() -> list[dict[str, Any]]:
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return nodes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class _Host:
+    slice: str
+    worker_id: int
+    runner: Any
+    node_id: str | None
+    started: Any = None  # ObjectRef of runner.start; None for an adopted attempt
+    last: HostStatus | None = None
+
+
+@dataclass
+class _Attempt:
+    job_id: str
+    attempt: int
+    slices: tuple[str, ...]
+    hosts: list[_Host]
+    job_runners: bool = False
+    ended: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RayCluster:
+    """The ``ClusterClient`` on Ray. See the module docstring for the warm pool and ports."""
+
+    def __init__(self, address: str | None = None, *, warm_pool: bool = True, log_root: str | None = None):
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+        self.warm_pool = warm_pool
+        self._pool = SlicePool(log_root)
+        self._lock = threading.RLock()
+        self._slices: dict[str, SliceInfo] = {}
+        self._attempts: dict[tuple[str, int], _Attempt] = {}
+        self._held: dict[str, tuple[str, int]] = {}
+        self._cold: set[str] = set()
+        self._recovered = False
+
+    # -- inventory and the pool -------------------------------------------------------------
+    def inventory(self) -> list[SliceInfo]:
+        slices = _slices_from_nodes(_nodes())
+        with self._lock:
+            self._slices = {s.name: s for s in slices}
+            if self.warm_pool:
+                self._sync_pool(slices)
+        return slices
+
+    def _sync_pool(self, slices: list[SliceInfo]) -> None:
+        if not self._recovered:
+            self.running_attempts()
+        for s in slices:
+            if s.name in self._held:
+                continue
+            if s.intact and s.name not in self._cold:
+                self._pool.reserve(s)
+            elif self._pool.get(s.name) is not None:
+                self._pool.release(s.name)
+
+    def warm(self, names: list[str]) -> None:
+        """Put slices (back) into the warm pool; they are reserved on the next ``inventory()``."""
+        with self._lock:
+            self._cold.difference_update(names)
+        self.inventory()
+
+    def release(self, names: list[str]) -> None:
+        """Take free slices out of the pool and give their chips back to Ray (``DRAINING``)."""
+        with self._lock:
+            self._cold.update(names)
+            for name in names:
+                if name not in self._held:
+                    self._pool.release(name)
+
+    def release_all(self) -> None:
+        """Drop every reservation and pool runner this control plane holds (teardown)."""
+        with self._lock:
+            self._cold.update(self._slices)
+            self._pool.release_all()
+
+    def wait_warm(self, names: list[str], timeout_s: float = 60.0) -> None:
+        """Block until the pooled reservations of ``names`` are placed and their runners answer."""
+        with self._lock:
+            for name in names:
+                if self._pool.get(name) is None:
+                    self._pool.reserve(self._slice(name))
+        self._pool.wait_ready(names, timeout_s)
+
+    def _slice(self, name: str) -> SliceInfo:
+        if name not in self._slices:
+            self.inventory()
+        if name not in self._slices:
+            raise NotFoundError(f"slice {name!r} is not in the Ray cluster; known: {sorted(self._slices)}")
+        return self._slices[name]
+
+    # -- launch -------------------------------------------------------------------------------
+    def launch(self, spec: AttemptSpec) -> None:
+        key = (spec.job_id, spec.attempt)
+        with self._lock:
+            if key in self._attempts and not self._attempts[key].ended:
+                return  # idempotent
+            infos = [self._claimable(name, spec) for name in spec.slices]
+            rec = _Attempt(spec.job_id, spec.attempt, spec.slices, [], job_runners=bool(spec.working_dir))
+            for name, info in zip(spec.slices, infos, strict=True):
+                res = self._pool.get(name) or self._pool.reserve(info)
+                runners = (
+                    self._pool.job_runners(name, spec.job_id, spec.attempt, spec.working_dir)
+                    if spec.working_dir
+                    else res.runners
+                )
+                rec.hosts += [_Host(name, w, r, info.hosts[w].node_id) for w, r in enumerate(runners)]
+                self._held[name] = key
+            self._attempts[key] = rec
+        layout = [(h.slice, h.worker_id) for h in rec.hosts]
+        for host, payload in zip(rec.hosts, _payloads(spec, infos, layout), strict=True):
+            host.started = host.runner.start.remote(payload)
+
+    def _claimable(self, name: str, spec: AttemptSpec) -> SliceInfo:
+        info = self._slice(name)
+        if info.accelerator_type != spec.accelerator_type:
+            raise ConflictError(
+                f"slice {name} is {info.accelerator_type}, the job needs {spec.accelerator_type}"
+            )
+        if not info.intact:
+            raise ConflictError(f"slice {name} is not intact: {'; '.join(info.problems)}")
+        holder = self._held.get(name)
+        if holder is not None and holder != (spec.job_id, spec.attempt):
+            raise ConflictError(f"slice {name} is held by {holder[0]} attempt {holder[1]}")
+        return info
+
+    # -- observe ------------------------------------------------------------------------------
+    def poll(self, job_id: str, attempt: int) -> AttemptStatus:
+        rec = self._record(job_id, attempt)
+        refs = [h.runner.status.remote(job_id, attempt) for h in rec.hosts]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_POLL_WAIT_S)
+        done = set(ready)
+        dead_nodes: set[str] | None = None
+        statuses = []
+        for host, ref in zip(rec.hosts, refs, strict=True):
+            status = self._host_status(host, ref if ref in done else None)
+            if status is None:  # no answer in time: a dead node, or the runner is still busy
+                if dead_nodes is None:
+                    dead_nodes = {n["NodeID"] for n in _nodes() if not n.get("Alive")}
+                lost = host.node_id in dead_nodes
+                status = HostStatus(host.slice, host.worker_id, HostState.LOST) if lost else host.last
+                status = status or HostStatus(host.slice, host.worker_id, HostState.STARTING)
+            host.last = status
+            statuses.append(status)
+        return AttemptStatus(job_id, attempt, tuple(statuses))
+
+    @staticmethod
+    def _host_status(host: _Host, ref: Any) -> HostStatus | None:
+        def make(state: HostState, code: int | None = None) -> HostStatus:
+            return HostStatus(host.slice, host.worker_id, state, code)
+
+        if ref is None:
+            return None
+        try:
+            state, code = ray.get(ref)
+        except RayActorError:
+            return make(HostState.LOST)
+        except RayError:
+            log.warning("status of %s/%s failed", host.slice, host.worker_id, exc_info=True)
+            return None
+        if state == "RUNNING":
+            return make(HostState.RUNNING)
+        if state == "EXITED":
+            return make(HostState.EXITED, code)
+        if host.started is not None and not ray.wait([host.started], timeout=0)[0]:
+            return make(HostState.STARTING)
+        return make(HostState.LOST)  # the runner never heard of it: it was replaced
+
+    def _record(self, job_id: str, attempt: int) -> _Attempt:
+        with self._lock:
+            rec = self._attempts.get((job_id, attempt))
+        if rec is None:
+            self.running_attempts()
+            rec = self._attempts.get((job_id, attempt))
+        if rec is None:
+            raise NotFoundError(f"attempt {attempt} of job {job_id} has no runners in the Ray cluster")
+        return rec
+
+    def read_logs(self, job_id: str, attempt: int, slice_name: str, worker_id: int, offset: int) -> LogChunk:
+        host = self._find_host(job_id, attempt, slice_name, worker_id)
+        try:
+            if host is not None:
+                out = ray.get(host.runner.read_log.remote(job_id, attempt, offset), timeout=_CALL_TIMEOUT_S)
+            else:
+                out = self._read_log_elsewhere(job_id, attempt, slice_name, worker_id, offset)
+        except (RayError, GetTimeoutError) as exc:
+            raise ClusterError(
+                f"cannot read the log of {slice_name}/{worker_id}: {exc}", retry_after=5
+            ) from exc
+        return LogChunk(out["data"], out["next_offset"], out["complete"])
+
+    def _find_host(self, job_id: str, attempt: int, slice_name: str, worker_id: int) -> _Host | None:
+        rec = self._attempts.get((job_id, attempt))
+        for h in rec.hosts if rec and not (rec.ended and rec.job_runners) else []:
+            if (h.slice, h.worker_id) == (slice_name, worker_id):
+                return h
+        return None
+
+    def _read_log_elsewhere(
+        self, job_id: str, attempt: int, slice_name: str, worker_id: int, offset: int
+    ) -> Any:
+        """Through the host's pool runner, or a one-off task on the host's node."""
+        try:
+            runner = ray.get_actor(pool_runner_name(slice_name, worker_id), namespace=NAMESPACE)
+            return ray.get(runner.read_log.remote(job_id, attempt, offset), timeout=_CALL_TIMEOUT_S)
+        except (ValueError, RayActorError):
+            pass
+        node = self._slice(slice_name).hosts[worker_id].node_id
+        if node is None:
+            raise NotFoundError(f"host {slice_name}/{worker_id} is gone, and its log with it")
+        task = read_log_task(node, self._pool.log_root)
+        return ray.get(task.remote(job_id, attempt, slice_name, worker_id, offset), timeout=60)
+
+    # -- stop and recovery --------------------------------------------------------------------
+    def stop(self, job_id: str, attempt: int, grace_s: float = 10.0) -> None:
+        try:
+            rec = self._record(job_id, attempt)
+        except NotFoundError:
+            return
+        refs = [h.runner.stop.remote(job_id, attempt, grace_s) for h in rec.hosts]
+        ray.wait(refs, num_returns=len(refs), timeout=grace_s + _CALL_TIMEOUT_S)
+        if rec.job_runners:
+            for h in rec.hosts:
+                ray.kill(h.runner, no_restart=True)
+        live = {n["NodeID"] for n in _nodes() if n.get("Alive")}
+        with self._lock:
+            rec.ended = True
+            for name in rec.slices:
+                if self._held.get(name) == (job_id, attempt):
+                    del self._held[name]
+                res = self._pool.get(name)
+                intact = res is not None and all(node in live for node in res.nodes)
+                if not (self.warm_pool and intact and name not in self._cold):
+                    self._pool.release(name)
+
+    def running_attempts(self) -> list[tuple[str, int]]:
+        """Attempts whose runners exist: job runners by name, pool runners by their current run."""
+        names = [
+            r["name"]
+            for r in ray.util.list_named_actors(all_namespaces=True)
+            if r["namespace"] == NAMESPACE and r["name"].startswith("tpufleet:")
+        ]
+        handles = {n: ray.get_actor(n, namespace=NAMESPACE) for n in names}
+        refs: dict[str, Any] = {n: h.assignments.remote() for n, h in handles.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=_CALL_TIMEOUT_S)
+        found: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for ref in refs.values():
+            if ref not in ready:
+                continue
+            try:
+                rows: list[dict[str, Any]] = ray.get(ref)
+            except RayError:
+                continue
+            for row in rows:
+                if row["current"]:
+                    found[(row["job_id"], row["attempt"])] = [tuple(x) for x in row["layout"]]
+        with self._lock:
+            for key, layout in found.items():
+                if key not in self._attempts or self._attempts[key].ended:
+                    self._adopt(key, layout, handles)
+            self._recovered = True
+        return sorted(found)
+
+    def _adopt(self, key: tuple[str, int], layout: list[tuple[str, int]], handles: dict[str, Any]) -> None:
+        hosts, job_runners = [], False
+        for slice_name, worker in layout:
+            jname = job_runner_name(key[0], key[1], slice_name, worker)
+            job_runners = job_runners or jname in handles
+            runner = handles.get(jname) or handles.get(pool_runner_name(slice_name, worker))
+            node = self._slices[slice_name].hosts[worker].node_id if slice_name in self._slices else None
+            hosts.append(_Host(slice_name, worker, runner, node))
+        slices = tuple(dict.fromkeys(s for s, _ in layout))
+        self._attempts[key] = _Attempt(key[0], key[1], slices, hosts, job_runners=job_runners)
+        for name in slices:
+            self._held[name] = key
+
+
+def _payloads(
+    spec: AttemptSpec, infos: list[SliceInfo], layout: list[tuple[str, int]]
+) -> list[dict[str, Any]]:
+    """The start request of every host, in layout order: command, user env, contract, fallbacks."""
+    addresses = [h.address or "" for info in infos for h in info.hosts]
+    shared = len(set(addresses)) < len(addresses)  # the emulator: every host is this machine
+    mport = _free_port() if shared else contract.MEGASCALE_PORT
+    common = contract.job_env(spec.job_id, spec.attempt, spec.checkpoint_dir)
+    common[JAX_PORT_VAR] = str(_free_port())
+    coordinator = infos[0].hosts[0].address or ""
+    out = []
+    for slice_id, info in enumerate(infos):
+        st = _slice_type(
+            info.accelerator_type, info.topology, Topology.parse(info.topology).chips // info.expected_hosts
+        )
+        hostnames = [h.address or "" for h in info.hosts]
+        for h in info.hosts:
+            env = {**common, **contract.megascale_env(coordinator, len(infos), slice_id, port=mport)}
+            out.append(
+                {
+                    "job_id": spec.job_id,
+                    "attempt": spec.attempt,
+                    "layout": layout,
+                    "command": list(spec.command),
+                    "user_env": dict(spec.env),
+                    "env": env,
+                    "defaults": contract.host_env(info.name, st, h.worker_id, hostnames),
+                }
+            )
+    return out

@@ -1,0 +1,196 @@
+"""Slice reservations and the warm pool.
+
+A slice is reserved with Ray's own ``ray.util.tpu.SlicePlacementGroup``: one bundle per host of
+``{"TPU": chips_per_host, "CPU": 0}``, pinned by ``bundle_label_selector`` to that slice
+(``ray.io/tpu-slice-name``) and, per bundle, to one worker id (``ray.io/tpu-worker-id``) so bundle
+``i`` is host ``i`` and its runner is ``tpufleet:runner:<slice>:<i>``. Because every selector names
+the slice, Ray skips its head-reservation round trip (``reserve_tpu_slice``), and the group is
+``detached`` and named ``tpufleet:slice:<slice>`` so a restarted control plane adopts it again.
+
+The warm pool keeps such a reservation, plus one idle runner per host, on every free intact slice:
+handing a slice to an admitted job is then one actor call per host (see ``RayCluster.launch``).
+Holding a free slice's chips is the price: to Ray (``get_num_ready_tpu_slices``, a bare
+``JaxTrainer``) a pooled slice is in use; ``RayCluster.release`` gives a slice back to Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.tpu import SlicePlacementGroup
+
+from tpufleet.catalog import generation
+from tpufleet.control.cluster import SliceInfo
+from tpufleet.control.runner import NAMESPACE, RemoteRunner, job_runner_name, pool_runner_name
+
+log = logging.getLogger(__name__)
+
+SLICE_LABEL = "ray.io/tpu-slice-name"
+WORKER_LABEL = "ray.io/tpu-worker-id"
+PG_PREFIX = "tpufleet:slice:"
+
+
+def pg_name(slice_name: str) -> str:
+    return f"{PG_PREFIX}{slice_name}"
+
+
+@dataclass
+class Reservation:
+    """One slice's placement group and its pool runners (index = worker id)."""
+
+    info: SliceInfo
+    pg: PlacementGroup
+    runners: list[Any] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> tuple[str | None, ...]:
+        return tuple(h.node_id for h in self.info.hosts)
+
+
+def _chips_per_host(info: SliceInfo) -> int:
+    from tpufleet.catalog import Topology
+
+    return Topology.parse(info.topology).chips // max(info.expected_hosts, 1)
+
+
+def _version(info: SliceInfo) -> str:
+    return generation(info.accelerator_type.rsplit("-", 1)[0]).ray_name
+
+
+def _existing_pgs() -> dict[str, PlacementGroup]:
+    """Detached tpufleet reservations that Ray still holds, by slice name (any namespace)."""
+    from ray._common.utils import hex_to_binary
+    from ray._raylet import PlacementGroupID
+
+    found = {}
+    for pg_id, row in placement_group_table().items():
+        name = row.get("name") or ""
+        if name.startswith(PG_PREFIX) and row.get("state") != "REMOVED":
+            found[name[len(PG_PREFIX) :]] = PlacementGroup(PlacementGroupID(hex_to_binary(pg_id)))  # type: ignore[no-untyped-call]
+    return found
+
+
+def _kill(handle: Any) -> None:
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # already gone
+        log.debug("runner already gone", exc_info=True)
+
+
+class SlicePool:
+    """Reservations the control plane holds, by slice name. Not thread-safe: the caller locks."""
+
+    def __init__(self, log_root: str | None = None) -> None:
+        self.log_root = log_root
+        self._res: dict[str, Reservation] = {}
+        self._adopt: dict[str, PlacementGroup] | None = None
+
+    def get(self, name: str) -> Reservation | None:
+        return self._res.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._res)
+
+    def reserve(self, info: SliceInfo) -> Reservation:
+        """Reserve ``info`` (or adopt the detached reservation a previous control plane left);
+        returns at once: the group and runners come up in the background."""
+        have = self._res.get(info.name)
+        if have is not None:
+            if have.nodes == tuple(h.node_id for h in info.hosts):
+                return have
+            self.release(info.name)  # the slice came back on new hosts: start clean
+        if self._adopt is None:
+            self._adopt = _existing_pgs()
+        pg = self._adopt.pop(info.name, None) or _new_pg(info)
+        res = Reservation(info, pg)
+        res.runners = [
+            self._runner(res, w, pool_runner_name(info.name, w)) for w in range(info.expected_hosts)
+        ]
+        self._res[info.name] = res
+        return res
+
+    def _runner(
+        self, res: Reservation, worker: int, name: str, runtime_env: dict[str, Any] | None = None
+    ) -> Any:
+        options: dict[str, Any] = {
+            "name": name,
+            "namespace": NAMESPACE,
+            "lifetime": "detached",
+            "get_if_exists": True,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                res.pg, placement_group_bundle_index=worker
+            ),
+        }
+        if runtime_env:
+            options["runtime_env"] = runtime_env
+        return RemoteRunner.options(**options).remote(res.info.name, worker, self.log_root)
+
+    def job_runners(self, name: str, job_id: str, attempt: int, working_dir: str) -> list[Any]:
+        """Runners for one attempt that ships ``working_dir`` with Ray's ``runtime_env``."""
+        res = self._res[name]
+        env = {"working_dir": working_dir}
+        return [
+            self._runner(res, w, job_runner_name(job_id, attempt, name, w), env)
+            for w in range(res.info.expected_hosts)
+        ]
+
+    def release(self, name: str) -> None:
+        """Drop a slice's reservation and its pool runners (a broken, draining or given-back slice)."""
+        res = self._res.pop(name, None)
+        if self._adopt is None:
+            self._adopt = _existing_pgs()
+        pg = res.pg if res else self._adopt.pop(name, None)
+        for handle in res.runners if res else _named_runners(name):
+            _kill(handle)
+        if pg is not None:
+            try:
+                remove_placement_group(pg)
+            except Exception:
+                log.debug("placement group already removed", exc_info=True)
+
+    def release_all(self) -> None:
+        if self._adopt is None:
+            self._adopt = _existing_pgs()
+        for name in sorted(set(self._res) | set(self._adopt)):
+            self.release(name)
+
+    def wait_ready(self, names: list[str], timeout_s: float) -> None:
+        """Block until the reservations and pool runners of ``names`` are up (tests, benchmarks)."""
+        reservations = [self._res[n] for n in names]
+        ray.get([r.pg.ready() for r in reservations], timeout=timeout_s)
+        ray.get([h.ping.remote() for r in reservations for h in r.runners], timeout=timeout_s)
+
+
+def _new_pg(info: SliceInfo) -> PlacementGroup:
+    cph = _chips_per_host(info)
+    handle = SlicePlacementGroup(
+        topology=info.topology,
+        accelerator_version=_version(info),
+        resources_per_bundle={"TPU": cph, "CPU": 0},
+        name=pg_name(info.name),
+        lifetime="detached",
+        chips_per_vm=cph,
+        bundle_label_selector=[
+            {SLICE_LABEL: info.name, WORKER_LABEL: str(w)} for w in range(info.expected_hosts)
+        ],
+    )
+    pg = handle.placement_group
+    assert pg is not None
+    return pg
+
+
+def _named_runners(slice_name: str) -> list[Any]:
+    handles = []
+    prefix = f"tpufleet:runner:{slice_name}:"
+    for row in ray.util.list_named_actors(all_namespaces=True):
+        if row["namespace"] == NAMESPACE and row["name"].startswith(prefix):
+            try:
+                handles.append(ray.get_actor(row["name"], namespace=NAMESPACE))
+            except ValueError:
+                continue
+    return handles
