@@ -1,0 +1,272 @@
+"""``FakeCluster``: an in-memory :class:`~tpufleet.control.cluster.ClusterClient` with scripted hosts.
+
+A real module, not a mock: the service, the store, the API and the CLI are tested against it, and
+it can stand in for Ray in an in-process demo. It gives every host of an attempt the same host
+contract as the Ray executor (``tpufleet.contract``), so tests check the environment each host got.
+
+Time is counted in polls, never in seconds: a launched attempt's hosts follow its :class:`Script`
+(RUNNING after ``run_after`` polls, EXITED after ``exit_after``), or, without a script, stay where
+they are until a test moves them (``start``, ``exit``, ``write``, ``kill_host``). Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from tpufleet import catalog, contract
+from tpufleet.catalog import SliceType
+from tpufleet.control.cluster import (
+    AttemptSpec,
+    AttemptStatus,
+    HostInfo,
+    HostState,
+    HostStatus,
+    LogChunk,
+    SliceInfo,
+)
+from tpufleet.errors import ClusterError
+
+SIGTERM_EXIT = -15  # what a process ended by stop() reports, as subprocess does for SIGTERM
+
+
+@dataclass(frozen=True)
+class Script:
+    """What every host of an attempt does, counted in polls of that attempt.
+
+    ``output`` is written to each host's log when it starts running, formatted with the host's
+    environment (``"step 1 on {TPU_NAME}/{TPU_WORKER_ID}\\n"``). ``exit_codes`` overrides
+    ``exit_code`` per (slice index, worker id). ``exit_after=None`` runs until stopped.
+    """
+
+    run_after: int = 1
+    exit_after: int | None = 2
+    exit_code: int = 0
+    exit_codes: Mapping[tuple[int, int], int] = field(default_factory=dict)
+    output: str = ""
+
+
+@dataclass
+class FakeProcess:
+    slice: str
+    slice_index: int
+    worker_id: int
+    env: dict[str, str]
+    state: HostState = HostState.STARTING
+    exit_code: int | None = None
+    log: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return self.state in (HostState.STARTING, HostState.RUNNING)
+
+
+@dataclass
+class FakeAttempt:
+    spec: AttemptSpec
+    processes: list[FakeProcess]
+    script: Script | None
+    polls: int = 0
+    stopped: bool = False
+
+
+class FakeClock:
+    """A clock for tests: ``clock()`` returns ``now``; ``advance`` moves it."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+class FakeCluster:
+    def __init__(
+        self,
+        slices: list[SliceInfo] | None = None,
+        script: Callable[[AttemptSpec], Script | None] | None = None,
+    ) -> None:
+        self._slices: dict[str, SliceInfo] = {s.name: s for s in slices or ()}
+        self._script = script
+        self._attempts: dict[tuple[str, int], FakeAttempt] = {}
+        self._lock = threading.RLock()
+        self.launches: list[AttemptSpec] = []
+        self.stops: list[tuple[str, int, float]] = []
+
+    @classmethod
+    def of(cls, spec: str, script: Callable[[AttemptSpec], Script | None] | None = None) -> FakeCluster:
+        """A fleet from ``"v4-16:2,v6e-16"``: slices named ``tpu-v4-16-0``, ``tpu-v4-16-1``, ..."""
+        fleet: list[SliceInfo] = []
+        for st, count in catalog.parse_slice_list(spec):
+            for i in range(count):
+                fleet.append(make_slice(f"tpu-{st.accelerator_type}-{i}", st, subnet=len(fleet)))
+        return cls(fleet, script)
+
+    # -- ClusterClient -------------------------------------------------------------------------
+    def inventory(self) -> list[SliceInfo]:
+        with self._lock:
+            return list(self._slices.values())
+
+    def launch(self, spec: AttemptSpec) -> None:
+        with self._lock:
+            key = (spec.job_id, spec.attempt)
+            if key in self._attempts and not self._attempts[key].stopped:
+                raise ClusterError(f"attempt {spec.attempt} of job {spec.job_id} is already running")
+            infos = [self._usable(name, spec.job_id) for name in spec.slices]
+            coordinator = (infos[0].hosts[0].address or "") if infos else ""
+            procs = []
+            for index, info in enumerate(infos):
+                st = slice_type_of(info)
+                names = [h.address or f"{info.name}-{h.worker_id}" for h in info.hosts]
+                for host in info.hosts:
+                    env = dict(spec.env)
+                    env |= contract.host_env(info.name, st, host.worker_id, names)
+                    env |= contract.megascale_env(coordinator, len(infos), index)
+                    env |= contract.job_env(spec.job_id, spec.attempt, spec.checkpoint_dir)
+                    procs.append(FakeProcess(info.name, index, host.worker_id, env))
+            self._attempts[key] = FakeAttempt(spec, procs, self._script(spec) if self._script else None)
+            self.launches.append(spec)
+
+    def _usable(self, name: str, job_id: str) -> SliceInfo:
+        info = self._slices.get(name)
+        if info is None:
+            raise ClusterError(f"slice {name} is not in the cluster")
+        if not info.intact:
+            raise ClusterError(f"slice {name} is broken: {'; '.join(info.problems)}")
+        for other in self._attempts.values():
+            if not other.stopped and name in other.spec.slices and other.spec.job_id != job_id:
+                raise ClusterError(f"slice {name} is held by job {other.spec.job_id}")
+        return info
+
+    def poll(self, job_id: str, attempt: int) -> AttemptStatus:
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                return AttemptStatus(job_id, attempt, ())
+            att.polls += 1
+            if att.script is not None and not att.stopped:
+                self._advance(att, att.script)
+            hosts = tuple(HostStatus(p.slice, p.worker_id, p.state, p.exit_code) for p in att.processes)
+            return AttemptStatus(job_id, attempt, hosts)
+
+    def _advance(self, att: FakeAttempt, script: Script) -> None:
+        if att.polls >= script.run_after:
+            for p in att.processes:
+                if p.state is HostState.STARTING:
+                    p.state = HostState.RUNNING
+                    p.log += script.output.format_map(p.env)
+        if script.exit_after is not None and att.polls >= script.exit_after:
+            for p in att.processes:
+                if p.state is HostState.RUNNING:
+                    code = script.exit_codes.get((p.slice_index, p.worker_id), script.exit_code)
+                    p.state, p.exit_code = HostState.EXITED, code
+
+    def stop(self, job_id: str, attempt: int, grace_s: float = 10.0) -> None:
+        with self._lock:
+            self.stops.append((job_id, attempt, grace_s))
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                return
+            for p in att.processes:
+                if p.alive:
+                    p.state, p.exit_code = HostState.EXITED, SIGTERM_EXIT
+            att.stopped = True
+
+    def read_logs(self, job_id: str, attempt: int, slice_name: str, worker_id: int, offset: int) -> LogChunk:
+        with self._lock:
+            proc = self._process(job_id, attempt, slice_name, worker_id)
+            if proc is None:
+                return LogChunk("", offset, complete=True)
+            return LogChunk(proc.log[offset:], len(proc.log), complete=not proc.alive)
+
+    def running_attempts(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return [key for key, att in self._attempts.items() if not att.stopped]
+
+    # -- what tests drive ----------------------------------------------------------------------
+    def processes(self, job_id: str, attempt: int | None = None) -> list[FakeProcess]:
+        """The hosts' processes of an attempt (default: the job's latest), in slice/worker order."""
+        with self._lock:
+            att = self._latest(job_id, attempt)
+            return list(att.processes) if att else []
+
+    def start(self, job_id: str, attempt: int | None = None) -> None:
+        self._each(job_id, attempt, lambda p: p.state is HostState.STARTING, state=HostState.RUNNING)
+
+    def exit(
+        self, job_id: str, code: int = 0, *, slice: str | None = None, worker: int | None = None,
+        attempt: int | None = None,
+    ) -> None:  # fmt: skip
+        """End the matching live processes with ``code`` (every host when no slice/worker given)."""
+
+        def match(p: FakeProcess) -> bool:
+            return p.alive and slice in (None, p.slice) and worker in (None, p.worker_id)
+
+        self._each(job_id, attempt, match, state=HostState.EXITED, exit_code=code)
+
+    def write(self, job_id: str, text: str, *, slice: str | None = None, worker: int | None = None) -> None:
+        with self._lock:
+            for p in self.processes(job_id):
+                if slice in (None, p.slice) and worker in (None, p.worker_id):
+                    p.log += text.format_map(p.env)
+
+    def kill_host(self, slice_name: str, worker_id: int) -> None:
+        """The host dies: its slice is no longer intact and any process on it is LOST."""
+        with self._lock:
+            info = self._slices[slice_name]
+            hosts = tuple(replace(h, alive=False) if h.worker_id == worker_id else h for h in info.hosts)
+            problem = f"host {worker_id} is dead"
+            self._slices[slice_name] = replace(info, hosts=hosts, problems=(*info.problems, problem))
+            for att in self._attempts.values():
+                for p in att.processes:
+                    if p.slice == slice_name and p.worker_id == worker_id and p.alive:
+                        p.state = HostState.LOST
+
+    def repair(self, slice_name: str) -> None:
+        with self._lock:
+            info = self._slices[slice_name]
+            hosts = tuple(replace(h, alive=True) for h in info.hosts)
+            self._slices[slice_name] = replace(info, hosts=hosts, problems=())
+
+    def _latest(self, job_id: str, attempt: int | None) -> FakeAttempt | None:
+        keys = [k for k in self._attempts if k[0] == job_id and attempt in (None, k[1])]
+        return self._attempts[max(keys)] if keys else None
+
+    def _process(self, job_id: str, attempt: int, slice_name: str, worker_id: int) -> FakeProcess | None:
+        att = self._attempts.get((job_id, attempt))
+        for p in att.processes if att else ():
+            if p.slice == slice_name and p.worker_id == worker_id:
+                return p
+        return None
+
+    def _each(
+        self, job_id: str, attempt: int | None, match: Callable[[FakeProcess], bool], **values: object
+    ) -> None:
+        with self._lock:
+            for p in self.processes(job_id, attempt):
+                if match(p):
+                    for key, value in values.items():
+                        setattr(p, key, value)
+
+
+def make_slice(name: str, st: SliceType, subnet: int = 0) -> SliceInfo:
+    """An intact slice of type ``st`` whose hosts are 10.0.<subnet>.<worker+1>."""
+    hosts = tuple(HostInfo(w, f"node-{name}-{w}", f"10.0.{subnet}.{w + 1}", True) for w in range(st.hosts))
+    return SliceInfo(name, st.accelerator_type, str(st.topology), st.hosts, hosts)
+
+
+def slice_type_of(info: SliceInfo) -> SliceType:
+    """The catalog's type for a discovered slice (accelerator type, topology and host count)."""
+    for st in catalog.all_slice_types():
+        if (st.accelerator_type, str(st.topology), st.hosts) == (
+            info.accelerator_type,
+            info.topology,
+            info.expected_hosts,
+        ):
+            return st
+    return catalog.slice_type(info.accelerator_type)

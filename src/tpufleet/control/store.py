@@ -1,0 +1,423 @@
+"""The control plane's SQL store: tenants, tokens, jobs, slices, attempts, events and logs.
+
+SQLite (a file in the state dir) by default, PostgreSQL by URL (``postgresql+psycopg://...``).
+This module is what the API reads and writes; the scheduling loop's transitions are in
+``control/ledger.py`` on the same engine. Every write is one transaction, so bad input never
+leaves half a change behind; state changes that race with the loop are compare-and-set updates
+(``UPDATE ... WHERE state = ...``), which are atomic on both databases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, func, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from tpufleet.control import records as r
+from tpufleet.control.schema import (
+    AttemptRow,
+    Base,
+    EventRow,
+    JobRow,
+    LogChunkRow,
+    LogCursorRow,
+    SliceRow,
+    TenantRow,
+    TokenRow,
+)
+from tpufleet.errors import (
+    AuthError,
+    ClusterError,
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    closest,
+    suggest,
+)
+
+Clock = Callable[[], float]
+
+
+def new_job_id() -> str:
+    """Eight hex digits: short enough to type, random enough for a fleet's lifetime (ids are
+    checked for collisions on insert)."""
+    return secrets.token_hex(4)
+
+
+def new_token() -> str:
+    return "tf_" + secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys, so the API thread
+    and the scheduling loop can write concurrently."""
+    if url.startswith("sqlite"):
+        memory = url in ("sqlite://", "sqlite:///:memory:")
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            poolclass=StaticPool if memory else None,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            if not memory:
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+class Store:
+    """Tenants, tokens, jobs and slices as the API sees them. Thread-safe (one session per call)."""
+
+    def __init__(self, url: str, *, clock: Clock = time.time, new_id: Callable[[], str] = new_job_id) -> None:
+        self.url = url
+        self.clock = clock
+        self.new_id = new_id
+        try:
+            self.engine = make_engine(url)
+            Base.metadata.create_all(self.engine)
+        except OperationalError as err:
+            raise ClusterError(f"cannot open the database {_safe_url(url)}: {err.orig}") from err
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def tx(self) -> Iterator[Session]:
+        """One transaction: committed on success, rolled back on any exception."""
+        with self._sessions.begin() as session:
+            yield session
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- tokens ------------------------------------------------------------------------------
+    def issue_token(self, tenant: str | None = None) -> str:
+        """A new token for ``tenant`` (None: admin). Only its hash is stored."""
+        token = new_token()
+        with self.tx() as s:
+            s.add(TokenRow(token_hash=token_hash(token), tenant=tenant, created_at=self.clock()))
+        return token
+
+    def authenticate(self, token: str | None) -> r.Principal:
+        if not token:
+            raise AuthError("missing bearer token; pass --token or set TPUFLEET_TOKEN")
+        with self.tx() as s:
+            row = s.get(TokenRow, token_hash(token))
+        if row is None:
+            raise AuthError("unknown token; ask the admin for a tenant token (tpufleet tenant create)")
+        return r.Principal(tenant=row.tenant)
+
+    # -- tenants -----------------------------------------------------------------------------
+    def create_tenant(
+        self, name: str, quota: Mapping[str, int], weight: float = 1.0
+    ) -> tuple[r.TenantRecord, str]:
+        """Create a tenant; returns it and its token (shown once)."""
+        clean = r.validate_tenant(name, quota, weight)
+        token = new_token()
+        try:
+            with self.tx() as s:
+                if s.get(TenantRow, name) is not None:
+                    raise ConflictError(f"tenant {name!r} already exists")
+                row = TenantRow(name=name, quota=clean, weight=float(weight), created_at=self.clock())
+                s.add(row)
+                s.flush()
+                s.add(TokenRow(token_hash=token_hash(token), tenant=name, created_at=self.clock()))
+                self.add_event(s, f"tenant {name} created", kind="tenant")
+        except IntegrityError as err:
+            raise ConflictError(f"tenant {name!r} already exists") from err
+        return _tenant(row), token
+
+    def tenants(self) -> list[r.TenantRecord]:
+        with self.tx() as s:
+            return [_tenant(t) for t in s.scalars(select(TenantRow).order_by(TenantRow.name))]
+
+    def tenant(self, name: str) -> r.TenantRecord:
+        with self.tx() as s:
+            row = s.get(TenantRow, name)
+            if row is None:
+                names = s.scalars(select(TenantRow.name)).all()
+                raise NotFoundError(f"tenant {name!r} not found{suggest(closest(name, names))}")
+            return _tenant(row)
+
+    # -- jobs --------------------------------------------------------------------------------
+    def submit(self, tenant: str, request: r.JobRequest) -> r.JobRecord:
+        self.tenant(tenant)
+        for _ in range(5):
+            try:
+                return self._insert_job(tenant, request)
+            except IntegrityError:  # an id collision with a concurrent submit; draw again
+                continue
+        raise ConflictError("could not allocate a unique job id; try again")
+
+    def _insert_job(self, tenant: str, req: r.JobRequest) -> r.JobRecord:
+        now = self.clock()
+        with self.tx() as s:
+            job_id = self.new_id()
+            while s.scalar(select(JobRow.seq).where(JobRow.id == job_id)) is not None:
+                job_id = self.new_id()
+            row = JobRow(
+                id=job_id,
+                tenant=tenant,
+                name=req.name,
+                command=list(req.command),
+                accelerator_type=req.accelerator_type,
+                num_slices=req.num_slices,
+                priority=req.priority,
+                max_retries=req.max_retries,
+                env=dict(req.env),
+                working_dir=req.working_dir,
+                state=r.QUEUED,
+                attempt=1,
+                failures=0,
+                slices=[],
+                borrowing=False,
+                preempting=False,
+                cancel_requested=False,
+                submitted_at=now,
+                updated_at=now,
+            )
+            s.add(row)
+            s.flush()
+            self.add_event(s, f"submitted by {tenant}: {' '.join(req.command)}", job_id=job_id, kind="submit")
+            return job_record(row)
+
+    def job(self, job_id: str, tenant: str | None = None) -> r.JobRecord:
+        """One job with its attempts; ``tenant`` set means a tenant's token asks (403 otherwise)."""
+        with self.tx() as s:
+            row = self._job_row(s, job_id, tenant)
+            attempts = s.scalars(
+                select(AttemptRow).where(AttemptRow.job_id == row.id).order_by(AttemptRow.attempt)
+            ).all()
+            return job_record(row, tuple(_attempt(a) for a in attempts))
+
+    def _job_row(self, s: Session, job_id: str, tenant: str | None) -> JobRow:
+        row = s.scalar(select(JobRow).where(JobRow.id == job_id))
+        if row is None:
+            raise NotFoundError(f"job {job_id!r} not found; list jobs with `tpufleet jobs`")
+        if tenant is not None and row.tenant != tenant:
+            raise ForbiddenError(f"job {job_id} belongs to another tenant; your token is for {tenant!r}")
+        return row
+
+    def jobs(self, tenant: str | None = None, states: tuple[str, ...] = ()) -> list[r.JobRecord]:
+        query = select(JobRow).order_by(JobRow.seq)
+        if tenant is not None:
+            query = query.where(JobRow.tenant == tenant)
+        if states:
+            query = query.where(JobRow.state.in_(states))
+        with self.tx() as s:
+            return [job_record(j) for j in s.scalars(query)]
+
+    def request_cancel(self, job_id: str, tenant: str | None = None) -> r.JobRecord:
+        """Cancel a job: a queued one at once; a running one is marked and the loop stops every
+        process and frees its slices (the decision is written before it is acted on)."""
+        now = self.clock()
+        with self.tx() as s:
+            row = self._job_row(s, job_id, tenant)
+            if row.state in (r.SUCCEEDED, r.FAILED):
+                raise ConflictError(f"job {job_id} already ended ({row.state}); nothing to cancel")
+            if row.state != r.CANCELLED and not row.cancel_requested:
+                s.execute(
+                    update(JobRow)
+                    .where(JobRow.seq == row.seq, JobRow.state == r.QUEUED)
+                    .values(state=r.CANCELLED, cancel_requested=True, finished_at=now, updated_at=now)
+                    .execution_options(synchronize_session=False)
+                )
+                s.execute(
+                    update(JobRow)
+                    .where(JobRow.seq == row.seq, JobRow.state.in_(r.ACTIVE))
+                    .values(cancel_requested=True, updated_at=now)
+                    .execution_options(synchronize_session=False)
+                )
+                self.add_event(s, "cancel requested", job_id=job_id, kind="cancel")
+            s.refresh(row)
+            return job_record(row)
+
+    def events(self, job_id: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        query = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
+        if job_id is not None:
+            query = query.where(EventRow.job_id == job_id)
+        with self.tx() as s:
+            rows = list(s.scalars(query))
+        return [
+            {"at": e.at, "job_id": e.job_id, "slice": e.slice, "kind": e.kind, "message": e.message}
+            for e in reversed(rows)
+        ]
+
+    def add_event(
+        self,
+        s: Session,
+        message: str,
+        *,
+        job_id: str | None = None,
+        slice: str | None = None,
+        kind: str = "info",
+    ) -> None:
+        s.add(EventRow(job_id=job_id, slice=slice, at=self.clock(), kind=kind, message=message))
+
+    # -- slices ------------------------------------------------------------------------------
+    def slices(self) -> list[r.SliceRecord]:
+        with self.tx() as s:
+            return [slice_record(x) for x in s.scalars(select(SliceRow).order_by(SliceRow.name))]
+
+    def set_draining(self, name: str, draining: bool) -> r.SliceRecord:
+        """Drain a slice (no new job is placed on it; its holder runs to the end) or undrain it."""
+        with self.tx() as s:
+            row = s.get(SliceRow, name)
+            if row is None:
+                names = s.scalars(select(SliceRow.name)).all()
+                raise NotFoundError(f"slice {name!r} not found{suggest(closest(name, names))}")
+            row.draining = draining
+            row.state = slice_state(row)
+            row.updated_at = self.clock()
+            self.add_event(s, "drain" if draining else "undrain", slice=name, kind="slice")
+            return slice_record(row)
+
+    # -- logs --------------------------------------------------------------------------------
+    def read_logs(
+        self,
+        job_id: str,
+        *,
+        tenant: str | None = None,
+        attempt: int | None = None,
+        host: int | None = None,
+        offset: int = 0,
+    ) -> r.LogRead:
+        """Stored output of an attempt (default: the latest that ran), per host, from ``offset``
+        characters (``offset`` applies to each host read; pass ``host`` to follow one)."""
+        with self.tx() as s:
+            job = self._job_row(s, job_id, tenant)
+            if attempt is None:
+                attempt = s.scalar(
+                    select(func.max(LogCursorRow.attempt)).where(LogCursorRow.job_id == job_id)
+                )
+            cursors = s.scalars(
+                select(LogCursorRow)
+                .where(LogCursorRow.job_id == job_id, LogCursorRow.attempt == (attempt or 0))
+                .order_by(LogCursorRow.host)
+            ).all()
+            if host is not None:
+                if cursors and not 0 <= host < len(cursors):
+                    raise NotFoundError(f"job {job_id} has hosts 0 to {len(cursors) - 1}, not {host}")
+                cursors = [c for c in cursors if c.host == host]
+            hosts = tuple(self._host_log(s, c, max(0, offset)) for c in cursors)
+            return r.LogRead(job_id=job_id, attempt=attempt or job.attempt, job_state=job.state, hosts=hosts)
+
+    @staticmethod
+    def _host_log(s: Session, c: LogCursorRow, offset: int) -> r.HostLog:
+        chunks = s.execute(
+            select(LogChunkRow.start, LogChunkRow.data)
+            .where(
+                LogChunkRow.job_id == c.job_id,
+                LogChunkRow.attempt == c.attempt,
+                LogChunkRow.host == c.host,
+                LogChunkRow.start + func.length(LogChunkRow.data) > offset,
+            )
+            .order_by(LogChunkRow.start)
+        ).all()
+        data = "".join(chunk.data for chunk in chunks)
+        if chunks:
+            data = data[max(0, offset - chunks[0].start) :]
+        return r.HostLog(
+            host=c.host,
+            slice=c.slice,
+            worker_id=c.worker_id,
+            data=data,
+            next_offset=max(offset, c.stored),
+            complete=c.complete,
+        )
+
+
+def slice_state(row: SliceRow) -> str:
+    """BROKEN when not intact, DRAINING when the admin drains it, HELD when an attempt holds it."""
+    if row.problems:
+        return r.BROKEN
+    if row.draining:
+        return r.DRAINING
+    return r.HELD if row.holder else r.FREE
+
+
+def job_record(j: JobRow, attempts: tuple[r.AttemptRecord, ...] = ()) -> r.JobRecord:
+    return r.JobRecord(
+        id=j.id,
+        name=j.name,
+        tenant=j.tenant,
+        state=j.state,
+        attempt=j.attempt,
+        slices=tuple(j.slices or ()),
+        reason=j.reason_message,
+        reason_code=j.reason_code,
+        accelerator_type=j.accelerator_type,
+        num_slices=j.num_slices,
+        priority=j.priority,
+        max_retries=j.max_retries,
+        failures=j.failures,
+        command=tuple(j.command),
+        env=dict(j.env or {}),
+        working_dir=j.working_dir,
+        borrowing=j.borrowing,
+        preempting=j.preempting,
+        cancel_requested=j.cancel_requested,
+        exit_code=j.exit_code,
+        seq=j.seq,
+        submitted_at=j.submitted_at,
+        admitted_at=j.admitted_at,
+        started_at=j.started_at,
+        finished_at=j.finished_at,
+        attempts=attempts,
+    )
+
+
+def slice_record(x: SliceRow) -> r.SliceRecord:
+    return r.SliceRecord(
+        name=x.name,
+        accelerator_type=x.accelerator_type,
+        topology=x.topology,
+        state=x.state,
+        holder=x.holder,
+        hosts=tuple(x.hosts or ()),
+        problems=tuple(x.problems or ()),
+        draining=x.draining,
+    )
+
+
+def _tenant(t: TenantRow) -> r.TenantRecord:
+    return r.TenantRecord(name=t.name, quota=dict(t.quota), weight=t.weight, created_at=t.created_at)
+
+
+def _attempt(a: AttemptRow) -> r.AttemptRecord:
+    return r.AttemptRecord(
+        attempt=a.attempt,
+        slices=tuple(a.slices),
+        state=a.state,
+        message=a.message,
+        exit_codes=tuple(a.exit_codes or ()),
+        admitted_at=a.admitted_at,
+        started_at=a.started_at,
+        ended_at=a.ended_at,
+    )
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+    return url

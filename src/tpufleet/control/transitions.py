@@ -1,0 +1,462 @@
+"""The scheduling loop's writes: slice inventory, snapshots, decisions and attempt transitions.
+
+Each method is one transaction, committed before the service acts on it (write, then act), and
+each state change is a compare-and-set on the job's state, so a change the API made meanwhile (a
+cancel) is never overwritten and a decision that no longer applies is dropped, not half-applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from tpufleet.control import records as r
+from tpufleet.control.cluster import AttemptStatus, SliceInfo
+from tpufleet.control.schema import AttemptRow, JobRow, LogChunkRow, LogCursorRow, SliceRow, TenantRow
+from tpufleet.control.store import Store, slice_state
+from tpufleet.scheduler.model import (
+    Admit,
+    JobId,
+    JobState,
+    JobView,
+    Preempt,
+    SliceName,
+    SliceState,
+    SliceView,
+    Snapshot,
+    TenantName,
+    TenantView,
+    Wait,
+)
+
+MISSING = "not in the cluster's inventory"
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    """A job that holds slices (ADMITTED, STARTING or RUNNING), as the loop needs it."""
+
+    id: str
+    attempt: int
+    state: str
+    slices: tuple[str, ...]
+    stop_kind: str | None
+    cancel_requested: bool
+    accelerator_type: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    working_dir: str | None
+
+
+@dataclass(frozen=True)
+class Cursor:
+    host: int
+    slice: str
+    worker_id: int
+    offset: int
+    complete: bool
+
+
+class Transitions:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.clock = store.clock
+
+    # -- inventory ---------------------------------------------------------------------------
+    def sync_slices(self, infos: Iterable[SliceInfo]) -> None:
+        """Make the slices table match the cluster: new slices appear FREE, a slice that is not
+        intact (or vanished) turns BROKEN and stays so until it is whole again."""
+        now = self.clock()
+        with self.store.tx() as s:
+            rows = {x.name: x for x in s.scalars(select(SliceRow))}
+            for info in infos:
+                row = rows.pop(info.name, None)
+                if row is None:
+                    row = SliceRow(name=info.name, state=r.FREE, holder=None, draining=False, updated_at=now)
+                    s.add(row)
+                    self.store.add_event(
+                        s, f"discovered {info.accelerator_type}", slice=info.name, kind="slice"
+                    )
+                row.accelerator_type, row.topology = info.accelerator_type, info.topology
+                row.expected_hosts = info.expected_hosts
+                hosts = [
+                    {"worker_id": h.worker_id, "node_id": h.node_id, "address": h.address, "alive": h.alive}
+                    for h in info.hosts
+                ]
+                if row.hosts != hosts:
+                    row.hosts = hosts
+                self._set_problems(s, row, list(info.problems), now)
+            for row in rows.values():
+                self._set_problems(s, row, [MISSING], now)
+
+    def _set_problems(self, s: Session, row: SliceRow, problems: list[str], now: float) -> None:
+        if row.problems != problems:
+            row.problems = problems
+            row.updated_at = now
+            what = "broken: " + "; ".join(problems) if problems else "intact again"
+            self.store.add_event(s, what, slice=row.name, job_id=row.holder, kind="slice")
+        row.state = slice_state(row)
+
+    # -- snapshot and decisions --------------------------------------------------------------
+    def snapshot(self) -> tuple[Snapshot, dict[str, tuple[str | None, str | None]]]:
+        """The policy's view, and each queued job's stored wait reason (to write only changes)."""
+        cols = (
+            JobRow.id,
+            JobRow.tenant,
+            JobRow.accelerator_type,
+            JobRow.num_slices,
+            JobRow.priority,
+            JobRow.seq,
+            JobRow.state,
+            JobRow.slices,
+            JobRow.borrowing,
+            JobRow.stop_kind,
+            JobRow.admit_seq,
+            JobRow.reason_code,
+            JobRow.reason_message,
+        )
+        with self.store.tx() as s:
+            tenants = [
+                TenantView(TenantName(t.name), dict(t.quota), t.weight) for t in s.scalars(select(TenantRow))
+            ]
+            slices = [
+                SliceView(SliceName(x.name), x.accelerator_type, SliceState(x.state), _jid(x.holder))
+                for x in s.scalars(select(SliceRow).order_by(SliceRow.name))
+            ]
+            rows = s.execute(
+                select(*cols).where(JobRow.state.in_((r.QUEUED, *r.ACTIVE))).order_by(JobRow.seq)
+            )
+            jobs, reasons = [], {}
+            for j in rows:
+                jobs.append(
+                    JobView(
+                        JobId(j.id),
+                        TenantName(j.tenant),
+                        j.accelerator_type,
+                        j.num_slices,
+                        j.priority,
+                        j.seq,
+                        JobState(j.state),
+                        tuple(SliceName(n) for n in j.slices or ()),
+                        j.borrowing,
+                        j.stop_kind is not None,
+                        j.admit_seq,
+                    )
+                )
+                if j.state == r.QUEUED:
+                    reasons[j.id] = (j.reason_code, j.reason_message)
+        return Snapshot(tenants, slices, jobs), reasons
+
+    def admit(self, d: Admit) -> bool:
+        """QUEUED -> ADMITTED with the slices HELD; all or nothing. False when it no longer applies."""
+        try:
+            return self._admit(d)
+        except _Abort:
+            return False
+
+    def _admit(self, d: Admit) -> bool:
+        now = self.clock()
+        with self.store.tx() as s:
+            admit_seq = (s.scalar(select(func.max(JobRow.admit_seq))) or 0) + 1
+            job = s.scalar(select(JobRow).where(JobRow.id == d.job))
+            if job is None or job.state != r.QUEUED or job.cancel_requested:
+                return False
+            taken = _rowcount(
+                s.execute(
+                    update(SliceRow)
+                    .where(SliceRow.name.in_(d.slices), SliceRow.state == r.FREE, SliceRow.holder.is_(None))
+                    .values(holder=d.job, state=r.HELD, updated_at=now)
+                    .execution_options(synchronize_session=False)
+                )
+            )
+            moved = _cas(
+                s,
+                job.seq,
+                (r.QUEUED,),
+                state=r.ADMITTED,
+                slices=list(d.slices),
+                borrowing=d.borrowing,
+                admit_seq=admit_seq,
+                admitted_at=now,
+                reason_code=None,
+                reason_message=None,
+                stop_kind=None,
+                stop_message=None,
+                exit_code=None,
+                updated_at=now,
+            )
+            if taken != len(set(d.slices)) or not moved:
+                raise _Abort  # rolls the whole admission back
+            s.add(
+                AttemptRow(
+                    job_id=d.job,
+                    attempt=job.attempt,
+                    slices=list(d.slices),
+                    state=r.ADMITTED,
+                    exit_codes=[],
+                    admitted_at=now,
+                )
+            )
+            lend = " (borrowing)" if d.borrowing else ""
+            self.store.add_event(
+                s,
+                f"attempt {job.attempt} admitted on {', '.join(d.slices)}{lend}",
+                job_id=d.job,
+                kind="admit",
+            )
+            return True
+
+    def wait_reasons(self, waits: Sequence[Wait], stored: dict[str, tuple[str | None, str | None]]) -> int:
+        """Store why each waiting job waits; only reasons that changed are written."""
+        changes = []
+        for w in waits:
+            new = (w.reason.code.value, w.reason.message)
+            if w.job in stored and stored[w.job] != new:
+                changes.append((w.job, new))
+        if changes:
+            with self.store.tx() as s:
+                for job_id, (code, message) in changes:
+                    s.execute(
+                        update(JobRow)
+                        .where(JobRow.id == job_id, JobRow.state == r.QUEUED)
+                        .values(reason_code=code, reason_message=message)
+                        .execution_options(synchronize_session=False)
+                    )
+        return len(changes)
+
+    def preempt(self, d: Preempt) -> bool:
+        return self.begin_stop(d.job, "preempt", f"preempted for job {d.for_job}: {d.reason}")
+
+    def begin_stop(self, job_id: str, kind: str, message: str) -> bool:
+        """Decide to end the current attempt: ``success`` (every host exited 0), ``preempt``,
+        ``cancel`` or ``fail``. A cancel overrides a preemption or failure under way; otherwise
+        the first decision stands."""
+        with self.store.tx() as s:
+            job = s.scalar(select(JobRow).where(JobRow.id == job_id))
+            if job is None or job.state not in r.ACTIVE:
+                return False
+            if job.stop_kind is not None and not (kind == "cancel" and job.stop_kind in ("preempt", "fail")):
+                return False
+            job.stop_kind, job.stop_message = kind, message
+            job.preempting = kind == "preempt" or job.preempting
+            if kind != "success":
+                job.reason_code, job.reason_message = _STOP_CODES[kind], message
+            job.updated_at = self.clock()
+            self.store.add_event(s, f"attempt {job.attempt}: {message}", job_id=job_id, kind=kind)
+            return True
+
+    # -- attempt transitions -----------------------------------------------------------------
+    def active_jobs(self) -> list[ActiveJob]:
+        with self.store.tx() as s:
+            rows = s.scalars(select(JobRow).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.seq)).all()
+            return [
+                ActiveJob(
+                    j.id,
+                    j.attempt,
+                    j.state,
+                    tuple(j.slices or ()),
+                    j.stop_kind,
+                    j.cancel_requested,
+                    j.accelerator_type,
+                    tuple(j.command),
+                    dict(j.env or {}),
+                    j.working_dir,
+                )
+                for j in rows
+            ]
+
+    def launched(self, job_id: str, attempt: int) -> None:
+        """ADMITTED -> STARTING; opens one log stream per host (slice order, then worker id)."""
+        now = self.clock()
+        with self.store.tx() as s:
+            job = s.scalar(select(JobRow).where(JobRow.id == job_id))
+            if job is None or not _cas(s, job.seq, (r.ADMITTED,), state=r.STARTING, updated_at=now):
+                return
+            host = 0
+            for name in job.slices:
+                slice_row = s.get(SliceRow, name)
+                for worker in range(slice_row.expected_hosts if slice_row else 1):
+                    if s.get(LogCursorRow, (job_id, attempt, host)) is None:
+                        s.add(
+                            LogCursorRow(
+                                job_id=job_id,
+                                attempt=attempt,
+                                host=host,
+                                slice=name,
+                                worker_id=worker,
+                                cluster_offset=0,
+                                stored=0,
+                                complete=False,
+                            )
+                        )
+                    host += 1
+            _attempt_row(s, job_id, attempt, state=r.STARTING)
+            self.store.add_event(
+                s, f"attempt {attempt} launched on {host} hosts", job_id=job_id, kind="launch"
+            )
+
+    def running(self, job_id: str, attempt: int) -> None:
+        now = self.clock()
+        with self.store.tx() as s:
+            seq = s.scalar(select(JobRow.seq).where(JobRow.id == job_id, JobRow.attempt == attempt))
+            if seq is not None and _cas(
+                s, seq, (r.STARTING,), state=r.RUNNING, started_at=now, updated_at=now
+            ):
+                _attempt_row(s, job_id, attempt, state=r.RUNNING, started_at=now)
+                self.store.add_event(
+                    s, f"attempt {attempt}: every host is running", job_id=job_id, kind="run"
+                )
+
+    def finish(self, job_id: str, attempt: int, status: AttemptStatus | None) -> str | None:
+        """End the current attempt after its processes ended: SUCCEEDED, or what its stop_kind
+        says. Frees the job's slices. Returns the job's new state."""
+        now = self.clock()
+        with self.store.tx() as s:
+            job = s.scalar(select(JobRow).where(JobRow.id == job_id, JobRow.attempt == attempt))
+            if job is None or job.state not in r.ACTIVE:
+                return None
+            kind, message = job.stop_kind, job.stop_message
+            outcome, values = _outcome(job, kind, message, now)
+            _cas(
+                s,
+                job.seq,
+                r.ACTIVE,
+                **values,
+                slices=[] if values["state"] == r.QUEUED else job.slices,
+                stop_kind=None,
+                stop_message=None,
+                preempting=False,
+                borrowing=False,
+                exit_code=_exit_code(status),
+                updated_at=now,
+            )
+            for row in s.scalars(select(SliceRow).where(SliceRow.holder == job_id)):
+                row.holder, row.updated_at = None, now
+                row.state = slice_state(row)
+            _attempt_row(
+                s,
+                job_id,
+                attempt,
+                state=outcome,
+                message=message,
+                ended_at=now,
+                exit_codes=_host_codes(status),
+            )
+            self.store.add_event(
+                s, f"attempt {attempt} {outcome.lower()}; job {values['state']}", job_id=job_id, kind="end"
+            )
+            return str(values["state"])
+
+    # -- logs ----------------------------------------------------------------------------------
+    def cursors(self, job_id: str, attempt: int) -> list[Cursor]:
+        with self.store.tx() as s:
+            rows = s.scalars(
+                select(LogCursorRow)
+                .where(LogCursorRow.job_id == job_id, LogCursorRow.attempt == attempt)
+                .order_by(LogCursorRow.host)
+            )
+            return [Cursor(c.host, c.slice, c.worker_id, c.cluster_offset, c.complete) for c in rows]
+
+    def append_log(
+        self, job_id: str, attempt: int, host: int, data: str, next_offset: int, complete: bool
+    ) -> None:
+        with self.store.tx() as s:
+            c = s.get(LogCursorRow, (job_id, attempt, host))
+            if c is None:
+                return
+            if data:
+                s.add(LogChunkRow(job_id=job_id, attempt=attempt, host=host, start=c.stored, data=data))
+                c.stored += len(data)
+            c.cluster_offset, c.complete = next_offset, complete
+
+
+class _Abort(Exception):
+    """Raised inside a transaction to roll it back."""
+
+
+_STOP_CODES = {"preempt": "PREEMPTED", "cancel": "CANCELLING", "fail": "ATTEMPT_FAILED"}
+
+
+def _jid(holder: str | None) -> JobId | None:
+    return JobId(holder) if holder else None
+
+
+def _cas(s: Session, seq: int, states: Sequence[str], **values: Any) -> bool:
+    """Compare-and-set: update the job only while it is in one of ``states``."""
+    result = s.execute(
+        update(JobRow)
+        .where(JobRow.seq == seq, JobRow.state.in_(states))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(_rowcount(result))
+
+
+def _rowcount(result: Any) -> int:
+    return int(result.rowcount)
+
+
+def _attempt_row(s: Session, job_id: str, attempt: int, **values: Any) -> None:
+    row = s.get(AttemptRow, (job_id, attempt))
+    if row is not None:
+        for key, value in values.items():
+            setattr(row, key, value)
+
+
+def _outcome(job: JobRow, kind: str | None, message: str | None, now: float) -> tuple[str, dict[str, Any]]:
+    """(the attempt's outcome, the job's new columns) for an attempt that ended."""
+    if kind in (None, "success"):
+        return r.SUCCEEDED, {
+            "state": r.SUCCEEDED,
+            "finished_at": now,
+            "reason_code": None,
+            "reason_message": None,
+        }
+    if kind == "cancel":
+        return r.CANCELLED, {
+            "state": r.CANCELLED,
+            "finished_at": now,
+            "reason_code": "CANCELLED",
+            "reason_message": "cancelled by request",
+        }
+    if kind == "preempt":
+        return "PREEMPTED", {
+            "state": r.QUEUED,
+            "attempt": job.attempt + 1,
+            "reason_code": "PREEMPTED",
+            "reason_message": f"requeued after attempt {job.attempt}: {message}",
+        }
+    failures = job.failures + 1
+    if failures > job.max_retries:
+        return r.FAILED, {
+            "state": r.FAILED,
+            "failures": failures,
+            "finished_at": now,
+            "reason_code": "FAILED",
+            "reason_message": f"attempt {job.attempt} failed ({message}); "
+            f"no retries left (max_retries={job.max_retries})",
+        }
+    return r.FAILED, {
+        "state": r.QUEUED,
+        "attempt": job.attempt + 1,
+        "failures": failures,
+        "reason_code": "RETRYING",
+        "reason_message": f"attempt {job.attempt} failed ({message}); retry {failures} of {job.max_retries}",
+    }
+
+
+def _exit_code(status: AttemptStatus | None) -> int | None:
+    codes = [h.exit_code for h in (status.hosts if status else ()) if h.exit_code is not None]
+    bad = [c for c in codes if c != 0]
+    return bad[0] if bad else (0 if codes else None)
+
+
+def _host_codes(status: AttemptStatus | None) -> list[dict[str, Any]]:
+    return [
+        {"slice": h.slice, "worker_id": h.worker_id, "state": str(h.state), "exit_code": h.exit_code}
+        for h in (status.hosts if status else ())
+    ]

@@ -1,0 +1,215 @@
+"""The store on SQLite and PostgreSQL: tenants, tokens, jobs, validation, cancel, slices, logs."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from tpufleet.control.fake import FakeCluster
+from tpufleet.control.records import JobRequest
+from tpufleet.control.schema import JobRow, TenantRow, TokenRow
+from tpufleet.control.store import Store
+from tpufleet.control.transitions import Transitions
+from tpufleet.errors import AuthError, ConflictError, ForbiddenError, NotFoundError, SpecError
+from tpufleet.scheduler.model import Admit, JobId, SliceName
+
+
+def req(accelerator_type: str = "v4-16", **kw: object) -> JobRequest:
+    return JobRequest.build(
+        command=kw.pop("command", ["python", "train.py"]), accelerator_type=accelerator_type, **kw
+    )  # type: ignore[arg-type]
+
+
+def count(store: Store, column: object) -> int:
+    with store.tx() as s:
+        return int(s.scalar(select(func.count(column))))  # type: ignore[call-overload]
+
+
+def test_tenant_token_authenticates_as_that_tenant_and_admin_token_as_admin(store: Store) -> None:
+    tenant, token = store.create_tenant("team-a", {"v4": 32, "v6e": 16}, weight=2)
+    admin = store.issue_token()
+    assert tenant.quota == {"v4": 32, "v6e": 16} and tenant.weight == 2.0
+    assert store.authenticate(token).tenant == "team-a"
+    assert store.authenticate(admin).admin
+    assert token not in {t for (t,) in _token_hashes(store)}  # only hashes are stored
+
+
+def _token_hashes(store: Store) -> list[tuple[str]]:
+    with store.tx() as s:
+        return [(h,) for h in s.scalars(select(TokenRow.token_hash))]
+
+
+@pytest.mark.parametrize("token", [None, "", "tf_not-a-real-token"])
+def test_missing_or_unknown_token_is_an_auth_error(store: Store, token: str | None) -> None:
+    with pytest.raises(AuthError):
+        store.authenticate(token)
+
+
+@pytest.mark.parametrize(
+    ("name", "quota", "weight", "message"),
+    [
+        ("Team_A", {"v4": 8}, 1, "not a valid tenant name"),
+        ("team-a", {"v9": 8}, 1, "'v9' is not a TPU generation"),
+        ("team-a", {"v4": -1}, 1, "chips must be an integer >= 0"),
+        ("team-a", {"v4": 8}, 0, "weight must be a number above 0"),
+    ],
+)
+def test_bad_tenant_is_rejected_and_nothing_is_stored(
+    store: Store, name: str, quota: dict[str, int], weight: float, message: str
+) -> None:
+    with pytest.raises(SpecError, match=message):
+        store.create_tenant(name, quota, weight)
+    assert count(store, TenantRow.name) == 0 and count(store, TokenRow.token_hash) == 0
+
+
+def test_generation_aliases_are_normalised_and_duplicates_conflict(store: Store) -> None:
+    tenant, _ = store.create_tenant("team-a", {"v5litepod": 16, "v7x": 8})
+    assert tenant.quota == {"v5e": 16, "tpu7x": 8}
+    with pytest.raises(ConflictError, match="already exists"):
+        store.create_tenant("team-a", {"v4": 8})
+    assert [t.name for t in store.tenants()] == ["team-a"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"accelerator_type": "v4-15"}, "v4-15 is not a v4 slice size; closest: v4-8, v4-16"),
+        ({"accelerator_type": "tpu-z"}, "not an accelerator type"),
+        ({"num_slices": 0}, "num_slices: must be an integer from 1"),
+        ({"max_retries": -1}, "max_retries"),
+        ({"command": []}, "command: a job needs a command"),
+        ({"env": {"TPU_NAME": "x"}}, "set by tpufleet"),
+        ({"env": {"1BAD": "x"}}, "not a valid variable name"),
+    ],
+)
+def test_bad_job_input_names_the_field_and_value(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        req(**kwargs)
+
+
+def test_submit_stores_a_queued_job_with_a_short_id_and_canonical_type(store: Store) -> None:
+    store.create_tenant("team-a", {"v5e": 16})
+    job = store.submit("team-a", req("v5e-16", num_slices=2, env={"LR": "0.1"}, priority=5))
+    assert (job.id, job.state, job.attempt, job.name) == ("00000001", "QUEUED", 1, "train")
+    assert job.accelerator_type == "v5litepod-16" and job.num_slices == 2
+    got = store.job(job.id)
+    assert got.env == {"LR": "0.1"} and got.command == ("python", "train.py") and got.priority == 5
+    assert [j.id for j in store.jobs()] == [job.id]
+
+
+def test_submit_for_unknown_tenant_stores_nothing(store: Store) -> None:
+    with pytest.raises(NotFoundError, match="tenant 'ghost' not found"):
+        store.submit("ghost", req())
+    assert count(store, JobRow.seq) == 0
+
+
+def test_job_id_collisions_draw_a_new_id(db_url: str) -> None:
+    ids = iter(["aaaaaaaa", "aaaaaaaa", "bbbbbbbb"])
+    store = Store(db_url, new_id=lambda: next(ids))
+    try:
+        store.create_tenant("t", {"v4": 8})
+        assert [store.submit("t", req()).id for _ in range(2)] == ["aaaaaaaa", "bbbbbbbb"]
+    finally:
+        store.close()
+
+
+def test_a_tenant_sees_only_its_own_jobs(store: Store) -> None:
+    store.create_tenant("team-a", {"v4": 8})
+    store.create_tenant("team-b", {"v4": 8})
+    a = store.submit("team-a", req())
+    b = store.submit("team-b", req())
+    assert [j.id for j in store.jobs(tenant="team-a")] == [a.id]
+    assert store.job(a.id, tenant="team-a").id == a.id
+    with pytest.raises(ForbiddenError):
+        store.job(b.id, tenant="team-a")
+    with pytest.raises(ForbiddenError):
+        store.request_cancel(b.id, tenant="team-a")
+    assert store.job(b.id).state == "QUEUED"
+    with pytest.raises(NotFoundError, match="job 'nope' not found"):
+        store.job("nope")
+
+
+def test_cancel_a_queued_job_at_once_and_again_is_harmless(store: Store) -> None:
+    store.create_tenant("t", {"v4": 8})
+    job = store.submit("t", req())
+    assert store.request_cancel(job.id).state == "CANCELLED"
+    assert store.request_cancel(job.id).state == "CANCELLED"
+
+
+def test_admission_is_all_or_nothing_and_never_takes_a_held_slice(store: Store) -> None:
+    tr = Transitions(store)
+    tr.sync_slices(FakeCluster.of("v4-16:2").inventory())
+    store.create_tenant("t", {"v4": 16})
+    first, second = store.submit("t", req()), store.submit("t", req(num_slices=2))
+    assert tr.admit(Admit(JobId(first.id), (SliceName("tpu-v4-16-0"),), False))
+    both = (SliceName("tpu-v4-16-0"), SliceName("tpu-v4-16-1"))
+    assert not tr.admit(Admit(JobId(second.id), both, False))
+    assert store.job(second.id).state == "QUEUED"
+    assert {s.name: (s.state, s.holder) for s in store.slices()} == {
+        "tpu-v4-16-0": ("HELD", first.id),
+        "tpu-v4-16-1": ("FREE", None),
+    }
+
+
+def test_a_cancelled_job_is_not_admitted(store: Store) -> None:
+    tr = Transitions(store)
+    tr.sync_slices(FakeCluster.of("v4-16").inventory())
+    store.create_tenant("t", {"v4": 8})
+    job = store.submit("t", req())
+    store.request_cancel(job.id)
+    assert not tr.admit(Admit(JobId(job.id), (SliceName("tpu-v4-16-0"),), False))
+    assert store.slices()[0].state == "FREE"
+
+
+def test_inventory_marks_broken_and_vanished_slices_and_drain_is_kept(store: Store) -> None:
+    tr, fleet = Transitions(store), FakeCluster.of("v4-16:2,v6e-16")
+    tr.sync_slices(fleet.inventory())
+    store.set_draining("tpu-v6e-16-0", True)
+    fleet.kill_host("tpu-v4-16-0", 1)
+    tr.sync_slices([s for s in fleet.inventory() if s.name != "tpu-v4-16-1"])
+    states = {s.name: (s.state, s.problems) for s in store.slices()}
+    assert states == {
+        "tpu-v4-16-0": ("BROKEN", ("host 1 is dead",)),
+        "tpu-v4-16-1": ("BROKEN", ("not in the cluster's inventory",)),
+        "tpu-v6e-16-0": ("DRAINING", ()),
+    }
+    fleet.repair("tpu-v4-16-0")
+    store.set_draining("tpu-v6e-16-0", False)
+    tr.sync_slices(fleet.inventory())
+    assert [s.state for s in store.slices()] == ["FREE", "FREE", "FREE"]
+    with pytest.raises(NotFoundError, match="closest: tpu-v6e-16-0"):
+        store.set_draining("tpu-v6e-16-9", True)
+
+
+def test_logs_are_stored_per_host_and_read_from_an_offset(store: Store) -> None:
+    tr = Transitions(store)
+    tr.sync_slices(FakeCluster.of("v4-16").inventory())
+    store.create_tenant("t", {"v4": 8})
+    job = store.submit("t", req())
+    tr.admit(Admit(JobId(job.id), (SliceName("tpu-v4-16-0"),), False))
+    tr.launched(job.id, 1)
+    tr.append_log(job.id, 1, 0, "step 1\n", 7, False)
+    tr.append_log(job.id, 1, 0, "step 2\n", 14, True)
+    tr.append_log(job.id, 1, 1, "other host\n", 11, False)
+    logs = store.read_logs(job.id)
+    assert [(h.host, h.slice, h.worker_id, h.data) for h in logs.hosts] == [
+        (0, "tpu-v4-16-0", 0, "step 1\nstep 2\n"),
+        (1, "tpu-v4-16-0", 1, "other host\n"),
+    ]
+    tail = store.read_logs(job.id, host=0, offset=10)
+    assert [(h.data, h.next_offset, h.complete) for h in tail.hosts] == [("p 2\n", 14, True)]
+    assert store.read_logs(job.id, host=0, offset=14).hosts[0].data == ""
+    with pytest.raises(NotFoundError, match="hosts 0 to 1"):
+        store.read_logs(job.id, host=2)
+
+
+def test_a_second_store_on_the_same_database_sees_everything(db_url: str) -> None:
+    first = Store(db_url)
+    first.create_tenant("t", {"v4": 8})
+    job = first.submit("t", req())
+    first.close()
+    second = Store(db_url)
+    try:
+        assert second.job(job.id).state == "QUEUED" and [t.name for t in second.tenants()] == ["t"]
+    finally:
+        second.close()
