@@ -1,0 +1,134 @@
+"""Every lint rule against its documented wrong and right example, with the CRDs and without them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+from spec_builders import GENERATION_CASES, REPO, all_generations, crds_or_skip, load_fleet, pool
+
+from tpufleet.cli.config import dump_yaml
+from tpufleet.lint.findings import RULES
+from tpufleet.lint.ray_start_params import RAY_START_PARAMS, RAY_VERSION
+from tpufleet.lint.runner import fallback_schemas, lint_text
+from tpufleet.render.kuberay import render_kuberay
+
+DOC = REPO / "docs" / "lint.md"
+
+
+def documented_examples() -> dict[str, tuple[str, str]]:
+    """``{code: (wrong yaml, right yaml)}`` parsed from docs/lint.md."""
+    text = DOC.read_text(encoding="utf-8")
+    out = {}
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        code = section.split()[0]
+        wrong = re.search(r"Wrong:\s*```yaml\n(.*?)```", section, re.S)
+        right = re.search(r"Right:\s*```yaml\n(.*?)```", section, re.S)
+        assert wrong and right, f"{code}: docs/lint.md needs a Wrong: and a Right: yaml block"
+        out[code] = (wrong.group(1), right.group(1))
+    return out
+
+
+EXAMPLES = documented_examples()
+
+
+def _source(kind):
+    return crds_or_skip() if kind == "crd" else fallback_schemas
+
+
+def test_every_rule_is_documented_with_examples():
+    assert sorted(EXAMPLES) == sorted(RULES)
+
+
+@pytest.mark.parametrize("schemas", ["crd", "structural"])
+@pytest.mark.parametrize("code", sorted(RULES))
+def test_wrong_example_is_flagged_and_right_one_is_clean(code, schemas):
+    source = _source(schemas)
+    wrong, right = EXAMPLES[code]
+    flagged = lint_text(wrong, f"{code}-wrong.yaml", source)
+    assert code in {f.code for f in flagged}, [f.text() for f in flagged]
+    assert all(f.severity == "error" for f in flagged if f.code == code)
+    assert lint_text(right, f"{code}-right.yaml", source) == []
+
+
+@pytest.mark.parametrize("schemas", ["crd", "structural"])
+def test_everything_render_produces_lints_clean(schemas):
+    source = _source(schemas)
+    specs = [all_generations(), *(load_fleet([pool("tpu", **c.pool)]) for c in GENERATION_CASES)]
+    for spec in specs:
+        for rayjob in (None, "python train.py"):
+            text = dump_yaml(render_kuberay(spec, rayjob))
+            assert lint_text(text, "rendered.yaml", source) == [], spec.pools
+
+
+def test_findings_carry_file_line_column_and_dotted_path():
+    wrong = EXAMPLES["TPF002"][0]
+    (finding,) = [f for f in lint_text(wrong, "w.yaml") if f.code == "TPF002"]
+    line = 1 + next(
+        i for i, text in enumerate(wrong.splitlines()) if "gke-tpu: 'true'" in text or "gke-tpu:" in text
+    )
+    assert (finding.file, finding.line) == ("w.yaml", line)
+    assert finding.column > 1
+    assert finding.path == "spec.workerGroupSpecs[0].template.spec.nodeSelector.cloud.google.com/gke-tpu"
+    assert finding.text().startswith(f"w.yaml:{line}:{finding.column}: TPF002 ")
+    assert set(finding.as_dict()) == {"file", "line", "column", "code", "severity", "path", "message"}
+
+
+def test_multi_document_files_rayjob_and_rayservice():
+    cluster = yaml.safe_load(EXAMPLES["TPF007"][0])
+    job = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "j"},
+        "spec": {"entrypoint": "python x.py", "rayClusterSpec": cluster["spec"]},
+    }
+    service = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": "s"},
+        "spec": {"rayClusterConfig": cluster["spec"]},
+    }
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"numOfHosts": "x"}}
+    text = dump_yaml([other, job, service])
+    found = [(f.code, f.path) for f in lint_text(text, "multi.yaml")]
+    assert found == [
+        ("TPF007", "spec.rayClusterSpec.workerGroupSpecs[0].numOfHosts"),
+        ("TPF007", "spec.rayClusterConfig.workerGroupSpecs[0].numOfHosts"),
+    ]
+    job_line = text[: text.index("kind: RayJob")].count("\n") + 1
+    service_line = text[: text.index("kind: RayService")].count("\n") + 1
+    first, second = (f.line for f in lint_text(text, "multi.yaml"))
+    assert job_line < first < service_line < second
+
+
+def test_structural_fallback_catches_unknown_fields_and_bad_enums():
+    right = yaml.safe_load(EXAMPLES["TPF009"][1])
+    right["spec"]["autoscalerOptions"]["upscalingMode"] = "Slow"
+    right["spec"]["workerGroupSpecs"][0]["numOfHost"] = 2
+    found = {f.path: f.message for f in lint_text(dump_yaml([right]), "x.yaml")}
+    assert "Slow" in found["spec.autoscalerOptions.upscalingMode"]
+    assert "did you mean numOfHosts" in found["spec.workerGroupSpecs[0].numOfHost"]
+
+
+def test_crd_checks_reach_inside_pod_templates():
+    source = crds_or_skip()
+    doc = yaml.safe_load(EXAMPLES["TPF007"][1])
+    doc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resource"] = {}
+    (finding,) = lint_text(dump_yaml([doc]), "x.yaml", source)
+    assert (finding.code, finding.path) == (
+        "TPF009",
+        "spec.workerGroupSpecs[0].template.spec.containers[0].resource",
+    )
+    assert "did you mean resources" in finding.message
+
+
+def test_packaged_ray_start_params_match_the_installed_ray():
+    ray = pytest.importorskip("ray")
+    scripts = pytest.importorskip("ray.scripts.scripts")
+    accepted = {opt[2:] for param in scripts.start.params for opt in param.opts if opt.startswith("--")}
+    assert ray.__version__ == RAY_VERSION
+    missing, extra = sorted(accepted - RAY_START_PARAMS), sorted(RAY_START_PARAMS - accepted)
+    assert not missing and not extra, (
+        f"update src/tpufleet/lint/ray_start_params.py for Ray {ray.__version__}: add {missing}, drop {extra}"
+    )
