@@ -97,7 +97,10 @@ class JobView:
     ``seq`` is the submission order (a monotonically increasing integer the store assigns; no
     clocks). ``admit_seq`` is the order of the job's current admission (the store assigns the next
     integer when it writes an ``Admit``); victims of preemption are chosen most recently admitted
-    first, and ``seq`` stands in for it when it is ``None``.
+    first, and ``seq`` stands in for it when it is ``None``. ``head_of_line`` feeds the previous
+    cycle's ``Wait.head_of_line`` back, so a job that started collecting slices keeps its
+    reservation although the fair-share order of its tenant changes as others' jobs finish; the
+    policy stays correct without it, but a large job may then wait longer.
     """
 
     id: JobId
@@ -111,6 +114,7 @@ class JobView:
     borrowing: bool = False  # admitted beyond its tenant's quota
     preempting: bool = False  # a preemption was decided and is in progress; slices not free yet
     admit_seq: int | None = None
+    head_of_line: bool = False  # the job's last Wait had head_of_line=True (the store keeps it)
 
 
 @dataclass(frozen=True)
@@ -191,8 +195,15 @@ class Preempt:
 
 @dataclass(frozen=True)
 class Wait:
+    """The job stays queued for ``reason``.
+
+    ``head_of_line`` is True when the job holds its slice type's head-of-line reservation; the
+    store keeps it and passes it back as ``JobView.head_of_line`` in the next snapshot.
+    """
+
     job: JobId
     reason: NotFit
+    head_of_line: bool = False
 
 
 Decision: TypeAlias = Admit | Preempt | Wait

@@ -22,7 +22,11 @@ Modelled on Kueue's ClusterQueue / Cohort semantics, applied to whole TPU slices
 4. **Head of line.** In either pass, the first job of a type that cannot be placed becomes that
    type's head of line and reserves the free slices of the type (and slices still being freed by
    preemptions), so later, smaller jobs cannot starve it; they wait with
-   ``RESERVED_FOR_HEAD_OF_LINE``. Jobs of other types are unaffected.
+   ``RESERVED_FOR_HEAD_OF_LINE``. Jobs of other types are unaffected. The head's ``Wait`` says
+   ``head_of_line=True``; fed back as ``JobView.head_of_line`` it puts the job first among the jobs
+   of its priority in the next cycle, so the reservation sticks while the fair-share order moves
+   (without it, the moment the last slice comes free an older job of a tenant whose usage the
+   reservation drained to zero would win the tie and take it).
 
 Slices are handed out whole, lowest name first (numbers compared as numbers). ``BROKEN`` and
 ``DRAINING`` slices are never assigned. The cost is O(J log T) for J queued jobs and T tenants plus
@@ -60,6 +64,7 @@ __all__ = ["decide"]
 
 _C = NotFitCode
 _Key = tuple[int, tuple[float, float], int, str, TenantName, int]
+_STICKY = (-1.0, -1.0)  # ahead of every fair share: last cycle's head of line keeps its place
 
 
 def decide(snapshot: Snapshot) -> list[Decision]:
@@ -254,7 +259,7 @@ class _Cycle:
             reason = NotFit(
                 reason.code, f"{reason.message}; holds the head-of-line reservation of {pool.key}"
             )
-        self.out.append(Wait(job.id, reason))
+        self.out.append(Wait(job.id, reason, head_of_line=pool.head is job))
 
     def _blocked_reason(self, entry: _Entry, borrowing: bool) -> NotFit:
         job, pool = entry.job, entry.pool
@@ -297,7 +302,7 @@ class _Cycle:
             queues.setdefault(entry.job.tenant, []).append(entry)
         heap: list[_Key] = []
         for tenant, queue in queues.items():
-            queue.sort(key=lambda e: (-e.job.priority, e.job.seq, e.job.id))
+            queue.sort(key=lambda e: (-e.job.priority, not e.job.head_of_line, e.job.seq, e.job.id))
             heap.append(self._key(tenant, queue[0], 0))
         heapq.heapify(heap)
         while heap:
@@ -309,7 +314,8 @@ class _Cycle:
 
     def _key(self, tenant: TenantName, entry: _Entry, index: int) -> _Key:
         job = entry.job
-        return (-job.priority, self.ledger.share(tenant), job.seq, job.id, tenant, index)
+        share = _STICKY if job.head_of_line else self.ledger.share(tenant)
+        return (-job.priority, share, job.seq, job.id, tenant, index)
 
 
 def _n(count: int, key: str) -> str:

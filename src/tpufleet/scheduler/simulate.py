@@ -9,7 +9,7 @@ a ``Snapshot``, calls the policy once and applies its decisions:
 - ``Preempt``: the victim gets the checkpoint signal now, keeps its slices for ``grace`` ticks, then
   releases them and is requeued with its original ``seq``; work done before the signal is kept
   (it resumes from its checkpoint), so it needs ``duration`` minus what it ran;
-- ``Wait``: the reason is recorded on the job.
+- ``Wait``: the reason is recorded on the job, and ``head_of_line`` is kept for the next snapshot.
 
 Used by the unit tests (starvation, fair share over time) and by ``bench/policy.py``.
 """
@@ -193,7 +193,9 @@ class Simulation:
             elif isinstance(decision, Preempt):
                 self._preempt(self.records[decision.job])
             elif isinstance(decision, Wait):
-                self.records[decision.job].reasons.append(decision.reason)
+                rec = self.records[decision.job]
+                rec.reasons.append(decision.reason)
+                rec.view = replace(rec.view, head_of_line=decision.head_of_line)
 
     def _admit(self, rec: JobRecord, decision: Admit) -> None:
         self._admissions += 1
@@ -205,6 +207,7 @@ class Simulation:
             slices=decision.slices,
             borrowing=decision.borrowing,
             admit_seq=self._admissions,
+            head_of_line=False,
         )
         rec.started = self.now
         rec.admitted.append(self.now)
