@@ -20,7 +20,15 @@ from tpufleet.lint.rules import GROUP_RULES, Problem, api_version_problems, grou
 from tpufleet.lint.schema import schema_problems
 from tpufleet.lint.structure import FALLBACK
 
-__all__ = ["RAY_KINDS", "fallback_schemas", "format_json", "format_text", "has_errors", "lint_text"]
+__all__ = [
+    "RAY_KINDS",
+    "fallback_schemas",
+    "format_json",
+    "format_text",
+    "has_errors",
+    "lint_objects",
+    "lint_text",
+]
 
 # kind -> where the RayCluster spec sits inside it
 RAY_KINDS: dict[str, Path] = {
