@@ -40,12 +40,11 @@ from tpufleet.control.cluster import (
     SliceInfo,
 )
 from tpufleet.control.runner import NAMESPACE, job_runner_name, pool_runner_name, read_log_task
-from tpufleet.control.slices import SLICE_LABEL, WORKER_LABEL, SlicePool
+from tpufleet.control.slices import POD_TYPE_LABEL, SLICE_LABEL, WORKER_LABEL, SlicePool
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
 
 log = logging.getLogger(__name__)
 
-POD_TYPE_LABEL = "ray.io/tpu-pod-type"
 TOPOLOGY_LABEL = "ray.io/tpu-topology"
 JAX_PORT_VAR = "TPUFLEET_JAX_COORDINATOR_PORT"
 _POLL_WAIT_S = 0.5

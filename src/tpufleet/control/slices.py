@@ -6,6 +6,8 @@ A slice is reserved with Ray's own ``ray.util.tpu.SlicePlacementGroup``: one bun
 ``i`` is host ``i`` and its runner is ``tpufleet:runner:<slice>:<i>``. Because every selector names
 the slice, Ray skips its head-reservation round trip (``reserve_tpu_slice``), and the group is
 ``detached`` and named ``tpufleet:slice:<slice>`` so a restarted control plane adopts it again.
+A second, one-bundle group (``tpufleet:head:<slice>``) holds the slice's ``TPU-<type>-head``
+resource, so Ray's own slice reservation (``reserve_tpu_slice``) never picks a slice we hold.
 
 The warm pool keeps such a reservation, plus one idle runner per host, on every free intact slice:
 handing a slice to an admitted job is then one actor call per host (see ``RayCluster.launch``).
@@ -16,11 +18,17 @@ Holding a free slice's chips is the price: to Ray (``get_num_ready_tpu_slices``,
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ray.util.tpu import SlicePlacementGroup
 
@@ -32,11 +40,17 @@ log = logging.getLogger(__name__)
 
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"
+POD_TYPE_LABEL = "ray.io/tpu-pod-type"
 PG_PREFIX = "tpufleet:slice:"
+HEAD_PREFIX = "tpufleet:head:"
 
 
 def pg_name(slice_name: str) -> str:
     return f"{PG_PREFIX}{slice_name}"
+
+
+def head_pg_name(slice_name: str) -> str:
+    return f"{HEAD_PREFIX}{slice_name}"
 
 
 @dataclass
@@ -45,6 +59,7 @@ class Reservation:
 
     info: SliceInfo
     pg: PlacementGroup
+    head: PlacementGroup | None = None  # holds TPU-<type>-head on worker 0, as Ray's own reservation does
     runners: list[Any] = field(default_factory=list)
 
     @property
@@ -63,15 +78,15 @@ def _version(info: SliceInfo) -> str:
 
 
 def _existing_pgs() -> dict[str, PlacementGroup]:
-    """Detached tpufleet reservations that Ray still holds, by slice name (any namespace)."""
+    """Detached tpufleet placement groups that Ray still holds, by name (any namespace)."""
     from ray._common.utils import hex_to_binary
     from ray._raylet import PlacementGroupID
 
     found = {}
     for pg_id, row in placement_group_table().items():
         name = row.get("name") or ""
-        if name.startswith(PG_PREFIX) and row.get("state") != "REMOVED":
-            found[name[len(PG_PREFIX) :]] = PlacementGroup(PlacementGroupID(hex_to_binary(pg_id)))  # type: ignore[no-untyped-call]
+        if name.startswith((PG_PREFIX, HEAD_PREFIX)) and row.get("state") != "REMOVED":
+            found[name] = PlacementGroup(PlacementGroupID(hex_to_binary(pg_id)))  # type: ignore[no-untyped-call]
     return found
 
 
@@ -106,8 +121,9 @@ class SlicePool:
             self.release(info.name)  # the slice came back on new hosts: start clean
         if self._adopt is None:
             self._adopt = _existing_pgs()
-        pg = self._adopt.pop(info.name, None) or _new_pg(info)
-        res = Reservation(info, pg)
+        pg = self._adopt.pop(pg_name(info.name), None) or _new_pg(info)
+        head = self._adopt.pop(head_pg_name(info.name), None) or _new_head_pg(info)
+        res = Reservation(info, pg, head)
         res.runners = [
             self._runner(res, w, pool_runner_name(info.name, w)) for w in range(info.expected_hosts)
         ]
@@ -133,7 +149,7 @@ class SlicePool:
     def job_runners(self, name: str, job_id: str, attempt: int, working_dir: str) -> list[Any]:
         """Runners for one attempt that ships ``working_dir`` with Ray's ``runtime_env``."""
         res = self._res[name]
-        env = {"working_dir": working_dir}
+        env = _upload_working_dir(working_dir)
         return [
             self._runner(res, w, job_runner_name(job_id, attempt, name, w), env)
             for w in range(res.info.expected_hosts)
@@ -144,10 +160,13 @@ class SlicePool:
         res = self._res.pop(name, None)
         if self._adopt is None:
             self._adopt = _existing_pgs()
-        pg = res.pg if res else self._adopt.pop(name, None)
+        pgs = [res.pg, res.head] if res else [self._adopt.pop(pg_name(name), None)]
+        pgs.append(self._adopt.pop(head_pg_name(name), None))
         for handle in res.runners if res else _named_runners(name):
             _kill(handle)
-        if pg is not None:
+        for pg in pgs:
+            if pg is None:
+                continue
             try:
                 remove_placement_group(pg)
             except Exception:
@@ -156,13 +175,14 @@ class SlicePool:
     def release_all(self) -> None:
         if self._adopt is None:
             self._adopt = _existing_pgs()
-        for name in sorted(set(self._res) | set(self._adopt)):
+        left = {n.split(":", 2)[2] for n in self._adopt}
+        for name in sorted(set(self._res) | left):
             self.release(name)
 
     def wait_ready(self, names: list[str], timeout_s: float) -> None:
         """Block until the reservations and pool runners of ``names`` are up (tests, benchmarks)."""
         reservations = [self._res[n] for n in names]
-        ray.get([r.pg.ready() for r in reservations], timeout=timeout_s)
+        ray.get([pg.ready() for r in reservations for pg in (r.pg, r.head) if pg], timeout=timeout_s)
         ray.get([h.ping.remote() for r in reservations for h in r.runners], timeout=timeout_s)
 
 
@@ -181,6 +201,34 @@ def _new_pg(info: SliceInfo) -> PlacementGroup:
     )
     pg = handle.placement_group
     assert pg is not None
+    return pg
+
+
+def _upload_working_dir(working_dir: str) -> dict[str, Any]:
+    """A local directory goes to Ray's GCS the way ``ray.init(runtime_env=...)`` and the job SDK
+    send it (content-addressed, so once per content); a URI (``gcs://``, ``gs://``...) passes as is."""
+    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+
+    with tempfile.TemporaryDirectory() as scratch:
+        env: dict[str, Any] = upload_working_dir_if_needed(
+            {"working_dir": working_dir}, include_gitignore=True, scratch_dir=scratch, logger=log
+        )
+    return env
+
+
+def _new_head_pg(info: SliceInfo) -> PlacementGroup:
+    """Take the slice's ``TPU-<type>-head`` resource too, pinned to this slice's worker 0, so Ray's
+    own ``reserve_tpu_slice`` (``slice_placement_group``, ``JaxTrainer``) picks another slice instead
+    of one whose chips the pool holds, and sees the slice as taken just as its own reservation would
+    leave it. Created without waiting: Ray's own helper blocks on it, the pool need not."""
+    pg: PlacementGroup = placement_group(
+        bundles=[{f"TPU-{info.accelerator_type}-head": 1}],
+        bundle_label_selector=[
+            {SLICE_LABEL: info.name, WORKER_LABEL: "0", POD_TYPE_LABEL: info.accelerator_type}
+        ],
+        name=head_pg_name(info.name),
+        lifetime="detached",
+    )
     return pg
 
 
