@@ -1,0 +1,98 @@
+"""What ``RayCluster.launch`` asks each host to run with, and slices read from node labels; no Ray."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tpufleet.control.cluster import AttemptSpec, HostInfo, SliceInfo
+from tpufleet.control.executor import _payloads, _slices_from_nodes
+
+
+def _slice(name: str, *addresses: str) -> SliceInfo:
+    hosts = tuple(HostInfo(w, f"node-{name}-{w}", a, True) for w, a in enumerate(addresses))
+    return SliceInfo(name, "v4-16", "2x2x2", len(addresses), hosts)
+
+
+def _spec(*slices: SliceInfo) -> AttemptSpec:
+    return AttemptSpec("job-1", 2, tuple(s.name for s in slices), "v4-16", ("run",), {"A": "1"}, None, "/ck")
+
+
+@pytest.mark.parametrize(
+    ("slices", "megascale_port"),
+    [
+        ([_slice("a", "10.0.0.1", "10.0.0.2")], None),
+        ([_slice("a", "10.0.0.1", "10.0.0.2"), _slice("b", "10.0.1.1", "10.0.1.2")], "8081"),
+        ([_slice("a", "127.0.0.1", "127.0.0.1"), _slice("b", "127.0.0.1", "127.0.0.1")], "free"),
+    ],
+    ids=["one-slice", "two-slices-real", "two-slices-emulated"],
+)
+def test_every_host_gets_the_contract(slices: list[SliceInfo], megascale_port: str | None) -> None:
+    layout = [(s.name, h.worker_id) for s in slices for h in s.hosts]
+    payloads = _payloads(_spec(*slices), slices, layout)
+    assert all((p["layout"], p["command"], p["user_env"]) == (layout, ["run"], {"A": "1"}) for p in payloads)
+    assert len(payloads) == len(layout)
+    ports = {p["env"].get("MEGASCALE_PORT") for p in payloads}
+    jax_ports = {p["env"]["TPUFLEET_JAX_COORDINATOR_PORT"] for p in payloads}
+    assert len(ports) == 1 and len(jax_ports) == 1
+    port = ports.pop()
+    if megascale_port == "free":
+        assert port is not None and port != "8081" and int(port) > 0
+    else:
+        assert port == megascale_port
+    for p, (slice_name, worker) in zip(payloads, layout, strict=True):
+        env: dict[str, Any] = p["env"]
+        assert env["TPUFLEET_JOB_ID"] == "job-1" and env["TPUFLEET_ATTEMPT"] == "2"
+        assert env["TPUFLEET_CHECKPOINT_DIR"] == "/ck"
+        info = next(s for s in slices if s.name == slice_name)
+        assert p["defaults"]["TPU_NAME"] == slice_name and p["defaults"]["TPU_WORKER_ID"] == str(worker)
+        assert p["defaults"]["TPU_WORKER_HOSTNAMES"] == ",".join(h.address or "" for h in info.hosts)
+        if len(slices) > 1:
+            assert env["MEGASCALE_COORDINATOR_ADDRESS"] == slices[0].hosts[0].address
+            assert env["MEGASCALE_SLICE_ID"] == str(slices.index(info))
+            assert env["MEGASCALE_NUM_SLICES"] == str(len(slices))
+
+
+def _node(slice_name: str, worker: int, alive: bool = True, node: str | None = None) -> dict[str, Any]:
+    labels = {
+        "ray.io/tpu-slice-name": slice_name,
+        "ray.io/tpu-worker-id": str(worker),
+        "ray.io/tpu-pod-type": "v4-16",
+        "ray.io/tpu-topology": "2x2x2",
+    }
+    return {
+        "NodeID": node or f"{slice_name}-{worker}-{alive}",
+        "Alive": alive,
+        "NodeManagerAddress": "10.0.0.1",
+        "Labels": labels,
+        "Resources": {"TPU": 4.0} if alive else {},
+    }
+
+
+@pytest.mark.parametrize(
+    ("nodes", "problems", "alive"),
+    [
+        ([_node("s", 0), _node("s", 1)], [], [True, True]),
+        ([_node("s", 0), _node("s", 1, alive=False)], ["worker 1 is dead"], [True, False]),
+        ([_node("s", 0)], ["worker 1 is missing"], [True, False]),
+        ([_node("s", 1, alive=False), _node("s", 0), _node("s", 1)], [], [True, True]),  # restored
+        (
+            [_node("s", 0), _node("s", 1), _node("s", 1, node="x")],
+            ["worker 1 appears on 2 live nodes"],
+            [True, True],
+        ),
+    ],
+    ids=["intact", "dead", "missing", "restored", "duplicate"],
+)
+def test_slices_from_node_labels(nodes: list[dict[str, Any]], problems: list[str], alive: list[bool]) -> None:
+    head = {"NodeID": "head", "Alive": True, "Labels": {}, "Resources": {"CPU": 1.0}}
+    (info,) = _slices_from_nodes([head, *nodes])
+    assert (info.name, info.accelerator_type, info.topology, info.expected_hosts) == (
+        "s",
+        "v4-16",
+        "2x2x2",
+        2,
+    )
+    assert list(info.problems) == problems
+    assert [h.alive for h in info.hosts] == alive
