@@ -40,7 +40,7 @@ from tpufleet.control.cluster import (
     SliceInfo,
 )
 from tpufleet.control.runner import NAMESPACE, job_runner_name, pool_runner_name, read_log_task
-from tpufleet.control.slices import POD_TYPE_LABEL, SLICE_LABEL, WORKER_LABEL, SlicePool
+from tpufleet.control.slices import POD_TYPE_LABEL, SLICE_LABEL, WORKER_LABEL, SlicePool, kill_actor
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
 
 log = logging.getLogger(__name__)
@@ -344,7 +344,7 @@ class RayCluster:
         ray.wait(refs, num_returns=len(refs), timeout=grace_s + _CALL_TIMEOUT_S)
         if rec.job_runners:
             for h in rec.hosts:
-                ray.kill(h.runner, no_restart=True)
+                kill_actor(h.runner)
         live = {n["NodeID"] for n in _nodes() if n.get("Alive")}
         with self._lock:
             rec.ended = True

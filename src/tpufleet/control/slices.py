@@ -90,7 +90,7 @@ def _existing_pgs() -> dict[str, PlacementGroup]:
     return found
 
 
-def _kill(handle: Any) -> None:
+def kill_actor(handle: Any) -> None:
     try:
         ray.kill(handle, no_restart=True)
     except Exception:  # already gone
@@ -163,7 +163,7 @@ class SlicePool:
         pgs = [res.pg, res.head] if res else [self._adopt.pop(pg_name(name), None)]
         pgs.append(self._adopt.pop(head_pg_name(name), None))
         for handle in res.runners if res else _named_runners(name):
-            _kill(handle)
+            kill_actor(handle)
         for pg in pgs:
             if pg is None:
                 continue
