@@ -1,0 +1,129 @@
+"""RayCluster on the shared emulated fleet: lost hosts, a restarted control plane, cold slices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from _executor_helpers import finished, full_log, pid_alive, spec, v4_slices, wait_for
+
+from tpufleet.control.cluster import AttemptSpec, HostState
+from tpufleet.control.executor import RayCluster
+from tpufleet.control.runner import NAMESPACE
+
+pytestmark = pytest.mark.integration
+
+if not Path(__file__).with_name("conftest.py").exists():  # the shared fleet fixtures (emulator issue)
+    pytest.skip(
+        "needs the fleet/ray_client fixtures of tests/integration/conftest.py", allow_module_level=True
+    )
+
+SLEEP_WITH_PID = "import os, time; print('PID', os.getpid(), flush=True); time.sleep(300)"
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_client: object) -> Iterator[RayCluster]:
+    c = RayCluster()
+    c.wait_warm([s.name for s in v4_slices(c, 2)])
+    yield c
+    c.release_all()
+
+
+def _pid(cluster: RayCluster, s: AttemptSpec, slice_name: str, worker: int) -> int:
+    def probe() -> str:
+        return cluster.read_logs(s.job_id, s.attempt, slice_name, worker, 0).data
+
+    text = wait_for("the pid", lambda: "PID" in (t := probe()) and t)
+    return int(text.split("PID", 1)[1].split()[0])
+
+
+def _our_actor_names() -> set[str]:
+    return {r["name"] for r in ray.util.list_named_actors(all_namespaces=True) if r["namespace"] == NAMESPACE}
+
+
+def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluster) -> None:
+    victim = v4_slices(cluster, 1)[0]
+    job = f"restart-{os.getpid()}"
+    script = textwrap.dedent(
+        f"""
+        import time
+        from tpufleet.control.cluster import AttemptSpec
+        from tpufleet.control.executor import RayCluster
+        c = RayCluster({ray.get_runtime_context().gcs_address!r})
+        c.inventory()
+        cmd = ({sys.executable!r}, "-c", {SLEEP_WITH_PID!r})
+        c.launch(AttemptSpec({job!r}, 3, ({victim.name!r},), "v4-16", cmd))
+        while not c.poll({job!r}, 3).all_running:
+            time.sleep(0.05)
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)  # that control plane is gone now
+    fresh = RayCluster()
+    assert (job, 3) in fresh.running_attempts()
+    status = fresh.poll(job, 3)
+    assert [(h.slice, h.worker_id, h.state) for h in status.hosts] == [
+        (victim.name, w, HostState.RUNNING) for w in range(victim.expected_hosts)
+    ]
+    s = AttemptSpec(job, 3, (victim.name,), "v4-16", ())
+    pids = [_pid(fresh, s, victim.name, w) for w in range(victim.expected_hosts)]
+    assert all(pid_alive(p) for p in pids)
+    fresh.stop(job, 3, grace_s=1)
+    assert not any(pid_alive(p) for p in pids)
+    assert (job, 3) not in RayCluster().running_attempts()
+
+
+def test_a_killed_host_is_lost_and_its_slice_broken_until_restored(cluster: RayCluster, fleet: Any) -> None:
+    victim = v4_slices(cluster, 2)[1]
+    s = spec([victim], SLEEP_WITH_PID)
+    cluster.launch(s)
+    pids = [_pid(cluster, s, victim.name, w) for w in range(victim.expected_hosts)]
+    fleet.kill_host(victim.name, 1)
+    try:
+        status = wait_for(
+            "host 1 to be lost", lambda: (st := cluster.poll(s.job_id, s.attempt)).failure and st, 120
+        )
+        by_worker = {h.worker_id: h.state for h in status.hosts}
+        assert by_worker == {0: HostState.RUNNING, 1: HostState.LOST}
+        assert status.failure == f"host {victim.name}/1 was lost"
+        broken = next(x for x in cluster.inventory() if x.name == victim.name)
+        assert not broken.intact and any("worker 1" in p for p in broken.problems), broken
+        wait_for("the lost host's process to die with it", lambda: not pid_alive(pids[1]), 30)
+        cluster.stop(s.job_id, s.attempt, grace_s=1)
+        assert not pid_alive(pids[0])
+    finally:
+        fleet.restore(victim.name)
+    wait_for("the slice to be intact again", lambda: _intact(cluster, victim.name), 120, every_s=0.5)
+    cluster.wait_warm([victim.name], timeout_s=120)  # re-reserved by the pool on the new host
+    again = spec([victim], "print('back')")
+    cluster.launch(again)
+    assert wait_for("a job on the restored slice", lambda: finished(cluster, again)).succeeded
+    cluster.stop(again.job_id, again.attempt)
+
+
+def _intact(cluster: RayCluster, name: str) -> bool:
+    return any(x.name == name and x.intact for x in cluster.inventory())
+
+
+def test_working_dir_and_cold_slice(cluster: RayCluster, tmp_path: Path) -> None:
+    victim = v4_slices(cluster, 1)[0]
+    cluster.release([victim.name])  # out of the pool: launch reserves it on the spot
+    (tmp_path / "hello.py").write_text("import os\nprint('hello from', os.environ['TPU_WORKER_ID'])\n")
+    s = spec([victim], "", working_dir=str(tmp_path))
+    s = AttemptSpec(**{**s.__dict__, "command": (sys.executable, "hello.py")})
+    cluster.launch(s)
+    status = wait_for("the job", lambda: finished(cluster, s), 120)
+    assert status.succeeded, [full_log(cluster, s, victim.name, w) for w in range(victim.expected_hosts)]
+    job_runners = {n for n in _our_actor_names() if n.startswith(f"tpufleet:{s.job_id}:")}
+    assert len(job_runners) == victim.expected_hosts
+    cluster.stop(s.job_id, s.attempt)
+    assert not {n for n in _our_actor_names() if n.startswith(f"tpufleet:{s.job_id}:")}
+    for w in range(victim.expected_hosts):  # logs outlive the attempt's runners
+        assert full_log(cluster, s, victim.name, w).strip() == f"hello from {w}"
+    cluster.warm([victim.name])
