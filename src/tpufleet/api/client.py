@@ -1,0 +1,157 @@
+"""``Client``: the REST API from Python (the CLI uses it), over httpx.
+
+The one I/O seam is the ``httpx.Client`` it is given: a real one by default, or any other
+(``fastapi.testclient.TestClient(app)`` runs the whole API in-process, no sockets). Errors come
+back as the :class:`~tpufleet.errors.TpufleetError` the server raised (same message, same exit
+code); an unreachable server is a :class:`~tpufleet.errors.ClusterError` (exit 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from tpufleet.errors import (
+    AuthError,
+    ClusterError,
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    SpecError,
+    TpufleetError,
+)
+
+DEFAULT_SERVER = "http://127.0.0.1:8600"
+API = "/api/v1"
+_BY_STATUS: dict[int, type[TpufleetError]] = {
+    400: SpecError,
+    401: AuthError,
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: SpecError,
+}
+
+
+class Client:
+    def __init__(
+        self,
+        server: str = DEFAULT_SERVER,
+        token: str | None = None,
+        *,
+        http: httpx.Client | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self.token = token
+        self._http = http or httpx.Client(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One call; the decoded JSON answer, or the server's error raised as a TpufleetError."""
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        url = self.server + path
+        try:
+            resp = self._http.request(method, url, headers=headers, **kwargs)
+        except httpx.TransportError as err:
+            raise ClusterError(
+                f"cannot reach the tpufleet server at {self.server} ({type(err).__name__}: {err}); "
+                "is `tpufleet serve` running? set --server or TPUFLEET_SERVER",
+                retry_after=5,
+            ) from err
+        if resp.status_code >= 400:
+            raise _error(resp)
+        return resp.json() if resp.content else None
+
+    # -- the API --------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return dict(self.request("GET", "/healthz"))
+
+    def whoami(self) -> dict[str, Any]:
+        return dict(self.request("GET", f"{API}/whoami"))
+
+    def create_tenant(self, name: str, quota: Mapping[str, int], weight: float = 1.0) -> dict[str, Any]:
+        body = {"name": name, "quota": dict(quota), "weight": weight}
+        return dict(self.request("POST", f"{API}/tenants", json=body))
+
+    def tenants(self) -> list[dict[str, Any]]:
+        return list(self.request("GET", f"{API}/tenants"))
+
+    def slices(self) -> list[dict[str, Any]]:
+        return list(self.request("GET", f"{API}/slices"))
+
+    def drain(self, name: str, drain: bool = True) -> dict[str, Any]:
+        return dict(self.request("POST", f"{API}/slices/{name}/{'drain' if drain else 'undrain'}"))
+
+    def submit(
+        self,
+        command: Sequence[str],
+        accelerator_type: str,
+        *,
+        num_slices: int = 1,
+        priority: int = 0,
+        max_retries: int | None = None,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        working_dir: str | None = None,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "command": list(command),
+            "accelerator_type": accelerator_type,
+            "num_slices": num_slices,
+            "priority": priority,
+            "name": name,
+            "env": dict(env or {}),
+            "working_dir": working_dir,
+            "tenant": tenant,
+        }
+        if max_retries is not None:
+            body["max_retries"] = max_retries
+        return dict(self.request("POST", f"{API}/jobs", json=body))
+
+    def jobs(self, states: Sequence[str] = ()) -> list[dict[str, Any]]:
+        return list(self.request("GET", f"{API}/jobs", params={"state": list(states)} if states else None))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return dict(self.request("GET", f"{API}/jobs/{_seg(job_id)}"))
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        return list(self.request("GET", f"{API}/jobs/{_seg(job_id)}/events"))
+
+    def logs(
+        self, job_id: str, *, attempt: int | None = None, host: int | None = None, offset: int = 0
+    ) -> dict[str, Any]:
+        params = {
+            k: v for k, v in {"attempt": attempt, "host": host, "offset": offset}.items() if v is not None
+        }
+        return dict(self.request("GET", f"{API}/jobs/{_seg(job_id)}/logs", params=params))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return dict(self.request("POST", f"{API}/jobs/{_seg(job_id)}/cancel"))
+
+
+def _seg(value: str) -> str:
+    """A path segment, so an id like ``../tenants`` cannot reach another route."""
+    return quote(value, safe="")
+
+
+def _error(resp: httpx.Response) -> TpufleetError:
+    try:
+        message = str(resp.json().get("error") or resp.text)
+    except (ValueError, AttributeError):
+        message = resp.text.strip()[:300] or resp.reason_phrase
+    if resp.status_code >= 500:
+        return ClusterError(f"server error {resp.status_code}: {message}")
+    return _BY_STATUS.get(resp.status_code, TpufleetError)(message)

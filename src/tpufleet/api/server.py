@@ -1,0 +1,129 @@
+"""``ControlPlane``: the store, the scheduling loop, the REST API and a cluster client in one process.
+
+``tpufleet serve`` builds one around ``RayCluster(ray_address)`` and serves it with uvicorn. The
+same class runs in-process around any :class:`~tpufleet.control.cluster.ClusterClient` (the demo,
+tests with ``FakeCluster``)::
+
+    with ControlPlane(RayCluster(address), state_dir="/tmp/fleet") as cp:
+        url = cp.start_http()            # the API on a free port, in a thread; loop started too
+        client = Client(url, cp.admin_token)
+
+On first start an admin token is written to ``<state-dir>/admin-token`` (mode 0600). It lives in
+``api/`` rather than ``control/`` because it assembles the API (layers: api above control).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from tpufleet.api.app import create_app
+from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
+from tpufleet.control.cluster import ClusterClient
+from tpufleet.control.service import Decide, Service, ServiceConfig
+from tpufleet.control.store import Clock, Store, new_job_id
+from tpufleet.errors import ClusterError
+
+DEFAULT_PORT = 8600
+
+
+def default_state_dir() -> Path:
+    """``$TPUFLEET_STATE_DIR``, or ``~/.tpufleet``."""
+    return Path(os.environ.get("TPUFLEET_STATE_DIR") or Path.home() / ".tpufleet")
+
+
+def ray_cluster(address: str) -> ClusterClient:
+    """The Ray executor connected to ``address``, or a ClusterError saying why not."""
+    try:
+        executor = importlib.import_module("tpufleet.control.executor")
+    except ImportError as err:
+        raise ClusterError(f"the Ray executor (tpufleet.control.executor) is not available: {err}") from err
+    try:
+        cluster: ClusterClient = executor.RayCluster(address)
+    except Exception as err:  # ray raises ConnectionError, RuntimeError, ValueError...
+        raise ClusterError(f"cannot connect to Ray at {address!r}: {type(err).__name__}: {err}") from err
+    return cluster
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        cluster: ClusterClient,
+        *,
+        state_dir: str | Path | None = None,
+        db_url: str | None = None,
+        decide: Decide | None = None,
+        config: ServiceConfig | None = None,
+        clock: Clock = time.time,
+        new_id: Any = new_job_id,
+    ) -> None:
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.db_url = db_url or f"sqlite:///{self.state_dir / 'tpufleet.db'}"
+        self.cluster = cluster
+        self.store = Store(self.db_url, clock=clock, new_id=new_id)
+        self.service = Service(self.store, cluster, state_dir=self.state_dir, decide=decide, config=config)
+        self.admin_token_path = self.state_dir / ADMIN_TOKEN_FILE
+        self.admin_token, self.admin_token_created = ensure_admin_token(self.store, self.admin_token_path)
+        self.app = create_app(self.store, on_change=self.service.wake, status=self.status)
+        self._http: uvicorn.Server | None = None
+        self._http_thread: threading.Thread | None = None
+        self.url: str | None = None
+
+    def status(self) -> dict[str, Any]:
+        return {"cycles": self.service.cycles, "last_error": self.service.last_error}
+
+    def start(self) -> ControlPlane:
+        """Start the scheduling loop (a daemon thread)."""
+        self.service.start()
+        return self
+
+    def serve(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> None:
+        """Run the loop and the API until SIGINT/SIGTERM (blocking; uvicorn handles the signals)."""
+        self.start()
+        try:
+            uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning")).run()
+        finally:
+            self.close()
+
+    def start_http(self, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0) -> str:
+        """Start the loop and serve the API from a thread (``port=0``: a free port); returns the URL."""
+        self.start()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="tpufleet-api"
+        )
+        thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                sock.close()
+                raise ClusterError(f"the API server did not start on {host}:{port}")
+            time.sleep(0.01)
+        self._http, self._http_thread = server, thread
+        self.url = f"http://{host}:{sock.getsockname()[1]}"
+        return self.url
+
+    def close(self) -> None:
+        if self._http is not None and self._http_thread is not None:
+            self._http.should_exit = True
+            self._http_thread.join(timeout=30)
+            self._http = self._http_thread = None
+        self.service.close()
+        self.store.close()
+
+    def __enter__(self) -> ControlPlane:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -1,0 +1,365 @@
+"""The control plane's commands: ``serve`` and the client side (tenants, jobs, logs, slices).
+
+Client commands read ``--server``/``TPUFLEET_SERVER`` and ``--token``/``TPUFLEET_TOKEN``; without
+a token they use the admin token that a local ``tpufleet serve`` wrote to
+``<state-dir>/admin-token``, when it is readable. Tests hand an ``httpx.Client`` (e.g. FastAPI's
+``TestClient``) to the commands through Click's context object (``obj=``), so the CLI runs against
+the API in-process.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.table import Table
+
+from tpufleet.api.client import DEFAULT_SERVER, Client
+from tpufleet.cli._app import app, console, console_err, print_json
+from tpufleet.errors import SpecError
+
+ServerOpt = Annotated[
+    str, typer.Option("--server", envvar="TPUFLEET_SERVER", help="Control plane URL.", show_default=True)
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token", envvar="TPUFLEET_TOKEN", help="Bearer token (default: the local admin token, if readable)."
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+ERRORS = "Errors: bad input exits 2 with one line; an unreachable server exits 1."
+
+tenant_app = typer.Typer(help="Manage tenants (admin token).", no_args_is_help=True)
+slice_app = typer.Typer(help="Drain or undrain a slice (admin token).", no_args_is_help=True)
+app.add_typer(tenant_app, name="tenant")
+app.add_typer(slice_app, name="slice")
+
+
+def _client(ctx: typer.Context, server: str, token: str | None) -> Client:
+    if not token:
+        from tpufleet.api.server import default_state_dir
+
+        path = default_state_dir() / "admin-token"
+        if path.is_file():
+            try:
+                token = path.read_text().strip() or None
+            except OSError:
+                token = None
+    http = ctx.obj if isinstance(ctx.obj, httpx.Client) else None
+    return Client(server or DEFAULT_SERVER, token, http=http)
+
+
+def _kv(values: list[str], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"{item!r} is not KEY=VALUE", field=what)
+        out[key.strip()] = value
+    return out
+
+
+@app.command("serve")
+def serve_cmd(
+    ray_address: Annotated[
+        str, typer.Option("--ray-address", help="Ray cluster address, e.g. 127.0.0.1:6379.")
+    ],
+    db: Annotated[
+        str | None, typer.Option("--db", help="SQLAlchemy URL (default: SQLite in the state dir).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8600,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="Database, admin token, checkpoints (default ~/.tpufleet)."),
+    ] = None,
+) -> None:
+    """Run the control plane: store, scheduling loop, Ray executor and REST API (/api/v1, /healthz)."""
+    from tpufleet.api.server import ControlPlane, ray_cluster
+
+    cluster = ray_cluster(ray_address)
+    cp = ControlPlane(cluster, state_dir=state_dir, db_url=db)
+    note = "created" if cp.admin_token_created else "kept"
+    console_err.print(f"admin token ({note}): {cp.admin_token_path} (mode 0600)", highlight=False)
+    console_err.print(f"tpufleet control plane on http://{host}:{port} (API /api/v1, /docs)", highlight=False)
+    cp.serve(host, port)
+
+
+@tenant_app.command("create")
+def tenant_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Tenant name: lowercase letters, digits, '-'.")],
+    quota: Annotated[list[str], typer.Option("--quota", help="Nominal chips per generation: v4=32.")] = [],  # noqa: B006
+    weight: Annotated[float, typer.Option(help="Fair-share weight.")] = 1.0,
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """Create a tenant and print its token (shown once)."""
+    chips: dict[str, int] = {}
+    for gen, value in _kv(quota, "--quota").items():
+        if not value.strip().isdigit():
+            raise SpecError(f"{gen}={value!r}: chips must be a whole number, e.g. v4=32", field="--quota")
+        chips[gen] = int(value)
+    out = _client(ctx, server, token).create_tenant(name, chips, weight)
+    if as_json:
+        print_json({"name": out["name"], "token": out["token"]})
+        return
+    console_err.print(f"tenant {out['name']} created; its token (shown once):", highlight=False)
+    typer.echo(out["token"])
+
+
+@app.command("tenants")
+def tenants_cmd(
+    ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+) -> None:
+    """List tenants with their quotas and weights (admin token)."""
+    rows = _client(ctx, server, token).tenants()
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("name", "quota (chips)", "weight", title=f"tenants ({len(rows)})", title_justify="left")
+    for t in rows:
+        table.add_row(
+            t["name"], ", ".join(f"{g}={c}" for g, c in t["quota"].items()) or "-", f"{t['weight']:g}"
+        )
+    console.print(table)
+
+
+@app.command("submit", epilog=ERRORS)
+def submit_cmd(
+    ctx: typer.Context,
+    command: Annotated[list[str], typer.Argument(help="The command run on every host, after --.")],
+    accelerator_type: Annotated[str, typer.Option("--type", help="Slice type, e.g. v4-16, v6e-16.")],
+    num_slices: Annotated[int, typer.Option("--num-slices", help="Slices (multi-slice when > 1).")] = 1,
+    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    max_retries: Annotated[
+        int | None, typer.Option("--max-retries", help="Retries after failures [default: 2].")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Job name (default: from the command).")] = None,
+    env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for every host; repeatable.")] = [],  # noqa: B006
+    working_dir: Annotated[Path | None, typer.Option("--working-dir", help="Shipped to every host.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="With the admin token: submit for this tenant.")] = None,
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """Queue a job: `tpufleet submit --type v4-16 -- python train.py`. Prints the job id."""
+    wd = None
+    if working_dir is not None:
+        if not working_dir.is_dir():
+            raise SpecError(f"{working_dir} is not a directory", field="--working-dir")
+        wd = str(working_dir.resolve())
+    job = _client(ctx, server, token).submit(
+        command,
+        accelerator_type,
+        num_slices=num_slices,
+        priority=priority,
+        max_retries=max_retries,
+        name=name,
+        env=_kv(env, "--env"),
+        working_dir=wd,
+        tenant=tenant,
+    )
+    if as_json:
+        print_json({"id": job["id"]})
+    else:
+        typer.echo(job["id"])
+
+
+@app.command("jobs")
+def jobs_cmd(
+    ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+) -> None:
+    """List your jobs (every job with the admin token)."""
+    rows = _client(ctx, server, token).jobs()
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(
+        "id",
+        "name",
+        "tenant",
+        "state",
+        "type",
+        "slices",
+        "attempt",
+        "reason",
+        title=f"jobs ({len(rows)})",
+        title_justify="left",
+    )
+    for j in rows:
+        held = ",".join(j["slices"]) or f"({j['num_slices']})"
+        table.add_row(
+            j["id"],
+            j["name"],
+            j["tenant"],
+            j["state"],
+            j["accelerator_type"],
+            held,
+            str(j["attempt"]),
+            j["reason"] or "",
+        )
+    console.print(table)
+
+
+@app.command("job", epilog=ERRORS)
+def job_cmd(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """Show one job: state, attempt, slices, and why it waits."""
+    job = _client(ctx, server, token).job(job_id)
+    if as_json:
+        print_json(job)
+        return
+    _show_job(job)
+
+
+def _show_job(j: dict[str, Any]) -> None:
+    rows = [
+        ("id", j["id"]),
+        ("name", j["name"]),
+        ("tenant", j["tenant"]),
+        ("state", j["state"]),
+        ("attempt", f"{j['attempt']} (failures {j['failures']} of max_retries {j['max_retries']})"),
+        ("type", f"{j['accelerator_type']} x {j['num_slices']}"),
+        ("slices", ", ".join(j["slices"]) or "-"),
+        ("priority", str(j["priority"])),
+        ("borrowing", "yes" if j["borrowing"] else "no"),
+        ("reason", f"{j['reason_code']}: {j['reason']}" if j["reason"] else "-"),
+        ("exit code", "-" if j["exit_code"] is None else str(j["exit_code"])),
+        ("command", " ".join(j["command"])),
+    ]
+    for key, value in rows:
+        console.print(f"[bold]{key:>10}[/]  {value}", highlight=False)
+    for a in j.get("attempts", ()):
+        msg = f" - {a['message']}" if a["message"] else ""
+        console.print(
+            f"{'':>10}  attempt {a['attempt']}: {a['state']} on {', '.join(a['slices'])}{msg}",
+            highlight=False,
+        )
+
+
+@app.command("logs", epilog=ERRORS)
+def logs_cmd(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    host: Annotated[
+        int | None, typer.Option(help="Only host N of the attempt (slice order, then worker).")
+    ] = None,
+    attempt: Annotated[int | None, typer.Option(help="An earlier attempt (default: the latest).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """Print a job's output, every host or one (--host), live with --follow."""
+    client = _client(ctx, server, token)
+    offsets: dict[int, int] = {}  # host -> characters printed
+    shown: int | None = None
+    while True:
+        got = _read_logs(client, job_id, attempt, host, offsets)
+        if shown is not None and got["attempt"] != shown:
+            offsets.clear()  # a new attempt started: print it from its beginning
+            console_err.print(f"--- attempt {got['attempt']} ---", highlight=False)
+            shown = got["attempt"]
+            continue
+        shown = got["attempt"]
+        many = host is None and len(got["hosts"]) > 1
+        for h in got["hosts"]:
+            offsets[h["host"]] = h["next_offset"]
+            prefix = f"[{h['slice']}/{h['worker_id']}] " if many else ""
+            for line in h["data"].splitlines(keepends=True):
+                typer.echo(prefix + line, nl=False)
+        if not follow or got["job_state"] in TERMINAL:  # a finished job's logs are all stored
+            return
+        time.sleep(0.5)
+
+
+def _read_logs(
+    client: Client, job_id: str, attempt: int | None, host: int | None, offsets: dict[int, int]
+) -> Any:
+    """One read: every host from its offset (one call per host once their number is known)."""
+    if host is not None or not offsets:
+        return client.logs(
+            job_id, attempt=attempt, host=host, offset=offsets.get(host, 0) if host is not None else 0
+        )
+    parts = [client.logs(job_id, attempt=attempt, host=h, offset=o) for h, o in sorted(offsets.items())]
+    return {**parts[-1], "hosts": [h for p in parts for h in p["hosts"]]}
+
+
+@app.command("cancel", epilog=ERRORS)
+def cancel_cmd(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """Cancel a job: stop every process and free its slices."""
+    job = _client(ctx, server, token).cancel(job_id)
+    done = job["state"] == "CANCELLED"
+    typer.echo(f"{job['id']} {'cancelled' if done else 'cancelling (was ' + job['state'] + ')'}")
+
+
+@app.command("slices")
+def slices_cmd(
+    ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+) -> None:
+    """List the fleet's slices: type, state (FREE, HELD, BROKEN, DRAINING), holder."""
+    rows = _client(ctx, server, token).slices()
+    if as_json:
+        print_json(
+            [
+                {k: s[k] for k in ("name", "accelerator_type", "state", "holder", "topology", "problems")}
+                for s in rows
+            ]
+        )
+        return
+    table = Table(
+        "name",
+        "type",
+        "topology",
+        "hosts",
+        "state",
+        "holder",
+        "problems",
+        title=f"slices ({len(rows)})",
+        title_justify="left",
+    )
+    for s in rows:
+        table.add_row(
+            s["name"],
+            s["accelerator_type"],
+            s["topology"],
+            str(len(s["hosts"])),
+            s["state"],
+            s["holder"] or "-",
+            "; ".join(s["problems"]),
+        )
+    console.print(table)
+
+
+@slice_app.command("drain")
+def drain_cmd(
+    ctx: typer.Context, name: str, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+) -> None:
+    """Place no new job on the slice; its current holder runs to the end."""
+    s = _client(ctx, server, token).drain(name, True)
+    typer.echo(f"{s['name']} {s['state']}")
+
+
+@slice_app.command("undrain")
+def undrain_cmd(
+    ctx: typer.Context, name: str, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+) -> None:
+    """Let the scheduler place jobs on the slice again."""
+    s = _client(ctx, server, token).drain(name, False)
+    typer.echo(f"{s['name']} {s['state']}")

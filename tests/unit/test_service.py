@@ -1,0 +1,274 @@
+"""The scheduling loop on FakeCluster, the real policy and a fake clock, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpufleet.control.cluster import AttemptSpec, HostState
+from tpufleet.control.fake import SIGTERM_EXIT, FakeCluster
+from tpufleet.control.records import JobRecord, JobRequest
+from tpufleet.control.service import Service, ServiceConfig
+from tpufleet.control.store import Store
+
+
+class World:
+    """A store, a fake fleet and a service with inline stops; ``cycle()`` runs the loop once."""
+
+    def __init__(self, store: Store, state_dir: Path, fleet: str = "v4-16:2,v6e-16") -> None:
+        self.store = store
+        self.state_dir = state_dir
+        self.cluster = FakeCluster.of(fleet)
+        self.service = self.restart()
+
+    def restart(self) -> Service:
+        """A new service on the same store and cluster: what a restarted control plane is."""
+        self.service = Service(self.store, self.cluster, state_dir=self.state_dir, config=CONFIG)
+        return self.service
+
+    def tenant(self, name: str, **quota: int) -> str:
+        self.store.create_tenant(name, quota)
+        return name
+
+    def submit(self, tenant: str, accelerator_type: str = "v4-16", **kw: object) -> str:
+        command = kw.pop("command", ("python", "train.py"))
+        request = JobRequest.build(command=command, accelerator_type=accelerator_type, **kw)  # type: ignore[arg-type]
+        return self.store.submit(tenant, request).id
+
+    def cycle(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.service.run_once()
+
+    def job(self, job_id: str) -> JobRecord:
+        return self.store.job(job_id)
+
+    def slices(self) -> dict[str, tuple[str, str | None]]:
+        return {s.name: (s.state, s.holder) for s in self.store.slices()}
+
+
+CONFIG = ServiceConfig(stop_threads=0, preempt_grace_s=30, cancel_grace_s=10, fail_grace_s=5)
+
+
+@pytest.fixture
+def world(store: Store, tmp_path: Path) -> World:
+    return World(store, tmp_path / "state")
+
+
+def run_to_running(w: World, job_id: str) -> None:
+    w.cycle()  # admitted and launched
+    assert w.job(job_id).state == "STARTING"
+    w.cluster.start(job_id)
+    w.cycle()
+    assert w.job(job_id).state == "RUNNING"
+
+
+def test_one_slice_job_runs_with_the_host_contract_and_succeeds(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=8), env={"LR": "0.1"})
+    run_to_running(world, job_id)
+    procs = world.cluster.processes(job_id)
+    ckpt = world.state_dir / "checkpoints" / job_id
+    assert [(p.slice, p.worker_id) for p in procs] == [("tpu-v4-16-0", 0), ("tpu-v4-16-0", 1)]
+    for p in procs:
+        assert p.env["TPU_NAME"] == "tpu-v4-16-0" and p.env["TPU_WORKER_ID"] == str(p.worker_id)
+        assert p.env["TPU_WORKER_HOSTNAMES"] == "10.0.0.1,10.0.0.2"
+        assert (p.env["TPU_ACCELERATOR_TYPE"], p.env["TPU_TOPOLOGY"]) == ("v4-16", "2x2x2")
+        assert (p.env["TPUFLEET_JOB_ID"], p.env["TPUFLEET_ATTEMPT"]) == (job_id, "1")
+        assert p.env["TPUFLEET_CHECKPOINT_DIR"] == str(ckpt) and p.env["LR"] == "0.1"
+        assert not [k for k in p.env if k.startswith("MEGASCALE_")]
+    assert ckpt.is_dir()
+    assert world.slices()["tpu-v4-16-0"] == ("HELD", job_id)
+    world.cluster.exit(job_id, 0)
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.exit_code, job.slices, job.reason) == ("SUCCEEDED", 0, ("tpu-v4-16-0",), None)
+    assert [(a.attempt, a.state) for a in job.attempts] == [(1, "SUCCEEDED")]
+    assert world.slices()["tpu-v4-16-0"] == ("FREE", None)
+    assert world.cluster.running_attempts() == []
+
+
+def test_two_slice_job_gets_megascale_on_every_host(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=16), num_slices=2)
+    run_to_running(world, job_id)
+    procs = world.cluster.processes(job_id)
+    assert [(p.slice, p.worker_id) for p in procs] == [
+        ("tpu-v4-16-0", 0),
+        ("tpu-v4-16-0", 1),
+        ("tpu-v4-16-1", 0),
+        ("tpu-v4-16-1", 1),
+    ]
+    for p in procs:
+        assert p.env["MEGASCALE_COORDINATOR_ADDRESS"] == "10.0.0.1"
+        assert (p.env["MEGASCALE_NUM_SLICES"], p.env["MEGASCALE_PORT"]) == ("2", "8081")
+        assert p.env["MEGASCALE_SLICE_ID"] == str(int(p.slice[-1]))
+        assert p.env["TPU_WORKER_HOSTNAMES"] == (
+            "10.0.0.1,10.0.0.2" if p.slice.endswith("0") else "10.0.1.1,10.0.1.2"
+        )
+    world.cluster.exit(job_id, 0)
+    world.cycle()
+    assert world.job(job_id).state == "SUCCEEDED"
+    assert set(world.slices().values()) == {("FREE", None)}
+
+
+def test_a_failed_host_ends_the_attempt_everywhere_retries_then_fails(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=8), max_retries=1)
+    run_to_running(world, job_id)
+    world.cluster.exit(job_id, 3, worker=1)
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.attempt, job.failures, job.reason_code) == ("QUEUED", 2, 1, "RETRYING")
+    assert "host tpu-v4-16-0/1 exited with code 3" in (job.reason or "")
+    first = world.cluster.processes(job_id, attempt=1)
+    assert [(p.state, p.exit_code) for p in first] == [
+        (HostState.EXITED, SIGTERM_EXIT),
+        (HostState.EXITED, 3),
+    ]
+    run_to_running(world, job_id)
+    assert world.cluster.processes(job_id)[0].env["TPUFLEET_ATTEMPT"] == "2"
+    world.cluster.exit(job_id, 1)
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.exit_code, job.reason_code) == ("FAILED", 1, "FAILED")
+    assert "no retries left (max_retries=1)" in (job.reason or "")
+    assert [(a.attempt, a.state) for a in job.attempts] == [(1, "FAILED"), (2, "FAILED")]
+    assert set(world.slices().values()) == {("FREE", None)}
+
+
+def test_a_lost_host_quarantines_the_slice_and_the_job_resumes_elsewhere(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=8), max_retries=2)
+    run_to_running(world, job_id)
+    world.cluster.kill_host("tpu-v4-16-0", 1)
+    world.cycle()  # slice BROKEN -> attempt 1 ended on every host -> requeued
+    assert [p.state for p in world.cluster.processes(job_id, attempt=1)] == [HostState.EXITED, HostState.LOST]
+    assert (1, "slice tpu-v4-16-0 is broken (host 1 is dead)") in [
+        (a.attempt, a.message) for a in world.job(job_id).attempts
+    ]
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.attempt, job.slices) == ("STARTING", 2, ("tpu-v4-16-1",))
+    assert world.slices()["tpu-v4-16-0"] == ("BROKEN", None)
+    ckpt = {p.env["TPUFLEET_CHECKPOINT_DIR"] for p in world.cluster.processes(job_id)}
+    assert ckpt == {str(world.state_dir / "checkpoints" / job_id)}  # same dir: resume from checkpoint
+
+
+def test_a_borrower_is_preempted_with_a_grace_period_and_requeued_without_using_a_retry(
+    tmp_path: Path, store: Store
+) -> None:
+    w = World(store, tmp_path, fleet="v4-16")
+    borrower = w.submit(w.tenant("lender"), max_retries=0)  # no quota: it can only borrow
+    run_to_running(w, borrower)
+    assert w.job(borrower).borrowing
+    owner = w.submit(w.tenant("owner", v4=8))
+    w.cycle()
+    job = w.job(borrower)
+    assert (job.state, job.attempt, job.failures, job.reason_code) == ("QUEUED", 2, 0, "PREEMPTED")
+    assert (borrower, 1, 30) in w.cluster.stops
+    w.cycle()
+    assert w.job(owner).state == "STARTING" and w.job(owner).slices == ("tpu-v4-16-0",)
+    assert w.job(borrower).state == "QUEUED" and w.job(borrower).reason_code not in (None, "PREEMPTED")
+
+
+def test_cancel_stops_every_process_and_frees_the_slices(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=16), num_slices=2)
+    run_to_running(world, job_id)
+    assert world.store.request_cancel(job_id).state == "RUNNING"
+    world.cycle()
+    assert world.job(job_id).state == "CANCELLED"
+    assert all(p.state is HostState.EXITED for p in world.cluster.processes(job_id))
+    assert (job_id, 1, 10) in world.cluster.stops
+    assert set(world.slices().values()) == {("FREE", None)}
+
+
+def test_a_restarted_service_finds_running_attempts_and_loses_no_job(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=16))
+    run_to_running(world, job_id)
+    world.restart()
+    world.cycle()
+    assert world.job(job_id).state == "RUNNING" and len(world.cluster.launches) == 1
+    world.cluster.exit(job_id, 0)
+    world.cycle()
+    assert world.job(job_id).state == "SUCCEEDED"
+
+
+def test_restart_between_admission_and_launch_launches_once(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=16))
+    world.service.reconcile()
+    world.service._sync()
+    world.service._schedule()  # the decision is written; the process dies before acting on it
+    assert world.job(job_id).state == "ADMITTED" and world.cluster.launches == []
+    world.restart()
+    world.cycle()
+    assert world.job(job_id).state == "STARTING" and len(world.cluster.launches) == 1
+
+
+def test_restart_after_launch_adopts_the_attempt_and_stops_orphans(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=16))
+    world.service.reconcile()
+    world.service._sync()
+    world.service._schedule()
+    spec = AttemptSpec(job_id, 1, ("tpu-v4-16-0",), "v4-16", ("python", "train.py"))
+    world.cluster.launch(spec)  # launched, then the control plane died before writing STARTING
+    world.cluster.launch(AttemptSpec("deadbeef", 1, ("tpu-v4-16-1",), "v4-16", ("x",)))  # an orphan
+    world.restart()
+    world.cycle()
+    assert world.job(job_id).state == "STARTING" and len(world.cluster.launches) == 2
+    assert ("deadbeef", 1, 10) in world.cluster.stops
+    assert world.cluster.running_attempts() == [(job_id, 1)]
+
+
+def test_attempts_whose_processes_vanished_during_a_restart_are_retried(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=16))
+    run_to_running(world, job_id)
+    world.cluster = FakeCluster.of("v4-16:2,v6e-16")  # the cluster lost every runner
+    world.restart()
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.attempt, job.failures) == ("QUEUED", 2, 1)
+    world.cycle()
+    assert world.job(job_id).state == "STARTING"
+    assert "gone when the control plane restarted" in (job.attempts[0].message or "")
+
+
+def test_a_launch_that_fails_counts_as_a_failed_attempt(world: World) -> None:
+    world.cycle()
+    world.cluster.launch(AttemptSpec("squatter", 1, ("tpu-v4-16-0",), "v4-16", ("x",)))
+    job_id = world.submit(world.tenant("a", v4=8), max_retries=1)
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.attempt, job.reason_code) == ("QUEUED", 2, "RETRYING")
+    assert "launch failed: slice tpu-v4-16-0 is held by job squatter" in (job.reason or "")
+
+
+def test_logs_are_complete_and_survive_the_job(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=8))
+    run_to_running(world, job_id)
+    world.cluster.write(job_id, "step 1 on {TPU_WORKER_ID}\n")
+    world.cycle()
+    assert [h.data for h in world.store.read_logs(job_id).hosts] == ["step 1 on 0\n", "step 1 on 1\n"]
+    world.cluster.write(job_id, "step 2 on {TPU_WORKER_ID}\n")
+    world.cluster.write(job_id, "done\n", worker=1)
+    world.cluster.exit(job_id, 0)
+    world.cycle()
+    logs = world.store.read_logs(job_id)
+    assert logs.job_state == "SUCCEEDED"
+    assert [(h.data, h.complete) for h in logs.hosts] == [
+        ("step 1 on 0\nstep 2 on 0\n", True),
+        ("step 1 on 1\nstep 2 on 1\ndone\n", True),
+    ]
+
+
+def test_a_job_that_cannot_fit_waits_with_the_policys_reason(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v6e=32), "v6e-16", num_slices=2)
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.reason_code) == ("QUEUED", "NO_SUCH_SLICES_IN_FLEET")
+    assert job.reason
+
+
+def test_a_draining_slice_gets_no_new_job(world: World) -> None:
+    world.cycle()
+    world.store.set_draining("tpu-v4-16-0", True)
+    job_id = world.submit(world.tenant("a", v4=8))
+    world.cycle()
+    assert world.job(job_id).slices == ("tpu-v4-16-1",)
+    assert world.slices()["tpu-v4-16-0"] == ("DRAINING", None)
