@@ -64,10 +64,22 @@ class PostgresServer:
         self.log = open(self.root / "server.log", "w")  # noqa: SIM115  closed in stop()
         opts = ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
         self.proc = subprocess.Popen(
-            [*self.as_user, str(bindir / "postgres"), "-D", str(self.data), "-p", str(self.port),
-             "-k", str(self.root), "-c", "listen_addresses=127.0.0.1", *opts],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                *self.as_user,
+                str(bindir / "postgres"),
+                "-D",
+                str(self.data),
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.root),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                *opts,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self._counter = itertools.count()
         self._wait_ready()
 
@@ -149,12 +161,17 @@ class Ids:
 
 
 @pytest.fixture
+def ids() -> Ids:
+    return Ids()
+
+
+@pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
 
 
 @pytest.fixture
-def store(db_url: str, clock: FakeClock) -> Iterator[Store]:
-    s = Store(db_url, clock=clock, new_id=Ids())
+def store(db_url: str, clock: FakeClock, ids: Ids) -> Iterator[Store]:
+    s = Store(db_url, clock=clock, new_id=ids)
     yield s
     s.close()

@@ -1,0 +1,183 @@
+"""The control-plane CLI against the API in-process: Click's ``obj`` carries a TestClient as the
+client's httpx seam, and the test runs the scheduling loop's cycles itself."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from tpufleet.api.server import ControlPlane
+from tpufleet.cli import app
+from tpufleet.control.fake import FakeCluster, Script
+from tpufleet.control.service import ServiceConfig
+from tpufleet.errors import AuthError, ForbiddenError, NotFoundError, SpecError, TpufleetError
+
+
+class Cli:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.http = TestClient(cp.app)
+        self.runner = CliRunner()
+
+    def run(self, *args: str, token: str | None = None) -> str:
+        """Run a command that must succeed; its stdout."""
+        result = self.invoke(*args, token=token)
+        assert result.exit_code == 0, (args, result.output, result.exception)
+        return result.stdout
+
+    def fail(self, *args: str, token: str | None = None) -> TpufleetError:
+        """Run a command that must fail with a TpufleetError (main() prints it and exits 2)."""
+        result = self.invoke(*args, token=token)
+        assert isinstance(result.exception, TpufleetError), (result.output, result.exception)
+        return result.exception
+
+    def invoke(self, *args: str, token: str | None = None):  # type: ignore[no-untyped-def]
+        extra = ["--token", token or self.cp.admin_token, "--server", "http://testserver"]
+        return self.runner.invoke(
+            app, [*args, *extra] if "--" not in args else _before_dashes(args, extra), obj=self.http
+        )
+
+    def cycle(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.cp.service.run_once()
+
+
+def _before_dashes(args: tuple[str, ...], extra: list[str]) -> list[str]:
+    i = args.index("--")
+    return [*args[:i], *extra, *args[i:]]
+
+
+SCRIPT = Script(run_after=1, exit_after=None, output="step 1 on {TPU_NAME}/{TPU_WORKER_ID}\n")
+
+
+@pytest.fixture
+def cli(
+    tmp_path: Path, db_url: str, ids: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Cli]:
+    monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))  # no local admin-token fallback
+    cluster = FakeCluster.of("v4-16:2,v6e-16", script=lambda spec: SCRIPT)
+    cp = ControlPlane(
+        cluster,
+        state_dir=tmp_path / "state",
+        db_url=db_url,
+        new_id=ids,
+        config=ServiceConfig(stop_threads=0),
+    )
+    c = Cli(cp)
+    yield c
+    c.http.close()
+    cp.close()
+
+
+def test_tenant_create_prints_the_token_and_tenants_lists_it(cli: Cli) -> None:
+    created = json.loads(
+        cli.run(
+            "tenant", "create", "team-a", "--quota", "v4=16", "--quota", "v6e=16", "--weight", "2", "--json"
+        )
+    )
+    assert set(created) == {"name", "token"} and created["name"] == "team-a"
+    plain = cli.run("tenant", "create", "team-b", "--quota", "v4=8").strip()
+    assert plain.startswith("tf_") and "\n" not in plain
+    rows = json.loads(cli.run("tenants", "--json"))
+    assert [(t["name"], t["quota"], t["weight"]) for t in rows] == [
+        ("team-a", {"v4": 16, "v6e": 16}, 2.0),
+        ("team-b", {"v4": 8}, 1.0),
+    ]
+    assert "team-a" in cli.run("tenants")
+    assert "whole number" in str(cli.fail("tenant", "create", "team-c", "--quota", "v4=lots"))
+
+
+def test_submit_run_inspect_log_and_cancel_a_two_slice_job(cli: Cli) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    out = cli.run(
+        "submit",
+        "--type",
+        "v4-16",
+        "--num-slices",
+        "2",
+        "--env",
+        "LR=0.1",
+        "--name",
+        "mlp",
+        "--max-retries",
+        "1",
+        "--json",
+        "--",
+        "python",
+        "train.py",
+        "--steps",
+        "3",
+        token=token,
+    )
+    job_id = json.loads(out)["id"]
+    cli.cycle(2)
+    job = json.loads(cli.run("job", job_id, "--json", token=token))
+    assert {k: job[k] for k in ("id", "name", "tenant", "state", "attempt", "slices", "reason")} == {
+        "id": job_id,
+        "name": "mlp",
+        "tenant": "team-a",
+        "state": "RUNNING",
+        "attempt": 1,
+        "slices": ["tpu-v4-16-0", "tpu-v4-16-1"],
+        "reason": None,
+    }
+    assert job["command"] == ["python", "train.py", "--steps", "3"] and job["env"] == {"LR": "0.1"}
+    assert job["max_retries"] == 1
+    assert [j["id"] for j in json.loads(cli.run("jobs", "--json", token=token))] == [job_id]
+    slices = json.loads(cli.run("slices", "--json", token=token))
+    assert [(s["name"], s["accelerator_type"], s["state"], s["holder"]) for s in slices] == [
+        ("tpu-v4-16-0", "v4-16", "HELD", job_id),
+        ("tpu-v4-16-1", "v4-16", "HELD", job_id),
+        ("tpu-v6e-16-0", "v6e-16", "FREE", None),
+    ]
+    logs = cli.run("logs", job_id, token=token).splitlines()
+    assert logs[0] == "[tpu-v4-16-0/0] step 1 on tpu-v4-16-0/0" and len(logs) == 4
+    assert cli.run("logs", job_id, "--host", "3", token=token) == "step 1 on tpu-v4-16-1/1\n"
+    assert "cancelling" in cli.run("cancel", job_id, token=token)
+    cli.cycle()
+    assert "CANCELLED" in cli.run("job", job_id, token=token)
+    assert cli.run("logs", job_id, "--follow", token=token).count("step 1") == 4  # ends: the job ended
+
+
+def test_a_waiting_job_shows_why(cli: Cli) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v6e=32", "--json"))["token"]
+    job_id = cli.run(
+        "submit", "--type", "v6e-16", "--num-slices", "2", "--", "python", "x.py", token=token
+    ).strip()
+    cli.cycle()
+    shown = cli.run("job", job_id, token=token)
+    assert "QUEUED" in shown and "NO_SUCH_SLICES_IN_FLEET" in shown
+    listed = cli.run("jobs", token=token)
+    assert job_id in listed and "QUEUED" in listed
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        (("submit", "--type", "v4-15", "--", "python", "x.py"), SpecError, "closest: v4-8, v4-16"),
+        (("submit", "--type", "v4-16", "--num-slices", "0", "--", "x"), SpecError, "num_slices"),
+        (("submit", "--type", "v4-16", "--env", "NOEQUALS", "--", "x"), SpecError, "not KEY=VALUE"),
+        (
+            ("submit", "--type", "v4-16", "--working-dir", "/no/such/dir", "--", "x"),
+            SpecError,
+            "not a directory",
+        ),
+        (("job", "deadbeef"), NotFoundError, "job 'deadbeef' not found"),
+        (("logs", "deadbeef"), NotFoundError, "not found"),
+        (("cancel", "deadbeef"), NotFoundError, "not found"),
+        (("tenants",), ForbiddenError, "needs the admin token"),
+    ],
+)
+def test_bad_input_is_a_tpufleet_error(cli: Cli, args: tuple[str, ...], error: type, message: str) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=8", "--json"))["token"]
+    err = cli.fail(*args, token=token)
+    assert isinstance(err, error) and message in str(err) and err.exit_code == 2
+
+
+def test_a_bad_token_is_an_auth_error(cli: Cli) -> None:
+    assert isinstance(cli.fail("jobs", token="tf_bogus"), AuthError)

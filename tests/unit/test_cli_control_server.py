@@ -1,0 +1,137 @@
+"""A real control plane (uvicorn on a free port, the loop in its thread, FakeCluster) driven by the
+real CLI entry point ``tpufleet.cli.main``: exit codes, one-line errors, follow, admin token file."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tpufleet.api.client import Client
+from tpufleet.api.server import ControlPlane
+from tpufleet.cli import main
+from tpufleet.control.fake import FakeCluster, Script
+from tpufleet.control.service import ServiceConfig
+
+SCRIPT = Script(
+    run_after=1, exit_after=4, output="attempt {TPUFLEET_ATTEMPT} on {TPU_NAME}/{TPU_WORKER_ID}\n"
+)
+
+
+@pytest.fixture
+def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
+    monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("TPUFLEET_TOKEN", raising=False)
+    cluster = FakeCluster.of("v4-16:2", script=lambda spec: SCRIPT)
+    cp = ControlPlane(cluster, state_dir=tmp_path / "state", config=ServiceConfig(interval_s=0.05))
+    cp.start_http()
+    yield cp
+    cp.close()
+
+
+def tpufleet(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run the CLI's entry point in-process: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_admin_token_file_is_private_and_kept_across_restarts(plane: ControlPlane, tmp_path: Path) -> None:
+    path = tmp_path / "state" / "admin-token"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert path.read_text().strip() == plane.admin_token and plane.admin_token_created
+    again = ControlPlane(FakeCluster.of("v4-16"), state_dir=tmp_path / "state")
+    try:
+        assert (again.admin_token, again.admin_token_created) == (plane.admin_token, False)
+    finally:
+        again.close()
+
+
+def test_a_job_end_to_end_over_http_with_the_real_entry_point(
+    plane: ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = plane.url or ""
+    assert Client(url).health()["status"] == "ok"
+    code, out, _ = tpufleet(
+        capsys, "tenant", "create", "team-a", "--quota", "v4=16", "--json", "--server", url
+    )
+    assert code == 0  # the admin token came from $TPUFLEET_STATE_DIR/admin-token
+    token = json.loads(out)["token"]
+    code, out, _ = tpufleet(
+        capsys,
+        "submit",
+        "--type",
+        "v4-16",
+        "--json",
+        "--server",
+        url,
+        "--token",
+        token,
+        "--",
+        "python",
+        "train.py",
+    )
+    job_id = json.loads(out)["id"]
+    code, out, _ = tpufleet(capsys, "logs", job_id, "--follow", "--server", url, "--token", token)
+    assert code == 0
+    assert sorted(out.splitlines()) == [
+        "[tpu-v4-16-0/0] attempt 1 on tpu-v4-16-0/0",
+        "[tpu-v4-16-0/1] attempt 1 on tpu-v4-16-0/1",
+    ]
+    job = Client(url, token).job(job_id)
+    assert (job["state"], job["exit_code"]) == ("SUCCEEDED", 0)
+
+
+def test_cancel_over_http_stops_in_the_background_and_frees_the_slices(plane: ControlPlane) -> None:
+    client = Client(plane.url or "", plane.admin_token)
+    client.create_tenant("team-a", {"v4": 16})
+    job_id = client.submit(["sleep", "1d"], "v4-16", num_slices=2, tenant="team-a")["id"]
+    wait_for(lambda: client.job(job_id)["state"] in ("STARTING", "RUNNING", "SUCCEEDED"), "the job to start")
+    client.cancel(job_id)
+    wait_for(lambda: client.job(job_id)["state"] in ("CANCELLED", "SUCCEEDED"), "the job to end")
+    assert client.job(job_id)["state"] == "CANCELLED"
+    assert {s["state"] for s in client.slices()} == {"FREE"}
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("jobs", "--token", "tf_bogus"), 2, "error: unknown token"),
+        (("job", "deadbeef"), 2, "error: job 'deadbeef' not found"),
+        (("submit", "--type", "v4-15", "--tenant", "x", "--", "x"), 2, "v4-15 is not a v4 slice size"),
+        (("submit", "--type", "v4-16", "--num-slices", "0", "--tenant", "x", "--", "x"), 2, "num_slices"),
+    ],
+)
+def test_bad_input_prints_one_line_and_exits_2(
+    plane: ControlPlane, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], code: int, message: str
+) -> None:
+    got, out, err = tpufleet(capsys, args[0], "--server", plane.url or "", *args[1:])
+    assert (got, out) == (code, "")
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_an_unreachable_server_exits_1_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    code, _, err = tpufleet(capsys, "jobs", "--server", f"http://127.0.0.1:{port}", "--token", "x")
+    assert code == 1 and "cannot reach the tpufleet server" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
