@@ -199,9 +199,14 @@ class FakeCluster:
         self._each(job_id, attempt, lambda p: p.state is HostState.STARTING, state=HostState.RUNNING)
 
     def exit(
-        self, job_id: str, code: int = 0, *, slice: str | None = None, worker: int | None = None,
+        self,
+        job_id: str,
+        code: int = 0,
+        *,
+        slice: str | None = None,
+        worker: int | None = None,
         attempt: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """End the matching live processes with ``code`` (every host when no slice/worker given)."""
 
         def match(p: FakeProcess) -> bool:
