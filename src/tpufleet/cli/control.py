@@ -90,7 +90,7 @@ def serve_cmd(
     cp.serve(host, port)
 
 
-@tenant_app.command("create")
+@tenant_app.command("create", epilog=ERRORS)
 def tenant_create(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Tenant name: lowercase letters, digits, '-'.")],
@@ -114,7 +114,7 @@ def tenant_create(
     typer.echo(out["token"])
 
 
-@app.command("tenants")
+@app.command("tenants", epilog=ERRORS)
 def tenants_cmd(
     ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
 ) -> None:
@@ -139,7 +139,7 @@ def submit_cmd(
     num_slices: Annotated[int, typer.Option("--num-slices", help="Slices (multi-slice when > 1).")] = 1,
     priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
     max_retries: Annotated[
-        int | None, typer.Option("--max-retries", help="Retries after failures [default: 2].")
+        int | None, typer.Option("--max-retries", help="Retries after failures (default 2).")
     ] = None,
     name: Annotated[str | None, typer.Option(help="Job name (default: from the command).")] = None,
     env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for every host; repeatable.")] = [],  # noqa: B006
@@ -172,7 +172,7 @@ def submit_cmd(
         typer.echo(job["id"])
 
 
-@app.command("jobs")
+@app.command("jobs", epilog=ERRORS)
 def jobs_cmd(
     ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
 ) -> None:
@@ -309,7 +309,7 @@ def cancel_cmd(
     typer.echo(f"{job['id']} {'cancelled' if done else 'cancelling (was ' + job['state'] + ')'}")
 
 
-@app.command("slices")
+@app.command("slices", epilog=ERRORS)
 def slices_cmd(
     ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
 ) -> None:

@@ -70,7 +70,9 @@ class JobRow(Base):
     stop_message: Mapped[str | None] = mapped_column(Text)
     exit_code: Mapped[int | None]
     submitted_at: Mapped[float]
-    admit_seq: Mapped[int | None]  # order of the current admission (victims: most recent first)
+    admit_seq: Mapped[int | None] = mapped_column(
+        index=True
+    )  # order of the current admission (victims: most recent first)
     admitted_at: Mapped[float | None]
     started_at: Mapped[float | None]
     finished_at: Mapped[float | None]

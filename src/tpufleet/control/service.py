@@ -48,6 +48,7 @@ Key = tuple[str, int]
 @dataclass(frozen=True)
 class ServiceConfig:
     interval_s: float = 0.5  # between cycles, unless woken (submit, cancel)
+    busy_interval_s: float = 0.05  # while an attempt is starting or being stopped
     preempt_grace_s: float = 30.0  # SIGTERM (the checkpoint signal) to SIGKILL for a preempted attempt
     cancel_grace_s: float = 10.0
     fail_grace_s: float = 5.0  # for the surviving hosts of a failed attempt
@@ -77,6 +78,7 @@ class Service:
         self._stops: dict[Key, Future[None]] = {}
         self._status: dict[Key, AttemptStatus] = {}
         self._released: set[str] = set()
+        self._busy = False
         self._pool = ThreadPoolExecutor(self.config.stop_threads) if self.config.stop_threads else None
         self._wake = threading.Event()
         self._halt = threading.Event()
@@ -88,8 +90,10 @@ class Service:
             self.reconcile()
         self._sync()
         decisions = self._schedule()
-        for job in self.tr.active_jobs():
+        active = self.tr.active_jobs()
+        for job in active:
             self._act(job)
+        self._busy = bool(self._stops) or any(j.state != r.RUNNING or j.stop_kind for j in active)
         self._pull_logs()
         self.cycles += 1
         return decisions
@@ -288,7 +292,7 @@ class Service:
             except Exception as err:  # the loop must survive a bad cycle; the next one retries
                 self.last_error = f"{type(err).__name__}: {err}"
                 log.exception("scheduling cycle failed")
-            self._wake.wait(self.config.interval_s)
+            self._wake.wait(self.config.busy_interval_s if self._busy else self.config.interval_s)
             self._wake.clear()
 
 

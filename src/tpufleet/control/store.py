@@ -16,19 +16,18 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, select, update
+from sqlalchemy import Engine, create_engine, event, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+from tpufleet.control import logs
 from tpufleet.control import records as r
 from tpufleet.control.schema import (
     AttemptRow,
     Base,
     EventRow,
     JobRow,
-    LogChunkRow,
-    LogCursorRow,
     SliceRow,
     TenantRow,
     TokenRow,
@@ -303,45 +302,7 @@ class Store:
         characters (``offset`` applies to each host read; pass ``host`` to follow one)."""
         with self.tx() as s:
             job = self._job_row(s, job_id, tenant)
-            if attempt is None:
-                attempt = s.scalar(
-                    select(func.max(LogCursorRow.attempt)).where(LogCursorRow.job_id == job_id)
-                )
-            cursors = s.scalars(
-                select(LogCursorRow)
-                .where(LogCursorRow.job_id == job_id, LogCursorRow.attempt == (attempt or 0))
-                .order_by(LogCursorRow.host)
-            ).all()
-            if host is not None:
-                if cursors and not 0 <= host < len(cursors):
-                    raise NotFoundError(f"job {job_id} has hosts 0 to {len(cursors) - 1}, not {host}")
-                cursors = [c for c in cursors if c.host == host]
-            hosts = tuple(self._host_log(s, c, max(0, offset)) for c in cursors)
-            return r.LogRead(job_id=job_id, attempt=attempt or job.attempt, job_state=job.state, hosts=hosts)
-
-    @staticmethod
-    def _host_log(s: Session, c: LogCursorRow, offset: int) -> r.HostLog:
-        chunks = s.execute(
-            select(LogChunkRow.start, LogChunkRow.data)
-            .where(
-                LogChunkRow.job_id == c.job_id,
-                LogChunkRow.attempt == c.attempt,
-                LogChunkRow.host == c.host,
-                LogChunkRow.start + func.length(LogChunkRow.data) > offset,
-            )
-            .order_by(LogChunkRow.start)
-        ).all()
-        data = "".join(chunk.data for chunk in chunks)
-        if chunks:
-            data = data[max(0, offset - chunks[0].start) :]
-        return r.HostLog(
-            host=c.host,
-            slice=c.slice,
-            worker_id=c.worker_id,
-            data=data,
-            next_offset=max(offset, c.stored),
-            complete=c.complete,
-        )
+            return logs.read(s, job, attempt=attempt, host=host, offset=offset)
 
 
 def slice_state(row: SliceRow) -> str:

@@ -14,9 +14,10 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from tpufleet.control import logs
 from tpufleet.control import records as r
 from tpufleet.control.cluster import AttemptStatus, SliceInfo
-from tpufleet.control.schema import AttemptRow, JobRow, LogChunkRow, LogCursorRow, SliceRow, TenantRow
+from tpufleet.control.schema import AttemptRow, JobRow, SliceRow, TenantRow
 from tpufleet.control.store import Store, slice_state
 from tpufleet.scheduler.model import (
     Admit,
@@ -50,15 +51,6 @@ class ActiveJob:
     command: tuple[str, ...]
     env: dict[str, str]
     working_dir: str | None
-
-
-@dataclass(frozen=True)
-class Cursor:
-    host: int
-    slice: str
-    worker_id: int
-    offset: int
-    complete: bool
 
 
 class Transitions:
@@ -276,27 +268,15 @@ class Transitions:
             job = s.scalar(select(JobRow).where(JobRow.id == job_id))
             if job is None or not _cas(s, job.seq, (r.ADMITTED,), state=r.STARTING, updated_at=now):
                 return
-            host = 0
-            for name in job.slices:
-                slice_row = s.get(SliceRow, name)
-                for worker in range(slice_row.expected_hosts if slice_row else 1):
-                    if s.get(LogCursorRow, (job_id, attempt, host)) is None:
-                        s.add(
-                            LogCursorRow(
-                                job_id=job_id,
-                                attempt=attempt,
-                                host=host,
-                                slice=name,
-                                worker_id=worker,
-                                cluster_offset=0,
-                                stored=0,
-                                complete=False,
-                            )
-                        )
-                    host += 1
+            sizes = {
+                x.name: x.expected_hosts
+                for x in s.scalars(select(SliceRow).where(SliceRow.name.in_(job.slices)))
+            }
+            layout = [(name, worker) for name in job.slices for worker in range(sizes.get(name, 1))]
+            logs.open_streams(s, job_id, attempt, layout)
             _attempt_row(s, job_id, attempt, state=r.STARTING)
             self.store.add_event(
-                s, f"attempt {attempt} launched on {host} hosts", job_id=job_id, kind="launch"
+                s, f"attempt {attempt} launched on {len(layout)} hosts", job_id=job_id, kind="launch"
             )
 
     def running(self, job_id: str, attempt: int) -> None:
@@ -352,26 +332,15 @@ class Transitions:
             return str(values["state"])
 
     # -- logs ----------------------------------------------------------------------------------
-    def cursors(self, job_id: str, attempt: int) -> list[Cursor]:
+    def cursors(self, job_id: str, attempt: int) -> list[logs.Cursor]:
         with self.store.tx() as s:
-            rows = s.scalars(
-                select(LogCursorRow)
-                .where(LogCursorRow.job_id == job_id, LogCursorRow.attempt == attempt)
-                .order_by(LogCursorRow.host)
-            )
-            return [Cursor(c.host, c.slice, c.worker_id, c.cluster_offset, c.complete) for c in rows]
+            return logs.cursors(s, job_id, attempt)
 
     def append_log(
-        self, job_id: str, attempt: int, host: int, data: str, next_offset: int, complete: bool
+        self, job_id: str, attempt: int, host: int, data: str, offset: int, complete: bool
     ) -> None:
         with self.store.tx() as s:
-            c = s.get(LogCursorRow, (job_id, attempt, host))
-            if c is None:
-                return
-            if data:
-                s.add(LogChunkRow(job_id=job_id, attempt=attempt, host=host, start=c.stored, data=data))
-                c.stored += len(data)
-            c.cluster_offset, c.complete = next_offset, complete
+            logs.append(s, job_id, attempt, host, data, offset, complete)
 
 
 class _Abort(Exception):

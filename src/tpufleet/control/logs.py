@@ -1,0 +1,104 @@
+"""Job output in the store: one stream per (job, attempt, host), kept after the job ends.
+
+The loop copies what ``ClusterClient.read_logs`` returns into ``log_chunks`` and remembers, per
+host, how far it read the cluster's stream (``cluster_offset``, the executor's unit) and how many
+characters the store holds (``stored``). Readers use character offsets into the stored stream, so
+``tpufleet logs --follow`` asks for "everything after offset N" of one host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tpufleet.control import records as r
+from tpufleet.control.schema import JobRow, LogChunkRow, LogCursorRow
+from tpufleet.errors import NotFoundError
+
+
+@dataclass(frozen=True)
+class Cursor:
+    host: int
+    slice: str
+    worker_id: int
+    offset: int  # in the cluster's stream
+    complete: bool
+
+
+def open_streams(s: Session, job_id: str, attempt: int, layout: Sequence[tuple[str, int]]) -> None:
+    """One stream per host of the attempt; ``layout`` is (slice, worker id) in host order."""
+    for host, (slice_name, worker) in enumerate(layout):
+        if s.get(LogCursorRow, (job_id, attempt, host)) is None:
+            s.add(
+                LogCursorRow(
+                    job_id=job_id,
+                    attempt=attempt,
+                    host=host,
+                    slice=slice_name,
+                    worker_id=worker,
+                    cluster_offset=0,
+                    stored=0,
+                    complete=False,
+                )
+            )
+
+
+def cursors(s: Session, job_id: str, attempt: int) -> list[Cursor]:
+    rows = s.scalars(
+        select(LogCursorRow)
+        .where(LogCursorRow.job_id == job_id, LogCursorRow.attempt == attempt)
+        .order_by(LogCursorRow.host)
+    )
+    return [Cursor(c.host, c.slice, c.worker_id, c.cluster_offset, c.complete) for c in rows]
+
+
+def append(
+    s: Session, job_id: str, attempt: int, host: int, data: str, next_offset: int, complete: bool
+) -> None:
+    c = s.get(LogCursorRow, (job_id, attempt, host))
+    if c is None:
+        return
+    if data:
+        data = data.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
+        s.add(LogChunkRow(job_id=job_id, attempt=attempt, host=host, start=c.stored, data=data))
+        c.stored += len(data)
+    c.cluster_offset, c.complete = next_offset, complete
+
+
+def read(s: Session, job: JobRow, *, attempt: int | None, host: int | None, offset: int) -> r.LogRead:
+    """Stored output of an attempt (default: the latest that ran), per host, from ``offset``."""
+    if attempt is None:
+        attempt = s.scalar(select(func.max(LogCursorRow.attempt)).where(LogCursorRow.job_id == job.id))
+    streams = s.scalars(
+        select(LogCursorRow)
+        .where(LogCursorRow.job_id == job.id, LogCursorRow.attempt == (attempt or 0))
+        .order_by(LogCursorRow.host)
+    ).all()
+    if host is not None:
+        if streams and not 0 <= host < len(streams):
+            raise NotFoundError(f"job {job.id} has hosts 0 to {len(streams) - 1}, not {host}")
+        streams = [c for c in streams if c.host == host]
+    hosts = tuple(_host_log(s, c, max(0, offset)) for c in streams)
+    return r.LogRead(job_id=job.id, attempt=attempt or job.attempt, job_state=job.state, hosts=hosts)
+
+
+def _host_log(s: Session, c: LogCursorRow, offset: int) -> r.HostLog:
+    chunks = s.execute(
+        select(LogChunkRow.start, LogChunkRow.data)
+        .where(
+            LogChunkRow.job_id == c.job_id,
+            LogChunkRow.attempt == c.attempt,
+            LogChunkRow.host == c.host,
+            LogChunkRow.start + func.length(LogChunkRow.data) > offset,
+        )
+        .order_by(LogChunkRow.start)
+    ).all()
+    data = "".join(chunk.data for chunk in chunks)
+    if chunks:
+        data = data[max(0, offset - chunks[0].start) :]
+    return r.HostLog(
+        c.host, c.slice, c.worker_id, data, next_offset=max(offset, c.stored), complete=c.complete
+    )
