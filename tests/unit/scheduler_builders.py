@@ -75,6 +75,7 @@ class Fleet:
         *,
         num_slices: int = 1,
         priority: int = 0,
+        head_of_line: bool = False,
     ) -> Fleet:
         self._seq += 1
         self._jobs[job_id] = JobView(
@@ -85,6 +86,7 @@ class Fleet:
             priority,
             self._seq,
             JobState.QUEUED,
+            head_of_line=head_of_line,
         )
         return self
 

@@ -129,6 +129,10 @@ CASES = [
          .running("b1", "res", borrowing=True).running("b2", "res", borrowing=True)
          .queued("q", "prod", num_slices=2).queued("other", "res"),
          {"q": PRE, "other": HOL}),
+    Case("a victim's slices beyond the need stay promised to its preemptor for the cycle",
+         lambda: Fleet().slices("v4-16", 2).tenant("prod", v4=16).tenant("res")
+         .running("b", "res", num_slices=2, borrowing=True).queued("q1", "prod").queued("q2", "prod"),
+         {"b": "preempt", "q1": PRE, "q2": W}),
     # -- head of line -----------------------------------------------------------------------------
     Case("head of line reserves the free slices: a later small job waits",
          lambda: Fleet().slices("v4-16", 4).tenant("a", v4=64).tenant("b", v4=64)
@@ -150,6 +154,18 @@ CASES = [
          lambda: Fleet().slices("v4-16", 2).tenant("a").tenant("b").running("r", "b", borrowing=True)
          .queued("big", "a", num_slices=2).queued("small", "b"),
          {"big": NOBORROW, "small": HOL}),
+    Case("last cycle's head of line keeps its place against an older job of a tenant at equal share",
+         lambda: Fleet().slices("v4-16", 2).tenant("a", v4=64).tenant("b", v4=64)
+         .queued("old", "a").queued("big", "b", num_slices=2, head_of_line=True),
+         {"big": "admit", "old": W}),
+    Case("without it the older job goes first",
+         lambda: Fleet().slices("v4-16", 2).tenant("a", v4=64).tenant("b", v4=64)
+         .queued("old", "a").queued("big", "b", num_slices=2),
+         {"old": "admit", "big": W}),
+    Case("a higher priority still goes before last cycle's head of line",
+         lambda: Fleet().slices("v4-16", 2).tenant("a", v4=64).tenant("b", v4=64)
+         .queued("big", "b", num_slices=2, head_of_line=True).queued("urgent", "a", priority=1),
+         {"urgent": "admit", "big": W}),
     # -- the fleet --------------------------------------------------------------------------------
     Case("broken and draining slices are never assigned",
          lambda: Fleet().slices("v4-16", 3).broken("v4-16-0").draining("v4-16-1").tenant("a", v4=64)

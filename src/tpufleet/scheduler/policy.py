@@ -29,18 +29,16 @@ Modelled on Kueue's ClusterQueue / Cohort semantics, applied to whole TPU slices
    reservation drained to zero would win the tie and take it).
 
 Slices are handed out whole, lowest name first (numbers compared as numbers). ``BROKEN`` and
-``DRAINING`` slices are never assigned. The cost is O(J log T) for J queued jobs and T tenants plus
-O(S log S) for S slices.
+``DRAINING`` slices are never assigned. The cost is O(J log J) for J queued jobs (one sort; the
+walk is O(log T) per job that can still change something, for T tenants, and O(1) per job whose
+type has nothing left to give, see ``order``) plus O(S log S) for S slices.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from tpufleet.catalog import SliceType, slice_type
-from tpufleet.errors import SpecError
+from tpufleet.scheduler import reasons
 from tpufleet.scheduler.model import (
     ACTIVE_STATES,
     Admit,
@@ -55,15 +53,15 @@ from tpufleet.scheduler.model import (
     Snapshot,
     TenantName,
     Wait,
-    lookup_type,
 )
+from tpufleet.scheduler.order import in_order
 from tpufleet.scheduler.preemption import choose_victims, victim_order
-from tpufleet.scheduler.state import Ledger, TypePool, held_count, natural_key
+from tpufleet.scheduler.state import Ledger, TypePool, held_count, natural_key, type_facts
 
 __all__ = ["decide"]
 
-_C = NotFitCode
-_Key = tuple[int, tuple[float, float], int, str, TenantName, int]
+_Key = tuple[int, tuple[float, float], int, str]
+_Static = tuple[TypePool, str, int, NotFit | None]  # pool, generation, chips, not enough intact
 _STICKY = (-1.0, -1.0)  # ahead of every fair share: last cycle's head of line keeps its place
 
 
@@ -77,12 +75,13 @@ def decide(snapshot: Snapshot) -> list[Decision]:
     return _Cycle(snapshot).run()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Entry:
     job: JobView
     pool: TypePool
     gen: str
     chips: int  # chips of all the slices the job asks for
+    in_quota: bool = False
 
 
 class _Cycle:
@@ -90,41 +89,46 @@ class _Cycle:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.tenants = {t.name: t for t in sorted(snapshot.tenants, key=lambda t: t.name)}
-        jobs = sorted(snapshot.jobs, key=lambda j: (j.seq, j.id))
-        active = [j for j in jobs if j.state in ACTIVE_STATES]
+        active = sorted((j for j in snapshot.jobs if j.state in ACTIVE_STATES), key=lambda j: (j.seq, j.id))
         self.pools: dict[str, TypePool] = {}
         capacity = self._load_slices(snapshot, {name for j in active for name in j.slices})
         self.ledger = Ledger(self.tenants, capacity)
         self._load_active(active)
-        self.queued = [j for j in jobs if j.state == JobState.QUEUED]
+        # Each tenant's own order; last cycle's head of line first within its priority.
+        self.queued = sorted(
+            (j for j in snapshot.jobs if j.state == JobState.QUEUED),
+            key=lambda j: (-j.priority, not j.head_of_line, j.seq, j.id),
+        )
         self.blocked: set[tuple[TenantName, str]] = set()
         self.out: list[Decision] = []
+        self._static: dict[tuple[str, int], _Static | NotFit] = {}
+        self._reasons: dict[tuple[object, ...], NotFit] = {}
 
     def _load_slices(self, snapshot: Snapshot, held: set[SliceName]) -> dict[str, int]:
         capacity: dict[str, int] = {}
         for s in sorted(snapshot.slices, key=lambda s: natural_key(s.name)):
-            st = lookup_type(s.accelerator_type)
-            if st is None:
+            facts = type_facts(s.accelerator_type)
+            if facts is None:
                 continue
-            pool = self.pools.get(st.accelerator_type)
+            pool = self.pools.get(facts.key)
             if pool is None:
-                pool = self.pools[st.accelerator_type] = TypePool(st.accelerator_type, st)
+                pool = self.pools[facts.key] = TypePool(facts.key, facts.slice_type)
             pool.total += 1
             pool.broken += s.state == SliceState.BROKEN
             pool.draining += s.state == SliceState.DRAINING
             if s.state == SliceState.FREE and s.holder is None and s.name not in held:
                 pool.free.append(s.name)
-            capacity[st.gen_name] = capacity.get(st.gen_name, 0) + st.chips
+            capacity[facts.gen] = capacity.get(facts.gen, 0) + facts.chips
         return capacity
 
     def _load_active(self, active: list[JobView]) -> None:
         for job in active:
-            st = lookup_type(job.accelerator_type)
-            if st is None:
+            facts = type_facts(job.accelerator_type)
+            if facts is None:
                 continue
             count = held_count(job)
-            self.ledger.add(job.tenant, st.gen_name, count * st.chips, leaving=job.preempting)
-            pool = self.pools.get(st.accelerator_type)
+            self.ledger.add(job.tenant, facts.gen, count * facts.chips, leaving=job.preempting)
+            pool = self.pools.get(facts.key)
             if pool is None:
                 continue
             pool.holders[job.id] = (job.tenant, count)
@@ -136,68 +140,98 @@ class _Cycle:
             pool.victims.sort(key=victim_order)
 
     def run(self) -> list[Decision]:
-        entries: list[_Entry] = []
+        queues: dict[TenantName, list[JobView]] = {}
         for job in self.queued:
-            checked = self._check(job)
-            if isinstance(checked, NotFit):
-                self.out.append(Wait(job.id, checked))
-            else:
-                entries.append(checked)
-        deferred: list[_Entry] = []
-        for entry in self._in_order(entries):
-            if self._in_quota(entry):
+            queues.setdefault(job.tenant, []).append(job)
+        deferred: dict[TenantName, list[_Entry]] = {}
+        for entry in in_order(queues.items(), self._key, self._settle_in_quota_pass):
+            if entry.in_quota:
                 self._place_in_quota(entry)
             else:
-                deferred.append(entry)
-        for entry in self._in_order(deferred):
+                deferred.setdefault(entry.job.tenant, []).append(entry)
+        for entry in in_order(deferred.items(), self._key, self._settle_borrowing_pass):
             self._place_borrower(entry)
         return self.out
 
     # -- 1. checks ---------------------------------------------------------------------------------
 
-    def _check(self, job: JobView) -> _Entry | NotFit:
-        st = lookup_type(job.accelerator_type)
-        if st is None:
-            return NotFit(_C.UNKNOWN_SLICE_TYPE, _type_error(job.accelerator_type))
-        if job.num_slices < 1:
-            return NotFit(_C.INVALID_NUM_SLICES, f"num_slices must be 1 or more, not {job.num_slices}")
-        pool = self.pools.get(st.accelerator_type)
-        if pool is None or job.num_slices > pool.total:
-            return NotFit(_C.NO_SUCH_SLICES_IN_FLEET, self._too_many(job, st, pool))
+    def _misfit(self, job: JobView, static: _Static | NotFit) -> NotFit:
+        """The most important of the reasons that do not depend on the queue."""
+        if isinstance(static, NotFit):
+            return static
         if job.tenant not in self.tenants:
-            return NotFit(_C.UNKNOWN_TENANT, f"tenant {job.tenant!r} does not exist")
-        if job.num_slices > pool.intact:
-            return NotFit(
-                _C.NOT_ENOUGH_INTACT_SLICES,
-                f"needs {_n(job.num_slices, pool.key)}; the fleet has {pool.total}, {pool.intact} intact "
-                f"({pool.broken} broken, {pool.draining} draining)",
-            )
-        return _Entry(job, pool, st.gen_name, job.num_slices * st.chips)
+            return NotFit(NotFitCode.UNKNOWN_TENANT, f"tenant {job.tenant!r} does not exist")
+        assert static[3] is not None
+        return static[3]
 
-    def _too_many(self, job: JobView, st: SliceType, pool: TypePool | None) -> str:
-        have = pool.total if pool else 0
-        types = ", ".join(f"{p.key} x{p.total}" for p in sorted(self.pools.values(), key=lambda p: p.key))
-        need = _n(job.num_slices, st.accelerator_type)
-        return f"needs {need}; the fleet has {have} (fleet: {types or 'empty'})"
+    def _check_shape(self, job: JobView) -> _Static | NotFit:
+        """Pool, generation, chips and "too few intact" of a type and size, or why it never fits."""
+        facts = type_facts(job.accelerator_type)
+        if facts is None:
+            return reasons.unknown_type(job.accelerator_type)
+        if job.num_slices < 1:
+            return NotFit(
+                NotFitCode.INVALID_NUM_SLICES, f"num_slices must be 1 or more, not {job.num_slices}"
+            )
+        pool = self.pools.get(facts.key)
+        if pool is None or job.num_slices > pool.total:
+            return reasons.too_many(job.num_slices, facts.key, pool, list(self.pools.values()))
+        not_intact = reasons.intact(job.num_slices, pool) if job.num_slices > pool.intact else None
+        return pool, facts.gen, job.num_slices * facts.chips, not_intact
 
     # -- 2. in-quota pass --------------------------------------------------------------------------
 
-    def _in_quota(self, entry: _Entry) -> bool:
-        key = (entry.job.tenant, entry.gen)
+    def _in_quota(self, tenant: TenantName, gen: str, chips: int, beyond: bool, quota: int) -> bool:
+        """Whether the job counts as in quota; remembers a tenant's job that waits for headroom."""
+        key = (tenant, gen)
         if key in self.blocked:
             return False
-        quota = self.ledger.quota_of(*key)
-        if self.ledger.used(*key) + entry.chips <= quota:
+        if not beyond:
             return True
-        if entry.chips <= quota:
+        if chips <= quota:
             self.blocked.add(key)
         return False
+
+    def _settle_in_quota_pass(self, job: JobView) -> _Entry | None:
+        """Check and classify ``job``; decide it at once (None) when nothing can change its fate.
+
+        That is when its type is closed to it: nothing free is left unreserved, the type has its
+        head of line, and the job borrows or cannot reclaim enough. None of these can change back
+        later in the cycle, and the tenant's usage cannot change before the job's turn (only the
+        tenant's own admissions move it), so deciding now is deciding in order.
+        """
+        static = self._static.get((job.accelerator_type, job.num_slices))
+        if static is None:
+            static = self._static[job.accelerator_type, job.num_slices] = self._check_shape(job)
+        if isinstance(static, NotFit) or job.tenant not in self.tenants or static[3] is not None:
+            self.out.append(Wait(job.id, self._misfit(job, static)))
+            return None
+        pool, gen, chips, _ = static
+        quota = self.ledger.quota[job.tenant].get(gen, 0)
+        beyond = self.ledger.usage[job.tenant].get(gen, 0) + chips > quota
+        in_quota = self._in_quota(job.tenant, gen, chips, beyond, quota)
+        if pool.head is None or len(pool.free) - pool.taken - pool.reserved > 0:
+            return _Entry(job, pool, gen, chips, in_quota)
+        if in_quota and not self._reclaim_futile(job, pool):
+            return _Entry(job, pool, gen, chips, in_quota)
+        self.out.append(Wait(job.id, self._blocked(job, pool, gen, chips, quota if beyond else None)))
+        return None
+
+    def _settle_borrowing_pass(self, entry: _Entry) -> _Entry | None:
+        if entry.pool.head is None or entry.pool.avail > 0:
+            return entry
+        self._place_borrower(entry)
+        return None
+
+    def _reclaim_futile(self, job: JobView, pool: TypePool) -> bool:
+        shortfall = job.num_slices - pool.avail - pool.spare_pending
+        return shortfall > 0 and (not pool.victims or shortfall >= pool.failed.get(job.tenant, shortfall + 1))
 
     def _place_in_quota(self, entry: _Entry) -> None:
         if entry.job.num_slices <= entry.pool.avail:
             self._admit(entry, borrowing=False)
         elif not self._reclaim(entry):
-            self._wait_blocked(entry, borrowing=False)
+            self._wait_blocked(entry, quota=None)
 
     def _reclaim(self, entry: _Entry) -> bool:
         """Preempt borrowers so the in-quota ``entry`` fits; False (nothing changed) when it cannot."""
@@ -206,7 +240,7 @@ class _Cycle:
         shortfall = job.num_slices - avail - spare
         victims: list[JobView] | None = []
         if shortfall > 0:
-            if shortfall >= pool.failed.get(job.tenant, shortfall + 1):
+            if self._reclaim_futile(job, pool):
                 return False
             chips = pool.slice_type.chips
             victims = choose_victims(
@@ -216,30 +250,30 @@ class _Cycle:
                 pool.failed[job.tenant] = shortfall
                 return False
         pool.reserve(avail, job)
+        pool.claim(min(spare, job.num_slices - avail))
         for victim in victims or ():
+            # All of a victim's slices are promised to this job for the cycle, even beyond its need,
+            # so spare pending slices never grow and "reclaim is futile" stays true once true.
             pool.pending += held_count(victim)
+            pool.claim(held_count(victim))
             self.ledger.mark_leaving(victim.tenant, entry.gen, held_count(victim) * pool.slice_type.chips)
-            self.out.append(Preempt(victim.id, job.id, _preempt_reason(victim, entry)))
-        pool.claim(job.num_slices - avail)
-        coming = ", ".join(f"job {v.id} (tenant {v.tenant})" for v in victims or ())
-        message = (
-            f"needs {_n(job.num_slices, pool.key)}, {avail} free; "
-            f"{job.num_slices - avail} being freed by preempting borrowers{': ' + coming if coming else ''}"
-        )
-        self.out.append(Wait(job.id, NotFit(_C.WAITING_FOR_PREEMPTION, message)))
+            self.out.append(Preempt(victim.id, job.id, reasons.preempt_reason(victim, job, pool, entry.gen)))
+        self.out.append(Wait(job.id, reasons.reclaiming(job, pool, avail, victims or [])))
         return True
 
     # -- 3. borrowing pass -------------------------------------------------------------------------
 
+    def _quota_if_beyond(self, job: JobView, gen: str, chips: int) -> int | None:
+        """The tenant's quota when this job would take it beyond it, else None."""
+        quota = self.ledger.quota[job.tenant].get(gen, 0)
+        return quota if self.ledger.usage[job.tenant].get(gen, 0) + chips > quota else None
+
     def _place_borrower(self, entry: _Entry) -> None:
-        job = entry.job
-        beyond = self.ledger.used(job.tenant, entry.gen) + entry.chips > self.ledger.quota_of(
-            job.tenant, entry.gen
-        )
-        if job.num_slices <= entry.pool.avail:
-            self._admit(entry, borrowing=beyond)
+        beyond = self._quota_if_beyond(entry.job, entry.gen, entry.chips)
+        if entry.job.num_slices <= entry.pool.avail:
+            self._admit(entry, borrowing=beyond is not None)
         else:
-            self._wait_blocked(entry, borrowing=beyond)
+            self._wait_blocked(entry, quota=beyond)
 
     def _admit(self, entry: _Entry, *, borrowing: bool) -> None:
         slices = entry.pool.take(entry.job)
@@ -248,90 +282,31 @@ class _Cycle:
 
     # -- 4. waiting and the head of line -----------------------------------------------------------
 
-    def _wait_blocked(self, entry: _Entry, *, borrowing: bool) -> None:
+    def _wait_blocked(self, entry: _Entry, *, quota: int | None) -> None:
         job, pool = entry.job, entry.pool
-        reason = self._blocked_reason(entry, borrowing)
+        reason = self._blocked(job, pool, entry.gen, entry.chips, quota)
         if pool.head is None:
             pool.head = job
+            pool.version += 1
             avail = pool.avail
             pool.reserve(avail, job)
             pool.claim(min(pool.spare_pending, job.num_slices - avail))
-            reason = NotFit(
-                reason.code, f"{reason.message}; holds the head-of-line reservation of {pool.key}"
-            )
+            reason = reasons.head_note(reason, pool)
         self.out.append(Wait(job.id, reason, head_of_line=pool.head is job))
 
-    def _blocked_reason(self, entry: _Entry, borrowing: bool) -> NotFit:
-        job, pool = entry.job, entry.pool
-        need = _n(job.num_slices, pool.key)
-        if job.num_slices <= pool.free_left and pool.reserver is not None:
-            holder = pool.reserver
-            role = "head-of-line job" if holder is pool.head else "job"
-            return NotFit(
-                _C.RESERVED_FOR_HEAD_OF_LINE,
-                f"needs {need}, {pool.free_left} free but {pool.reserved} reserved for {role} "
-                f"{holder.id} (tenant {holder.tenant})",
-            )
-        held = pool.holders_text()
-        detail = f"needs {need}, {pool.avail} free{'; ' + held if held else ''}"
-        head = pool.head
-        if head is not None and head.priority > job.priority:
-            return NotFit(
-                _C.LOWER_PRIORITY_THAN_HEAD,
-                f"{detail}; job {head.id} (tenant {head.tenant}, priority {head.priority}) is first in line",
-            )
-        if borrowing:
-            used, quota = self.ledger.used(job.tenant, entry.gen), self.ledger.quota_of(job.tenant, entry.gen)
-            return NotFit(
-                _C.QUOTA_EXCEEDED_NO_BORROWING,
-                f"tenant {job.tenant} would use {used + entry.chips} of its {quota} {entry.gen} chips "
-                f"and there is not enough idle capacity to borrow: {detail}",
-            )
-        return NotFit(_C.WAITING_FOR_FREE_SLICES, detail)
+    def _blocked(self, job: JobView, pool: TypePool, gen: str, chips: int, quota: int | None) -> NotFit:
+        """``reasons.blocked``, shared between the jobs that wait for the same thing."""
+        lower = pool.head is not None and pool.head.priority > job.priority
+        key = (pool.key, pool.version, job.num_slices, lower, quota is not None and (job.tenant, chips))
+        reason = self._reasons.get(key)
+        if reason is None:
+            reason = self._reasons[key] = reasons.blocked(job, pool, gen, chips, quota)
+        return reason
 
     # -- order -------------------------------------------------------------------------------------
 
-    def _in_order(self, entries: Iterable[_Entry]) -> Iterator[_Entry]:
-        """Entries by priority, then tenant fair share (live: updated as jobs are admitted), then seq.
-
-        A heap holds each tenant's next entry; a tenant's key is recomputed only when it is pushed
-        back, which is after its previous entry was processed.
-        """
-        queues: dict[TenantName, list[_Entry]] = {}
-        for entry in entries:
-            queues.setdefault(entry.job.tenant, []).append(entry)
-        heap: list[_Key] = []
-        for tenant, queue in queues.items():
-            queue.sort(key=lambda e: (-e.job.priority, not e.job.head_of_line, e.job.seq, e.job.id))
-            heap.append(self._key(tenant, queue[0], 0))
-        heapq.heapify(heap)
-        while heap:
-            *_, tenant, index = heapq.heappop(heap)
-            queue = queues[tenant]
-            yield queue[index]
-            if index + 1 < len(queue):
-                heapq.heappush(heap, self._key(tenant, queue[index + 1], index + 1))
-
-    def _key(self, tenant: TenantName, entry: _Entry, index: int) -> _Key:
+    def _key(self, entry: _Entry) -> _Key:
+        """Priority, then fair share (last cycle's head of line first), then seq; live as usage moves."""
         job = entry.job
-        share = _STICKY if job.head_of_line else self.ledger.share(tenant)
-        return (-job.priority, share, job.seq, job.id, tenant, index)
-
-
-def _n(count: int, key: str) -> str:
-    return f"{count} {key} slice{'s' if count != 1 else ''}"
-
-
-def _type_error(accelerator_type: str) -> str:
-    try:
-        slice_type(accelerator_type)
-    except SpecError as exc:
-        return f"{accelerator_type} is not a TPU slice type: {exc}"
-    return f"{accelerator_type!r} is not a slice type the scheduler knows"
-
-
-def _preempt_reason(victim: JobView, entry: _Entry) -> str:
-    return (
-        f"reclaim: tenant {victim.tenant} borrows {entry.gen} chips beyond its quota and in-quota job "
-        f"{entry.job.id} of tenant {entry.job.tenant} needs {_n(entry.job.num_slices, entry.pool.key)}"
-    )
+        share = _STICKY if job.head_of_line else self.ledger.share(job.tenant)
+        return (-job.priority, share, job.seq, job.id)

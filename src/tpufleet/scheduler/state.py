@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cache
 
 from tpufleet.catalog import SliceType, generation
 from tpufleet.errors import SpecError
-from tpufleet.scheduler.model import JobId, JobView, SliceName, TenantName, TenantView
+from tpufleet.scheduler.model import JobId, JobView, SliceName, TenantName, TenantView, lookup_type
 
-__all__ = ["Ledger", "TypePool", "gen_key", "held_count", "natural_key"]
+__all__ = ["Ledger", "TypeFacts", "TypePool", "gen_key", "held_count", "natural_key", "type_facts"]
 
 _DIGITS = re.compile(r"(\d+)")
 
@@ -30,6 +31,22 @@ def gen_key(name: str) -> str:
         return generation(name).name
     except SpecError:
         return name
+
+
+@dataclass(frozen=True)
+class TypeFacts:
+    """What the policy needs of a slice type, computed once per spelling (``v4-16``, ``TPU-V4-16``)."""
+
+    key: str  # canonical accelerator type: the pool it belongs to
+    gen: str  # catalog generation name: the quota it counts against
+    chips: int
+    slice_type: SliceType
+
+
+@cache
+def type_facts(accelerator_type: str) -> TypeFacts | None:
+    st = lookup_type(accelerator_type)
+    return None if st is None else TypeFacts(st.accelerator_type, st.gen_name, st.chips, st)
 
 
 def held_count(job: JobView) -> int:
@@ -76,7 +93,7 @@ class TypePool:
     @property
     def avail(self) -> int:
         """Free slices nobody has a claim on."""
-        return self.free_left - self.reserved
+        return len(self.free) - self.taken - self.reserved
 
     @property
     def spare_pending(self) -> int:
@@ -103,9 +120,13 @@ class TypePool:
     def holders_text(self) -> str:
         """``1 held by job abc (tenant research), ...`` (cached until the pool changes)."""
         if self._holders_text[0] != self.version:
-            parts = [f"{n} held by job {j} (tenant {t})" for j, (t, n) in list(self.holders.items())[:3]]
-            if len(self.holders) > 3:
-                parts.append(f"{sum(n for _, n in self.holders.values())} held by {len(self.holders)} jobs")
+            holders = list(self.holders.items())
+            parts = [f"{n} held by job {j} (tenant {t})" for j, (t, n) in holders[:3]]
+            if len(holders) > 3:
+                rest = sum(n for _, (_, n) in holders[3:])
+                parts.append(
+                    f"{rest} more held by {len(holders) - 3} more job{'s' if len(holders) > 4 else ''}"
+                )
             if self.broken or self.draining:
                 parts.append(f"{self.broken} broken, {self.draining} draining")
             self._holders_text = (self.version, "; ".join(parts))
