@@ -192,3 +192,23 @@ def test_not_fit_codes_are_stable_and_ranked() -> None:
     assert sorted([free, unknown]) == [unknown, free]
     assert free.to_dict() == {"code": "WAITING_FOR_FREE_SLICES", "message": "later"}
     assert not free.permanent
+
+
+def test_scheduler_public_api_is_pinned() -> None:
+    import tpufleet.scheduler as scheduler
+
+    assert sorted(scheduler.__all__) == sorted(
+        ["ACTIVE_STATES", "TERMINAL_STATES", "Admit", "Decision", "JobId", "JobState", "JobView", "NotFit",
+         "NotFitCode", "Preempt", "SliceName", "SliceState", "SliceView", "Snapshot", "TenantName",
+         "TenantView", "Wait", "decide", "most_important"]
+    )  # fmt: skip
+    for name in scheduler.__all__:
+        assert hasattr(scheduler, name), name
+
+
+def test_holders_are_summarised_beyond_three() -> None:
+    fleet = Fleet().slices("v4-16", 6).tenant("a", v4=1000)
+    for i in range(5):
+        fleet.running(f"r{i}", "a")
+    (wait,) = [d for d in decide(fleet.queued("q", "a", num_slices=3).build()) if isinstance(d, Wait)]
+    assert "1 held by job r2 (tenant a); 2 more held by 2 more jobs" in wait.reason.message
