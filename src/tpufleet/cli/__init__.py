@@ -15,6 +15,7 @@ from tpufleet.errors import TpufleetError
 
 # Command modules register themselves on import; keep this list in the order of `tpufleet --help`.
 from tpufleet.cli import catalog as _catalog  # noqa: F401  isort: skip
+from tpufleet.cli import emulate as _emulate  # noqa: F401  isort: skip
 from tpufleet.cli import config as _config  # noqa: F401  isort: skip
 from tpufleet.cli import control as _control  # noqa: F401  isort: skip
 

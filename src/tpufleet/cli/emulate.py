@@ -1,0 +1,173 @@
+"""``tpufleet emulate up|status|kill-host|preempt|restore|add|down`` and ``tpufleet doctor``.
+
+The fleet outlives ``emulate up``: its processes run in the background and its state (PIDs,
+ports, the Ray address) lives in ``--state-dir`` (default ``$TPUFLEET_EMULATOR_DIR`` or
+``~/.cache/tpufleet/emulator``), which the other commands read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from tpufleet.cli._app import app, console, print_json
+from tpufleet.errors import ClusterError
+
+emulate_app = typer.Typer(
+    help="A local Ray cluster whose hosts look like TPU slices to Ray, Ray Train and JAX.",
+    no_args_is_help=True,
+)
+app.add_typer(emulate_app, name="emulate")
+
+DEFAULT_STATE_DIR = Path("~/.cache/tpufleet/emulator").expanduser()
+
+StateDir = Annotated[
+    Path,
+    typer.Option(
+        "--state-dir",
+        envvar="TPUFLEET_EMULATOR_DIR",
+        help="Where the fleet's state (PIDs, ports, Ray address) and launcher logs live.",
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _fleet(state_dir: Path) -> Any:
+    from tpufleet.emulator import EmulatedFleet
+
+    return EmulatedFleet.attach(state_dir)
+
+
+def _show(status: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(status)
+        return
+    table = Table(title=f"emulated TPU fleet at {status['ray_address']}", title_justify="left")
+    for col in ("slice", "type", "topology", "worker", "node", "alive"):
+        table.add_column(col)
+    for s in status["slices"]:
+        for h in s["hosts"]:
+            node = (h["node_id"] or "-")[:12]
+            alive = "[green]yes[/]" if h["alive"] else "[red]no[/]"
+            table.add_row(s["name"], s["accelerator_type"], s["topology"], str(h["worker_id"]), node, alive)
+    console.print(table)
+
+
+@emulate_app.command("up")
+def up_cmd(
+    slices: Annotated[str, typer.Option(help="Slice types and counts, e.g. v4-16:2,v6e-4.")] = "v4-16:2",
+    cpus_per_host: Annotated[int, typer.Option(help="Logical CPUs each host offers Ray.")] = 1,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Start the fleet in the background; return once every host has joined."""
+    from tpufleet.emulator import EmulatedFleet
+
+    fleet = EmulatedFleet(slices, cpus_per_host=cpus_per_host, state_dir=state_dir).up()
+    _show(fleet.status(), as_json)
+
+
+@emulate_app.command("status")
+def status_cmd(state_dir: StateDir = DEFAULT_STATE_DIR, as_json: AsJson = False) -> None:
+    """Every slice and host of the running fleet, as Ray sees them."""
+    _show(_fleet(state_dir).status(), as_json)
+
+
+@emulate_app.command("kill-host")
+def kill_host_cmd(
+    slice_name: Annotated[str, typer.Argument(metavar="SLICE", help="e.g. tpu-v4-16-0")],
+    worker_id: Annotated[int, typer.Argument(help="The host's TPU_WORKER_ID.")],
+    wait: Annotated[bool, typer.Option(help="Return once Ray has declared the node dead.")] = True,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """SIGKILL every process of one host at once, the way a crashed VM disappears."""
+    _fleet(state_dir).kill_host(slice_name, worker_id, wait=wait)
+    console.print(f"killed {slice_name} worker {worker_id}")
+
+
+@emulate_app.command("preempt")
+def preempt_cmd(
+    slice_name: Annotated[str, typer.Argument(metavar="SLICE")],
+    wait: Annotated[bool, typer.Option(help="Return once Ray has declared the nodes dead.")] = True,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Remove every host of a slice at once, as a spot preemption does."""
+    _fleet(state_dir).preempt(slice_name, wait=wait)
+    console.print(f"preempted {slice_name}")
+
+
+@emulate_app.command("restore")
+def restore_cmd(
+    slice_name: Annotated[str, typer.Argument(metavar="SLICE")],
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Bring back the missing hosts of a slice with the same name and worker ids."""
+    workers = _fleet(state_dir).restore(slice_name)
+    done = ", ".join(map(str, workers)) if workers else "none were missing"
+    console.print(f"restored {slice_name} workers: {done}")
+
+
+@emulate_app.command("add")
+def add_cmd(
+    accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="e.g. v4-16 or v6e-4")],
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Add one slice; prints its name."""
+    console.print(_fleet(state_dir).add(accelerator_type))
+
+
+@emulate_app.command("down")
+def down_cmd(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Stop every process the fleet started, by PID; leaves nothing behind."""
+    from tpufleet.emulator import EmulatedFleet
+
+    EmulatedFleet("", state_dir=state_dir).down()
+    console.print(f"emulated fleet in {state_dir} is down")
+
+
+def _doctor_address(ray_address: str | None, state_dir: Path) -> str:
+    if ray_address:
+        return ray_address
+    from tpufleet.emulator import EmulatedFleet
+
+    fleet = EmulatedFleet("", state_dir=state_dir)
+    if fleet.head_alive():
+        return str(fleet.ray_address)
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    raise ClusterError(
+        f"no cluster to check: no emulated fleet runs from {state_dir}; "
+        "give --ray-address, set RAY_ADDRESS or run `tpufleet emulate up`"
+    )
+
+
+@app.command("doctor")
+def doctor_cmd(
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="GCS address host:port of any Ray cluster.")
+    ] = None,
+    probe: Annotated[bool, typer.Option(help="Run one probe task per host (JAX devices, env).")] = True,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Check a Ray cluster's TPU slices; exit 1 when anything is wrong."""
+    from tpufleet import doctor
+
+    report = doctor.check(_doctor_address(ray_address, state_dir), probe=probe)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        console.print(f"TPU health of the Ray cluster at {report.ray_address}")
+        for accel, counts in report.by_type().items():
+            console.print(f"  {accel}: {counts['intact']} of {counts['slices']} slices intact")
+        if not report.slices:
+            console.print("  no TPU slices found")
+        for f in report.findings:
+            console.print(f"[red]  {f.slice}:[/] {f.message}", highlight=False)
+        console.print("[green]healthy[/]" if report.healthy else f"[red]{len(report.findings)} finding(s)[/]")
+    if not report.healthy:
+        raise typer.Exit(1)

@@ -1,0 +1,356 @@
+"""``EmulatedFleet``: a local Ray cluster whose raylets Ray, Ray Train and JAX take for TPU hosts.
+
+One head (no TPU, no CPU) plus one ``ray start`` per emulated host, each in its own session and
+its own Ray temp dir, all on this machine with random free ports, so several fleets (and other
+people's clusters) coexist. Every operation is recorded in ``state_dir`` (see ``state.py``), so a
+fleet started by one process (``tpufleet emulate up``) is inspected, broken and stopped by others::
+
+    with EmulatedFleet("v4-16:2,v6e-4") as fleet:
+        ray.init(address=fleet.ray_address)
+        fleet.kill_host("tpu-v4-16-0", 1)   # SIGKILL, like a VM vanishing
+        fleet.restore("tpu-v4-16-0")        # same slice name and worker id, new Ray node
+
+Failure detection: the head's GCS health-checks raylets every second and declares a node dead
+after three failed checks (Ray's defaults are 3 s and 5), so a killed host is noticed in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from subprocess import Popen
+from typing import Any
+
+from tpufleet import catalog
+from tpufleet.catalog import SliceType
+from tpufleet.emulator import plan, procs
+from tpufleet.emulator import state as store
+from tpufleet.emulator.raynodes import read_nodes
+from tpufleet.emulator.state import FleetState, HostRecord, SliceRecord
+from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecError, closest, suggest
+
+SLICE_LABEL = "ray.io/tpu-slice-name"
+WORKER_LABEL = "ray.io/tpu-worker-id"
+HEAD_ENV = {  # GCS failure detection for a killed host: ~3 s instead of ~15 s
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+}
+
+Key = tuple[str, int]  # (slice name, worker id)
+
+
+def _ray_bin() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _node_key(node: dict[str, Any]) -> Key | None:
+    labels = node.get("Labels") or {}
+    if SLICE_LABEL not in labels or WORKER_LABEL not in labels:
+        return None
+    return labels[SLICE_LABEL], int(labels[WORKER_LABEL])
+
+
+class EmulatedFleet:
+    """A fleet of emulated TPU slices; see the module docstring."""
+
+    def __init__(
+        self,
+        slices: str = "v4-16:2",
+        *,
+        cpus_per_host: int = 1,
+        state_dir: str | os.PathLike[str] | None = None,
+        object_store_mb: int = 128,
+        log_monitor: bool = True,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self._spec = catalog.parse_slice_list(slices) if slices else []
+        if cpus_per_host < 0:
+            raise SpecError(f"--cpus-per-host must be >= 0, got {cpus_per_host}")
+        self.cpus_per_host = cpus_per_host
+        self._owns_dir = state_dir is None
+        self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="tpufleet-emu-"))
+        self.object_store_bytes = object_store_mb * 1024 * 1024
+        self.log_monitor = log_monitor
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def attach(cls, state_dir: str | os.PathLike[str]) -> EmulatedFleet:
+        """The fleet a previous ``up`` (maybe in another process) recorded in ``state_dir``."""
+        fleet = cls("", state_dir=state_dir)
+        fleet._load()
+        return fleet
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _load(self) -> FleetState:
+        st = store.load(self.state_dir)
+        if st is None:
+            raise NotFoundError(
+                f"no emulated fleet in {self.state_dir}; start one with `tpufleet emulate up`"
+            )
+        return st
+
+    @property
+    def ray_address(self) -> str:
+        return self._load().ray_address
+
+    @property
+    def slice_names(self) -> list[str]:
+        return [s.name for s in self._load().slices]
+
+    def _slice(self, st: FleetState, name: str) -> SliceRecord:
+        rec = st.slice(name)
+        if rec is None:
+            names = [s.name for s in st.slices]
+            raise NotFoundError(f"no slice {name!r} in this fleet{suggest(closest(name, names) or names)}")
+        return rec
+
+    def head_alive(self) -> bool:
+        st = store.load(self.state_dir)
+        return bool(st and st.head and procs.members(st.head))
+
+    def pids(self) -> list[int]:
+        """Every live process this fleet started (head, hosts, and what Ray started for them)."""
+        st = store.load(self.state_dir)
+        return procs.alive(st.sessions()) if st else []
+
+    def status(self) -> dict[str, Any]:
+        """``{ray_address, state_dir, slices: [{name, accelerator_type, topology, hosts: [...]}]}``."""
+        st = self._load()
+        nodes = read_nodes(st.ray_address) if st.head and procs.members(st.head) else []
+        found: dict[Key, dict[str, Any]] = {}
+        node: dict[str, Any] | None
+        for node in nodes:
+            key = _node_key(node)
+            if key and (key not in found or node.get("Alive")):
+                found[key] = node  # an alive node wins over the dead ones it replaced
+        slices = []
+        for rec in st.slices:
+            hosts = []
+            for h in rec.hosts:
+                node = found.get((rec.name, h.worker_id))
+                hosts.append(
+                    {
+                        "worker_id": h.worker_id,
+                        "node_id": node.get("NodeID") if node else None,
+                        "alive": bool(node and node.get("Alive")),
+                    }
+                )
+            st_type = catalog.slice_type(rec.accelerator_type)
+            slices.append(
+                {
+                    "name": rec.name,
+                    "accelerator_type": rec.accelerator_type,
+                    "topology": str(st_type.topology),
+                    "hosts": hosts,
+                }
+            )
+        return {"ray_address": st.ray_address, "state_dir": str(self.state_dir), "slices": slices}
+
+    # -- starting -------------------------------------------------------------------------------
+
+    def _launch_host(self, st: FleetState, rec: SliceRecord, worker: int) -> tuple[Popen[bytes], Path]:
+        stype = catalog.slice_type(rec.accelerator_type)
+        env = plan.clean_base_env(os.environ) | plan.host_envs(rec.name, stype, st.address)[worker]
+        temp_dir = f"{st.temp_dir}/h{st.next_host_seq}"
+        st.next_host_seq += 1
+        argv = plan.host_argv(
+            _ray_bin(),
+            st.address,
+            st.ray_address,
+            stype,
+            st.cpus_per_host,
+            temp_dir,
+            st.object_store_bytes,
+            st.log_monitor,
+        )
+        log = self.state_dir / "logs" / f"{rec.name}-w{worker}.log"
+        proc, session = procs.spawn(argv, env, log)
+        host = next(h for h in rec.hosts if h.worker_id == worker)
+        host.session, host.temp_dir = session, temp_dir
+        return proc, log
+
+    def _launch_slice(self, st: FleetState, stype: SliceType, name: str) -> list[tuple[Popen[bytes], Path]]:
+        rec = SliceRecord(name, stype.accelerator_type, [HostRecord(w, None) for w in range(stype.hosts)])
+        st.slices.append(rec)
+        return [self._launch_host(st, rec, w) for w in range(stype.hosts)]
+
+    def up(self) -> EmulatedFleet:
+        """Start the head and every host; return once every host has joined Ray."""
+        with store.locked(self.state_dir):
+            old = store.load(self.state_dir)
+            if old and old.head and procs.members(old.head):
+                raise ConflictError(
+                    f"an emulated fleet already runs from {self.state_dir} (Ray at {old.ray_address}); "
+                    "stop it with `tpufleet emulate down` or use another --state-dir"
+                )
+            st = self._new_state()
+            launchers = [self._launch_head(st)]
+            for stype, count in self._spec:
+                for name in plan.next_slice_names([s.name for s in st.slices], stype.accelerator_type, count):
+                    launchers += self._launch_slice(st, stype, name)
+            store.save(self.state_dir, st)
+            try:
+                self._await(st, launchers, [(s.name, h.worker_id) for s in st.slices for h in s.hosts])
+            except BaseException:
+                procs.kill_sessions(st.sessions())
+                store.remove(self.state_dir)
+                raise
+        return self
+
+    def _new_state(self) -> FleetState:
+        import ray.util
+
+        ray_util: Any = ray.util
+        gcs, dashboard = procs.free_ports(2)
+        return FleetState(
+            fleet_id=uuid.uuid4().hex[:12],
+            address=ray_util.get_node_ip_address(),
+            gcs_port=gcs,
+            dashboard_port=dashboard,
+            temp_dir=tempfile.mkdtemp(prefix="tpf-", dir="/tmp"),
+            cpus_per_host=self.cpus_per_host,
+            object_store_bytes=self.object_store_bytes,
+            log_monitor=self.log_monitor,
+        )
+
+    def _launch_head(self, st: FleetState) -> tuple[Popen[bytes], Path]:
+        (client_port,) = procs.free_ports(1)
+        argv = plan.head_argv(
+            _ray_bin(),
+            st.address,
+            st.gcs_port,
+            st.dashboard_port,
+            client_port,
+            st.temp_dir,
+            st.object_store_bytes,
+        )
+        log = self.state_dir / "logs" / "head.log"
+        proc, st.head = procs.spawn(argv, plan.clean_base_env(os.environ) | HEAD_ENV, log)
+        return proc, log
+
+    def _await(self, st: FleetState, launchers: Sequence[tuple[Popen[bytes], Path]], keys: list[Key]) -> None:
+        """Wait until every launcher exited 0 and every host in ``keys`` is alive in Ray."""
+        deadline = time.monotonic() + self.timeout_s
+        missing = set(keys)
+        while True:
+            for proc, log in launchers:
+                if proc.poll() not in (None, 0):
+                    raise ClusterError(f"`ray start` failed (exit {proc.returncode}); {log}:\n{_tail(log)}")
+            if missing:
+                missing -= self._alive_keys(st)
+            if not missing and all(proc.poll() == 0 for proc, _ in launchers):
+                return
+            if time.monotonic() > deadline:
+                hosts = ", ".join(f"{s}/{w}" for s, w in sorted(missing)) or "(launchers still running)"
+                raise ClusterError(f"hosts did not join within {self.timeout_s:.0f}s: {hosts}")
+            time.sleep(0.2)
+
+    def _alive_keys(self, st: FleetState) -> set[Key]:
+        try:
+            nodes = read_nodes(st.ray_address)
+        except ClusterError:
+            return set()  # the GCS is still starting
+        return {k for n in nodes if n.get("Alive") and (k := _node_key(n))}
+
+    def _await_gone(self, st: FleetState, keys: set[Key]) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while keys & self._alive_keys(st):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"Ray still reports {sorted(keys)} alive after {self.timeout_s:.0f}s")
+            time.sleep(0.2)
+
+    # -- breaking and repairing -------------------------------------------------------------------
+
+    def _kill(self, st: FleetState, hosts: Sequence[HostRecord], where: str) -> None:
+        sessions = [h.session for h in hosts if h.session]
+        left = procs.kill_sessions(sessions)
+        if left:
+            raise ClusterError(f"could not end processes {left} of {where}")
+        for h in hosts:
+            h.session = None
+        store.save(self.state_dir, st)
+
+    def kill_host(self, slice_name: str, worker_id: int, *, wait: bool = True) -> None:
+        """SIGKILL every process of one host at once, like a VM that crashed; with ``wait``,
+        return once Ray has declared the node dead."""
+        with store.locked(self.state_dir):
+            st = self._load()
+            rec = self._slice(st, slice_name)
+            host = next((h for h in rec.hosts if h.worker_id == worker_id), None)
+            if host is None:
+                ids = ", ".join(str(h.worker_id) for h in rec.hosts)
+                raise NotFoundError(f"{slice_name} has no worker {worker_id}; its workers are {ids}")
+            if host.session is None:
+                raise ConflictError(f"{slice_name}/{worker_id} is already down; `restore {slice_name}`")
+            self._kill(st, [host], f"{slice_name}/{worker_id}")
+        if wait:
+            self._await_gone(st, {(slice_name, worker_id)})
+
+    def preempt(self, slice_name: str, *, wait: bool = True) -> None:
+        """Remove every host of a slice at once, as a spot preemption does."""
+        with store.locked(self.state_dir):
+            st = self._load()
+            rec = self._slice(st, slice_name)
+            self._kill(st, rec.hosts, slice_name)
+        if wait:
+            self._await_gone(st, {(slice_name, h.worker_id) for h in rec.hosts})
+
+    def restore(self, slice_name: str) -> list[int]:
+        """Bring back the missing hosts of a slice with the same name and worker ids; returns them."""
+        with store.locked(self.state_dir):
+            st = self._load()
+            rec = self._slice(st, slice_name)
+            for h in rec.hosts:  # a host whose processes all died on their own is missing too
+                if h.session and not procs.members(h.session):
+                    h.session = None
+            missing = [h.worker_id for h in rec.hosts if h.session is None]
+            self._await_gone(st, {(slice_name, w) for w in missing})
+            launchers = [self._launch_host(st, rec, w) for w in missing]
+            store.save(self.state_dir, st)
+            self._await(st, launchers, [(slice_name, w) for w in missing])
+        return missing
+
+    def add(self, accelerator_type: str) -> str:
+        """Add one slice of ``accelerator_type``; returns its name once every host has joined."""
+        stype = catalog.slice_type(accelerator_type)
+        with store.locked(self.state_dir):
+            st = self._load()
+            (name,) = plan.next_slice_names([s.name for s in st.slices], stype.accelerator_type, 1)
+            launchers = self._launch_slice(st, stype, name)
+            store.save(self.state_dir, st)
+            self._await(st, launchers, [(name, w) for w in range(stype.hosts)])
+        return name
+
+    def down(self, grace_s: float = 2.0) -> None:
+        """Stop everything the fleet started (SIGTERM, then SIGKILL after ``grace_s``), by PID."""
+        with store.locked(self.state_dir):
+            st = store.load(self.state_dir)
+            if st is None:
+                return
+            left = procs.kill_sessions(st.sessions(), grace_s=grace_s)
+            if left:
+                raise ClusterError(f"processes {left} of the emulated fleet would not die")
+            shutil.rmtree(st.temp_dir, ignore_errors=True)
+            store.remove(self.state_dir)
+        if self._owns_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmulatedFleet:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()

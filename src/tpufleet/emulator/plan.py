@@ -1,0 +1,149 @@
+"""What the emulator starts, as pure functions: slice names, each host's environment, the
+``ray start`` command lines. No processes are touched here, so all of it is unit-tested.
+
+Each emulated host gets exactly what a real TPU host has (``tpufleet.contract.host_env``: the
+variables the GKE webhook / TPU VM metadata provide) and ``TPU: <chips_per_host>`` as its Ray
+resource; Ray's own ``TPUAcceleratorManager`` turns those into the ``ray.io/tpu-*`` labels and the
+``TPU-<type>-head`` / ``<TPU_NAME>`` resources. On top come the emulator's own variables
+(:func:`emulator_env`): JAX on CPU with ``chips_per_host`` devices and gloo collectives, and
+``TPUFLEET_EMULATED=1`` so :func:`tpufleet.runtime.initialize_jax` knows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+from tpufleet.catalog import SliceType
+from tpufleet.contract import HOST_VARS, MEGASCALE_VARS, host_env
+
+EMULATED_VAR = "TPUFLEET_EMULATED"
+
+# Variables of the caller that must not leak into an emulated host: they would describe another
+# host, another cluster, or another JAX platform.
+_SCRUB_PREFIXES = ("TPU_", "MEGASCALE_", "JAX_", "XLA_", "RAY_", "TPUFLEET_")
+
+
+def slice_name(accelerator_type: str, index: int) -> str:
+    """``tpu-<accelerator_type>-<index>``, e.g. ``tpu-v4-16-0`` (KubeRay: ``<group>-<replica>``)."""
+    return f"tpu-{accelerator_type}-{index}"
+
+
+def next_slice_names(existing: Iterable[str], accelerator_type: str, count: int) -> list[str]:
+    """``count`` new names for ``accelerator_type``, numbered after the highest index in use."""
+    pattern = re.compile(rf"tpu-{re.escape(accelerator_type)}-(\d+)")
+    used = [int(m.group(1)) for name in existing if (m := pattern.fullmatch(name))]
+    start = max(used, default=-1) + 1
+    return [slice_name(accelerator_type, start + i) for i in range(count)]
+
+
+def emulator_env(slice_type: SliceType) -> dict[str, str]:
+    """What an emulated host adds to the contract: JAX on CPU, one CPU device per chip, gloo."""
+    return {
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={slice_type.chips_per_host}",
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+        EMULATED_VAR: "1",
+    }
+
+
+def host_envs(name: str, slice_type: SliceType, address: str) -> list[dict[str, str]]:
+    """The environment of every host of one slice, in worker-id order.
+
+    All emulated hosts share one machine, so ``TPU_WORKER_HOSTNAMES`` lists the same address (the
+    one Ray reports as each node's IP) once per host.
+    """
+    hostnames = [address] * slice_type.hosts
+    return [
+        host_env(name, slice_type, worker, hostnames) | emulator_env(slice_type)
+        for worker in range(slice_type.hosts)
+    ]
+
+
+def clean_base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment without anything that describes a host, a cluster or JAX."""
+    env = {k: v for k, v in environ.items() if not k.startswith(_SCRUB_PREFIXES)}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
+def _common_args(address: str, temp_dir: str, object_store_bytes: int) -> list[str]:
+    return [
+        "--node-ip-address",
+        address,
+        "--temp-dir",
+        temp_dir,
+        "--object-store-memory",
+        str(object_store_bytes),
+        "--num-gpus",
+        "0",
+        # Random ports everywhere: several clusters (and several raylets) share this machine.
+        "--min-worker-port",
+        "0",
+        "--max-worker-port",
+        "0",
+        "--dashboard-agent-listen-port",
+        "0",
+        "--disable-usage-stats",
+    ]
+
+
+def head_argv(
+    ray_bin: str,
+    address: str,
+    gcs_port: int,
+    dashboard_port: int,
+    client_port: int,
+    temp_dir: str,
+    object_store_bytes: int,
+) -> list[str]:
+    """The head: no TPU and no CPU, so nothing a job asks for is ever placed there."""
+    return [
+        ray_bin,
+        "start",
+        "--head",
+        "--port",
+        str(gcs_port),
+        "--num-cpus",
+        "0",
+        "--include-dashboard",
+        "false",
+        "--dashboard-port",
+        str(dashboard_port),
+        "--ray-client-server-port",
+        str(client_port),
+        *_common_args(address, temp_dir, object_store_bytes),
+    ]
+
+
+def host_argv(
+    ray_bin: str,
+    address: str,
+    gcs_address: str,
+    slice_type: SliceType,
+    cpus: int,
+    temp_dir: str,
+    object_store_bytes: int,
+    log_monitor: bool,
+) -> list[str]:
+    """One TPU host: ``TPU: <chips_per_host>`` is the only accelerator fact passed to Ray."""
+    return [
+        ray_bin,
+        "start",
+        "--address",
+        gcs_address,
+        "--num-cpus",
+        str(cpus),
+        "--resources",
+        json.dumps({"TPU": slice_type.chips_per_host}),
+        "--include-log-monitor",
+        "true" if log_monitor else "false",
+        *_common_args(address, temp_dir, object_store_bytes),
+    ]
+
+
+def contract_of(env: Mapping[str, str]) -> dict[str, str]:
+    """The host-contract part of an environment (for display and checks)."""
+    keys: Sequence[str] = (*HOST_VARS, *MEGASCALE_VARS)
+    return {k: env[k] for k in keys if k in env}

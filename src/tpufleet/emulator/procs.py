@@ -1,0 +1,175 @@
+"""Processes the emulator starts, found and ended by PID, never by name.
+
+Every emulated host (and the head) is one ``ray start`` launched in a new session
+(``start_new_session=True``), so the session id is the launcher's PID. Everything Ray then starts
+for that host (raylet, agents, worker processes, and the processes they fork) stays in that
+session, even processes that call ``setpgid`` (Ray workers do). Killing a host is therefore
+"SIGKILL every live member of its session": the closest local equivalent of a VM vanishing.
+
+Why this cannot hit someone else's process: Linux never hands out a PID that is still in use as a
+session id, so while any member of our session lives nobody else can create a session with that
+id. For the case where every member died and the id was reused, we record the launcher's start
+time: a reused id has a live leader with a different start time and is left alone, and a process
+that started before our launcher is never counted as a member.
+``/proc/<pid>/environ`` cannot serve as a marker: Ray's ``setproctitle`` overwrites it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Session:
+    """A process session we started: its id (the launcher's PID) and the launcher's start time."""
+
+    sid: int
+    start_ticks: int  # /proc/<pid>/stat field 22 of the launcher, to detect PID reuse
+
+    def to_dict(self) -> dict[str, int]:
+        return {"sid": self.sid, "start_ticks": self.start_ticks}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, int]) -> Session:
+        return cls(int(data["sid"]), int(data["start_ticks"]))
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that are free right now (bound together, then released)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    ppid: int
+    sid: int
+    state: str
+    start_ticks: int
+
+
+def _stat(pid: int) -> _Proc | None:
+    """One process's state, parent, session and start time (in clock ticks), or None if gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # the command name may contain spaces and ')'
+    return _Proc(pid, int(fields[1]), int(fields[3]), fields[0], int(fields[19]))
+
+
+def _table() -> list[_Proc]:
+    procs = (_stat(int(e.name)) for e in os.scandir("/proc") if e.name.isdigit())
+    return [p for p in procs if p is not None and p.state != "Z"]
+
+
+def spawn(
+    argv: Sequence[str], env: Mapping[str, str], log_path: Path
+) -> tuple[subprocess.Popen[bytes], Session]:
+    """Start ``argv`` in a new session with exactly ``env``; output goes to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    info = _stat(proc.pid)
+    return proc, Session(proc.pid, info.start_ticks if info else 0)
+
+
+def members(session: Session, table: list[_Proc] | None = None) -> list[int]:
+    """Live PIDs of ``session`` plus their descendants that left it (``setsid``); empty if the id
+    was reused by someone else."""
+    procs = _table() if table is None else table
+    leader = next((p for p in procs if p.pid == session.sid), None)
+    if leader is not None and leader.sid == session.sid and leader.start_ticks != session.start_ticks:
+        return []  # the id now leads a different, newer session
+    ours = {p.pid for p in procs if p.sid == session.sid and p.start_ticks >= session.start_ticks}
+    grew = True
+    while grew:  # children that called setsid still descend from a member
+        more = {p.pid for p in procs if p.ppid in ours and p.start_ticks >= session.start_ticks} - ours
+        ours |= more
+        grew = bool(more)
+    return sorted(ours)
+
+
+def alive(sessions: Iterable[Session]) -> list[int]:
+    """Every live process of ``sessions`` (see :func:`members`)."""
+    table = _table()
+    return sorted({pid for s in sessions for pid in members(s, table)})
+
+
+def _still(known: dict[int, int]) -> dict[int, int]:
+    """The subset of ``known`` (pid -> start ticks) that is still the same live process."""
+    out = {}
+    for pid, ticks in known.items():
+        info = _stat(pid)
+        if info is not None and info.state != "Z" and info.start_ticks == ticks:
+            out[pid] = ticks
+    return out
+
+
+def _snapshot(sessions: Sequence[Session], known: dict[int, int]) -> dict[int, int]:
+    table = _table()
+    ticks = {p.pid: p.start_ticks for p in table}
+    found = {pid: ticks[pid] for s in sessions for pid in members(s, table)}
+    return _still(known) | found
+
+
+def _send(procs: dict[int, int], sig: signal.Signals) -> None:
+    for pid in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def kill_sessions(sessions: Sequence[Session], grace_s: float = 0.0, timeout_s: float = 15.0) -> list[int]:
+    """End every process of ``sessions``: SIGTERM and ``grace_s`` to exit, then SIGKILL.
+
+    Processes seen once are tracked by PID and start time, so a child that was orphaned (and
+    re-parented) on the way is still ended. Returns the PIDs still alive after ``timeout_s``.
+    """
+    known = _snapshot(sessions, {})
+    if grace_s > 0:
+        _send(known, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while known and time.monotonic() < deadline:
+            time.sleep(0.1)
+            known = _snapshot(sessions, known)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _send(known, signal.SIGKILL)
+        time.sleep(0.05)
+        known = _snapshot(sessions, known)
+        if not known or time.monotonic() >= deadline:
+            return sorted(known)
+
+
+def rss_bytes(pids: Iterable[int]) -> int:
+    """Sum of the resident set sizes of ``pids`` (those still alive)."""
+    total = 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+    return total
