@@ -272,3 +272,16 @@ def test_a_draining_slice_gets_no_new_job(world: World) -> None:
     world.cycle()
     assert world.job(job_id).slices == ("tpu-v4-16-1",)
     assert world.slices()["tpu-v4-16-0"] == ("DRAINING", None)
+
+
+def test_the_head_of_line_flag_is_stored_and_fed_back_to_the_policy(world: World) -> None:
+    tenant = world.tenant("a", v4=16)
+    small = world.submit(tenant)
+    world.cycle()
+    big = world.submit(tenant, num_slices=2)
+    later = world.submit(tenant)
+    world.cycle()
+    assert world.job(small).state == "STARTING"
+    assert world.job(later).reason_code == "RESERVED_FOR_HEAD_OF_LINE"
+    views = {j.id: j for j in world.service.tr.snapshot()[0].jobs}
+    assert (views[big].head_of_line, views[later].head_of_line) == (True, False)

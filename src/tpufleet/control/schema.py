@@ -65,6 +65,7 @@ class JobRow(Base):
     slices: Mapped[list[Any]] = mapped_column(default=list)
     borrowing: Mapped[bool] = mapped_column(default=False)
     preempting: Mapped[bool] = mapped_column(default=False)
+    head_of_line: Mapped[bool] = mapped_column(default=False)  # the policy's last Wait.head_of_line
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     stop_kind: Mapped[str | None] = mapped_column(String(16))
     stop_message: Mapped[str | None] = mapped_column(Text)

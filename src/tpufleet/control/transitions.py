@@ -35,6 +35,7 @@ from tpufleet.scheduler.model import (
 )
 
 MISSING = "not in the cluster's inventory"
+Stored = tuple[str | None, str | None, bool]  # a queued job's reason code, message, head of line
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,8 @@ class Transitions:
         row.state = slice_state(row)
 
     # -- snapshot and decisions --------------------------------------------------------------
-    def snapshot(self) -> tuple[Snapshot, dict[str, tuple[str | None, str | None]]]:
-        """The policy's view, and each queued job's stored wait reason (to write only changes)."""
+    def snapshot(self) -> tuple[Snapshot, dict[str, Stored]]:
+        """The policy's view, and each queued job's stored wait reason and head-of-line flag."""
         cols = (
             JobRow.id,
             JobRow.tenant,
@@ -110,6 +111,7 @@ class Transitions:
             JobRow.admit_seq,
             JobRow.reason_code,
             JobRow.reason_message,
+            JobRow.head_of_line,
         )
         with self.store.tx() as s:
             tenants = [
@@ -137,10 +139,11 @@ class Transitions:
                         j.borrowing,
                         j.stop_kind is not None,
                         j.admit_seq,
+                        bool(j.head_of_line),
                     )
                 )
                 if j.state == r.QUEUED:
-                    reasons[j.id] = (j.reason_code, j.reason_message)
+                    reasons[j.id] = (j.reason_code, j.reason_message, bool(j.head_of_line))
         return Snapshot(tenants, slices, jobs), reasons
 
     def admit(self, d: Admit) -> bool:
@@ -173,6 +176,7 @@ class Transitions:
                 slices=list(d.slices),
                 borrowing=d.borrowing,
                 admit_seq=admit_seq,
+                head_of_line=False,
                 admitted_at=now,
                 reason_code=None,
                 reason_message=None,
@@ -202,20 +206,20 @@ class Transitions:
             )
             return True
 
-    def wait_reasons(self, waits: Sequence[Wait], stored: dict[str, tuple[str | None, str | None]]) -> int:
+    def wait_reasons(self, waits: Sequence[Wait], stored: dict[str, Stored]) -> int:
         """Store why each waiting job waits; only reasons that changed are written."""
         changes = []
         for w in waits:
-            new = (w.reason.code.value, w.reason.message)
+            new = (w.reason.code.value, w.reason.message, w.head_of_line)
             if w.job in stored and stored[w.job] != new:
                 changes.append((w.job, new))
         if changes:
             with self.store.tx() as s:
-                for job_id, (code, message) in changes:
+                for job_id, (code, message, hol) in changes:
                     s.execute(
                         update(JobRow)
                         .where(JobRow.id == job_id, JobRow.state == r.QUEUED)
-                        .values(reason_code=code, reason_message=message)
+                        .values(reason_code=code, reason_message=message, head_of_line=hol)
                         .execution_options(synchronize_session=False)
                     )
         return len(changes)
