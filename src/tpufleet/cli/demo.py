@@ -1,0 +1,247 @@
+"""``tpufleet demo``: the main job, end to end on one machine.
+
+It starts an emulated fleet (two v4-16 slices and one v6e-16 by default), the control plane
+around the real Ray executor, two tenants, and submits ``examples/train_mlp.py``: a one-slice job
+for ``research`` on the v6e-16, a two-slice (multi-slice) job for ``prod`` on both v4-16s, and a
+third job for ``research`` that has to wait for a v4-16. With ``--chaos`` it also kills one host of
+the multi-slice job half-way, so the attempt ends on every host, the slice is quarantined and the
+job resumes from its checkpoint when the host is back. It shows live progress, then a summary of
+every job, and tears everything down on completion or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tpufleet.cli._app import app, console
+from tpufleet.errors import InputError
+
+DEMO_SLICES = "v4-16:2,v6e-16:1"
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+STATE_STYLE = {
+    "QUEUED": "yellow", "ADMITTED": "cyan", "STARTING": "cyan", "RUNNING": "bold green",
+    "SUCCEEDED": "green", "FAILED": "bold red", "CANCELLED": "dim",
+    "FREE": "green", "HELD": "cyan", "BROKEN": "bold red", "DRAINING": "yellow",
+}  # fmt: skip
+LOSS = re.compile(r"step (\d+) loss ([0-9.]+)")
+
+
+def _train_script() -> Path:
+    """examples/train_mlp.py of this checkout (the demo runs from the repository, like `make demo`)."""
+    for root in (Path.cwd(), *Path(__file__).resolve().parents):
+        candidate = root / "examples" / "train_mlp.py"
+        if candidate.is_file():
+            return candidate
+    raise InputError("examples/train_mlp.py not found; run the demo from the tpufleet repository (make demo)")
+
+
+@dataclass
+class Progress_:
+    """What the live view knows about one job: its record and the newest loss line of host 0."""
+
+    job: dict[str, Any]
+    offset: int = 0
+    attempt: int = 0
+    step: int | None = None
+    loss: float | None = None
+    losses: list[float] = field(default_factory=list)
+
+
+def _styled(state: str) -> str:
+    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
+
+
+def _jobs_table(tracked: dict[str, Progress_], steps: int) -> Table:
+    table = Table(title="jobs", title_justify="left", expand=True)
+    for col in ("job", "tenant", "name", "type", "state", "attempt", "slices", "step", "loss", "why"):
+        table.add_column(col, overflow="fold")
+    for jid, p in tracked.items():
+        j = p.job
+        why = j.get("reason") or "" if j["state"] in ("QUEUED", "FAILED") else ""
+        table.add_row(
+            jid, j["tenant"], j["name"], f"{j['accelerator_type']} x{j['num_slices']}", _styled(j["state"]),
+            str(j["attempt"]), ", ".join(j["slices"]) or "-",
+            f"{p.step}/{steps}" if p.step is not None else "-",
+            f"{p.loss:.4f}" if p.loss is not None else "-", why,
+        )  # fmt: skip
+    return table
+
+
+def _slices_table(slices: list[dict[str, Any]]) -> Table:
+    table = Table(title="slices (one square per chip)", title_justify="left", expand=True)
+    for col in ("slice", "type", "state", "holder", "chips"):
+        table.add_column(col)
+    for s in slices:
+        chips = _chip_count(s["accelerator_type"])
+        square = f"[{STATE_STYLE.get(s['state'], 'white')}]■[/]"
+        table.add_row(
+            s["name"], s["accelerator_type"], _styled(s["state"]), s.get("holder") or "-", square * chips
+        )
+    return table
+
+
+def _chip_count(accelerator_type: str) -> int:
+    from tpufleet.catalog import slice_type
+
+    return slice_type(accelerator_type).chips
+
+
+def _follow(client: Any, p: Progress_) -> None:
+    """Read new output of host 0 of the job's current attempt and keep the newest step and loss."""
+    if p.job["attempt"] != p.attempt:
+        p.attempt, p.offset = p.job["attempt"], 0
+    if p.job["state"] == "QUEUED":
+        return
+    read = client.logs(p.job["id"], host=0, offset=p.offset)
+    for host in read.get("hosts", []):
+        p.offset = host["next_offset"]
+        for step, loss in LOSS.findall(host["data"]):
+            p.step, p.loss = int(step), float(loss)
+            p.losses.append(float(loss))
+
+
+@contextmanager
+def _spinner(text: str) -> Iterator[None]:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
+    ) as bar:
+        bar.add_task(text, total=None)
+        yield
+    console.print(f"[green]✓[/] {text}")
+
+
+@app.command("demo")
+def demo_cmd(
+    slices: Annotated[str, typer.Option(help="The emulated fleet, as TYPE:COUNT,...")] = DEMO_SLICES,
+    steps: Annotated[int, typer.Option(min=2, help="Training steps per job.")] = 30,
+    chaos: Annotated[bool, typer.Option(help="Kill a host of the multi-slice job half-way.")] = False,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where the fleet, database and checkpoints live (default: a temp dir)."),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 900.0,
+) -> None:
+    """The main job: an emulated TPU fleet, the control plane, two tenants and three training jobs."""
+    from tpufleet.api.client import Client
+    from tpufleet.api.server import ControlPlane
+    from tpufleet.control.executor import RayCluster
+    from tpufleet.emulator import EmulatedFleet
+
+    script = _train_script()
+    own_dir = state_dir is None
+    root = Path(tempfile.mkdtemp(prefix="tpufleet-demo-")) if state_dir is None else state_dir
+    with ExitStack() as stack:
+        if own_dir:
+            stack.callback(shutil.rmtree, root, ignore_errors=True)
+        fleet = EmulatedFleet(slices, cpus_per_host=1, state_dir=root / "fleet")
+        stack.callback(fleet.down)
+        with _spinner(f"emulated fleet {slices} up"):
+            fleet.up()
+        cluster = RayCluster(fleet.ray_address)
+        stack.callback(cluster.release_all)
+        cp = stack.enter_context(ControlPlane(cluster, state_dir=root / "control"))
+        with _spinner("control plane serving"):
+            url = cp.start_http()
+        console.print(f"  API {url}/api/v1 (docs at {url}/docs); admin token in {cp.admin_token_path}")
+        admin = stack.enter_context(Client(url, cp.admin_token))
+        research = admin.create_tenant("research", {"v6e": 16, "v4": 8}, weight=2)
+        prod = admin.create_tenant("prod", {"v4": 16})
+        console.print("  tenants: research (quota v6e=16, v4=8 chips, weight 2), prod (quota v4=16 chips)")
+        rc = stack.enter_context(Client(url, research["token"]))
+        pc = stack.enter_context(Client(url, prod["token"]))
+        cmd = [
+            sys.executable,
+            str(script),
+            "--steps",
+            str(steps),
+            "--checkpoint-every",
+            "5",
+            "--step-time",
+            "0.2",
+        ]
+        submitted = [
+            rc.submit(cmd, "v6e-16", name="mlp-v6e"),
+            pc.submit(cmd, "v4-16", num_slices=2, name="mlp-multislice", max_retries=3),
+            rc.submit(cmd, "v4-16", name="mlp-v4-waits"),
+        ]
+        tracked = {s["id"]: Progress_(job=admin.job(s["id"])) for s in submitted}
+        multislice = submitted[1]["id"]
+        _watch(admin, fleet, tracked, steps, timeout, chaos_job=multislice if chaos else None)
+        _summary(admin, tracked)
+        failed = [jid for jid, p in tracked.items() if p.job["state"] != "SUCCEEDED"]
+        console.print("tearing down: control plane, warm reservations, emulated fleet")
+    if failed:
+        raise typer.Exit(1)
+
+
+def _watch(
+    admin: Any, fleet: Any, tracked: dict[str, Progress_], steps: int, timeout: float, chaos_job: str | None
+) -> None:
+    deadline = time.monotonic() + timeout
+    killed: str | None = None
+    with Live(console=console, refresh_per_second=4) as live:
+        while True:
+            for jid, p in tracked.items():
+                p.job = admin.job(jid)
+                _follow(admin, p)
+            if chaos_job and killed is None:
+                killed = _maybe_kill(fleet, tracked[chaos_job], steps)
+            if killed and _broken_seen(admin, killed):
+                fleet.restore(killed)  # the host comes back; the job resumes from its checkpoint
+                console.print(f"[green]restored[/] {killed}; the job resumes from its last checkpoint")
+                killed = ""
+            live.update(Group(_jobs_table(tracked, steps), _slices_table(admin.slices())))
+            if all(p.job["state"] in TERMINAL for p in tracked.values()):
+                return
+            if time.monotonic() > deadline:
+                for jid in tracked:
+                    admin.cancel(jid)
+                raise InputError(f"the demo did not finish in {timeout:.0f} s; jobs cancelled")
+            time.sleep(0.5)
+
+
+def _maybe_kill(fleet: Any, p: Progress_, steps: int) -> str | None:
+    if p.job["state"] != "RUNNING" or p.step is None or p.step < steps // 2 or p.job["attempt"] != 1:
+        return None
+    victim = p.job["slices"][-1]
+    fleet.kill_host(victim, 1, wait=False)
+    console.print(
+        f"[bold red]chaos:[/] killed host 1 of {victim} while job {p.job['id']} was at step {p.step}"
+    )
+    return str(victim)
+
+
+def _broken_seen(admin: Any, slice_name: str) -> bool:
+    return any(s["name"] == slice_name and s["state"] == "BROKEN" for s in admin.slices())
+
+
+def _summary(admin: Any, tracked: dict[str, Progress_]) -> None:
+    table = Table(title="summary", title_justify="left")
+    for col in ("job", "tenant", "name", "state", "attempts", "waited s", "ran s", "first loss", "last loss"):
+        table.add_column(col)
+    for jid, p in tracked.items():
+        j = admin.job(jid)
+        waited = (j["started_at"] or j["finished_at"] or 0) - j["submitted_at"]
+        ran = (j["finished_at"] or 0) - (j["started_at"] or j["finished_at"] or 0)
+        table.add_row(
+            jid, j["tenant"], j["name"], _styled(j["state"]), str(j["attempt"]), f"{max(waited, 0):.1f}",
+            f"{max(ran, 0):.1f}", f"{p.losses[0]:.4f}" if p.losses else "-",
+            f"{p.losses[-1]:.4f}" if p.losses else "-",
+        )  # fmt: skip
+    console.print(Panel(table, title="tpufleet demo", expand=False))
