@@ -122,6 +122,13 @@ class EmulatedFleet:
         st = store.load(self.state_dir)
         return bool(st and st.head and procs.members(st.head))
 
+    def down_hosts(self) -> dict[str, list[int]]:
+        """``{slice: [worker ids]}`` of hosts this fleet killed or preempted and has not restored
+        (from the state file alone; no Ray call)."""
+        st = self._load()
+        down = {s.name: [h.worker_id for h in s.hosts if h.session is None] for s in st.slices}
+        return {name: workers for name, workers in down.items() if workers}
+
     def pids(self) -> list[int]:
         """Every live process this fleet started (head, hosts, and what Ray started for them)."""
         st = store.load(self.state_dir)
