@@ -1,0 +1,47 @@
+"""doctor.findings_for: node-table problems and probe results, named by slice."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpufleet.control.cluster import HostInfo, SliceInfo
+from tpufleet.doctor import Finding, Probe, Report, findings_for
+
+
+def v4(name: str = "s", problems: tuple[str, ...] = ()) -> SliceInfo:
+    hosts = tuple(HostInfo(w, f"n{w}", "10.0.0.1", True) for w in range(2))
+    return SliceInfo(name, "v4-16", "2x2x2", 2, hosts, problems)
+
+
+def probe(worker: int = 0, **kw: object) -> Probe:
+    env = {"TPU_WORKER_ID": str(worker), "TPU_WORKER_HOSTNAMES": "a,b"}
+    return Probe("s", worker, f"n{worker}", **{"platform": "cpu", "devices": 4, "env": env, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("p", "message"),
+    [
+        (
+            probe(env={"TPU_WORKER_HOSTNAMES": "a,b,c"}),
+            "TPU_WORKER_HOSTNAMES lists 3 hosts, the slice (v4-16) has 2",
+        ),
+        (probe(1, env={"TPU_WORKER_ID": "0"}), "TPU_WORKER_ID is 0 but Ray labels the node worker 1"),
+        (probe(devices=0), "JAX sees no devices"),
+        (probe(error="RuntimeError: boom"), "probe failed: RuntimeError: boom"),
+    ],
+)
+def test_probe_findings(p: Probe, message: str) -> None:
+    assert findings_for([v4()], [p]) == [Finding("s", f"worker {p.worker_id}: {message}")]
+
+
+def test_a_healthy_slice_and_probe_have_no_findings() -> None:
+    assert findings_for([v4()], [probe(0), probe(1)]) == []
+
+
+def test_node_table_problems_come_first_and_count_per_type() -> None:
+    broken = v4("b", ("worker 1 is dead",))
+    report = Report("x:1", (v4("a"), broken), (), tuple(findings_for([v4("a"), broken], [])))
+    assert report.findings == (Finding("b", "worker 1 is dead"),)
+    assert not report.healthy
+    assert report.by_type() == {"v4-16": {"slices": 2, "intact": 1}}
+    assert report.to_dict()["slices"][1]["problems"] == ["worker 1 is dead"]

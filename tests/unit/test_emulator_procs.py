@@ -1,0 +1,67 @@
+"""Processes found and ended by session, including children that left it, and the state file."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from tpufleet.emulator import procs
+from tpufleet.emulator import state as store
+from tpufleet.emulator.state import FleetState, HostRecord, SliceRecord
+
+# A launcher with a plain child and a child that starts its own session (as `setsid` would).
+LAUNCHER = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+time.sleep(60)
+"""
+
+
+def _wait_for(count: int, session: procs.Session) -> list[int]:
+    deadline = time.monotonic() + 20
+    while len(found := procs.members(session)) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def test_kill_sessions_ends_the_session_and_a_child_that_left_it(tmp_path: Path) -> None:
+    proc, session = procs.spawn([sys.executable, "-c", LAUNCHER], dict(os.environ), tmp_path / "log")
+    found = _wait_for(3, session)
+    assert len(found) == 3 and proc.pid in found
+    assert os.getpid() not in found
+    assert procs.kill_sessions([session], grace_s=0.5) == []
+    proc.wait(timeout=10)
+    assert procs.members(session) == []
+
+
+def test_a_session_id_reused_by_someone_else_is_left_alone() -> None:
+    me = procs._stat(os.getpid())
+    assert me is not None
+    # Pretend our own session leader was recorded with another start time: it is not ours.
+    fake = procs.Session(me.sid, start_ticks=10**12)
+    assert procs.members(fake) == []
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = procs.free_ports(5)
+    assert len(set(ports)) == 5 and all(p > 0 for p in ports)
+
+
+def test_state_round_trips_through_the_file(tmp_path: Path) -> None:
+    st = FleetState("id", "10.0.0.1", 6379, 8265, "/tmp/tpf-x", 2, 1 << 27, True, procs.Session(10, 20))
+    st.slices.append(
+        SliceRecord(
+            "tpu-v4-16-0", "v4-16", [HostRecord(0, procs.Session(11, 21), "/t/h0"), HostRecord(1, None)]
+        )
+    )
+    with store.locked(tmp_path):
+        store.save(tmp_path, st)
+    loaded = store.load(tmp_path)
+    assert loaded == st
+    assert loaded is not None and loaded.ray_address == "10.0.0.1:6379"
+    assert loaded.sessions() == [procs.Session(10, 20), procs.Session(11, 21)]
+    store.remove(tmp_path)
+    assert store.load(tmp_path) is None

@@ -1,0 +1,86 @@
+"""inventory.slices_from_nodes over ray.nodes()-style dicts: what intact means, and every reason not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tpufleet.inventory import slices_from_nodes
+
+_ids = iter(range(10_000))
+
+
+def node(
+    slice_name: str | None,
+    worker: int | str,
+    *,
+    alive: bool = True,
+    pod_type: str = "v4-16",
+    topology: str = "2x2x2",
+    chips: int = 4,
+) -> dict[str, Any]:
+    """A node dict as Ray's TPUAcceleratorManager labels it (trimmed to what inventory reads)."""
+    labels = {"ray.io/node-id": f"n{next(_ids)}"}
+    if slice_name is not None:
+        labels |= {
+            "ray.io/tpu-slice-name": slice_name,
+            "ray.io/tpu-worker-id": str(worker),
+            "ray.io/tpu-topology": topology,
+            "ray.io/tpu-pod-type": pod_type,
+            "ray.io/accelerator-type": "TPU-" + pod_type.split("-")[0].upper(),
+        }
+    return {
+        "NodeID": labels["ray.io/node-id"],
+        "Alive": alive,
+        "NodeManagerAddress": "10.0.0.1",
+        "Labels": labels,
+        "Resources": {"TPU": chips, "CPU": 8} if slice_name else {"CPU": 8},
+    }
+
+
+def v4(name: str = "s", workers: tuple[int, ...] = (0, 1), **kw: Any) -> list[dict[str, Any]]:
+    return [node(name, w, **kw) for w in workers]
+
+
+def test_an_intact_multi_host_slice() -> None:
+    (s,) = slices_from_nodes([node(None, 0), *v4("tpu-v4-16-0")])
+    assert (s.name, s.accelerator_type, s.topology, s.expected_hosts) == ("tpu-v4-16-0", "v4-16", "2x2x2", 2)
+    assert s.intact and [h.worker_id for h in s.hosts] == [0, 1] and all(h.alive for h in s.hosts)
+    assert s.hosts[0].address == "10.0.0.1"
+
+
+def test_single_host_and_ray_spelling_of_tpu7x() -> None:
+    nodes = [node("a", 0, pod_type="v6e-4", topology="2x2"), node("b", 0, pod_type="v7x-8", topology="2x2x1")]
+    a, b = slices_from_nodes(nodes)
+    assert (a.accelerator_type, a.expected_hosts, a.intact) == ("v6e-4", 1, True)
+    assert (b.accelerator_type, b.expected_hosts, b.intact) == ("tpu7x-8", 1, True)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "problem"),
+    [
+        (v4(workers=(0,)), "worker 1 is missing"),
+        (v4(workers=(1,)), "worker 0 (the slice's head) is missing"),
+        ([node("s", 0), node("s", 1, alive=False)], "worker 1 is dead"),
+        ([*v4(), node("s", 1)], "worker id 1 is claimed by 2 alive nodes"),
+        ([*v4(), node("s", 2)], "worker id 2 is out of range"),
+        ([node("s", 0), node("s", 1, topology="2x2x4")], "hosts disagree on topology"),
+        ([node("s", 0), node("s", "x")], "has worker id 'x', not a number"),
+        ([node("s", 0, chips=4), node("s", 1, chips=2)], "hosts disagree on chips per host"),
+    ],
+)
+def test_every_reason_a_slice_is_not_intact(nodes: list[dict[str, Any]], problem: str) -> None:
+    (s,) = slices_from_nodes(nodes)
+    assert not s.intact
+    assert any(problem in p for p in s.problems), s.problems
+
+
+def test_a_restored_host_replaces_its_dead_node() -> None:
+    dead, new = node("s", 1, alive=False), node("s", 1)
+    (s,) = slices_from_nodes([node("s", 0), dead, new])
+    assert s.intact and s.hosts[1].node_id == new["NodeID"]
+
+
+def test_nodes_without_tpu_labels_are_not_slices() -> None:
+    assert slices_from_nodes([node(None, 0), node(None, 0)]) == []
