@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tpufleet.control.cluster import SliceInfo
+from tpufleet.errors import ClusterError
 from tpufleet.inventory import discover, resolve_address
 
 __all__ = ["Finding", "Probe", "Report", "check", "findings_for"]
@@ -166,6 +167,9 @@ def check(ray_address: str | None = None, *, probe: bool = True, timeout_s: floa
         import ray
 
         started = not ray.is_initialized()
+        connected = None if started else ray.get_runtime_context().gcs_address
+        if connected and address and connected != address:
+            raise ClusterError(f"this process is connected to {connected}, not {address}; cannot probe")
         if started:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         try:
