@@ -11,6 +11,7 @@ every job, and tears everything down on completion or Ctrl-C.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -183,7 +184,8 @@ def demo_cmd(
         tracked = {s["id"]: Progress_(job=admin.job(s["id"])) for s in submitted}
         multislice = submitted[1]["id"]
         _watch(admin, fleet, tracked, steps, timeout, chaos_job=multislice if chaos else None)
-        _summary(admin, tracked)
+        rows = _summary(admin, tracked)
+        (root / "summary.json").write_text(json.dumps(rows, indent=2))
         failed = [jid for jid, p in tracked.items() if p.job["state"] != "SUCCEEDED"]
         console.print("tearing down: control plane, warm reservations, emulated fleet")
     if failed:
@@ -231,7 +233,9 @@ def _broken_seen(admin: Any, slice_name: str) -> bool:
     return any(s["name"] == slice_name and s["state"] == "BROKEN" for s in admin.slices())
 
 
-def _summary(admin: Any, tracked: dict[str, Progress_]) -> None:
+def _summary(admin: Any, tracked: dict[str, Progress_]) -> list[dict[str, Any]]:
+    """Print the summary table; return its rows (also written to <state-dir>/summary.json)."""
+    rows: list[dict[str, Any]] = []
     table = Table(title="summary", title_justify="left")
     for col in ("job", "tenant", "name", "state", "attempts", "waited s", "ran s", "first loss", "last loss"):
         table.add_column(col)
@@ -244,4 +248,7 @@ def _summary(admin: Any, tracked: dict[str, Progress_]) -> None:
             f"{max(ran, 0):.1f}", f"{p.losses[0]:.4f}" if p.losses else "-",
             f"{p.losses[-1]:.4f}" if p.losses else "-",
         )  # fmt: skip
+        keys = ("id", "tenant", "name", "state", "attempt", "slices", "num_slices")
+        rows.append({k: j[k] for k in keys} | {"losses": p.losses})
     console.print(Panel(table, title="tpufleet demo", expand=False))
+    return rows
