@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from tpufleet.control.cluster import AttemptSpec, HostInfo, SliceInfo
-from tpufleet.control.executor import _payloads, _slices_from_nodes
+from tpufleet.control.executor import _payloads
+from tpufleet.inventory import slices_from_nodes
 
 
 def _slice(name: str, *addresses: str) -> SliceInfo:
@@ -54,45 +55,33 @@ def test_every_host_gets_the_contract(slices: list[SliceInfo], megascale_port: s
             assert env["MEGASCALE_NUM_SLICES"] == str(len(slices))
 
 
-def _node(slice_name: str, worker: int, alive: bool = True, node: str | None = None) -> dict[str, Any]:
+def _node(slice_name: str, worker: int, pod_type: str, topology: str, chips: int) -> dict[str, Any]:
     labels = {
         "ray.io/tpu-slice-name": slice_name,
         "ray.io/tpu-worker-id": str(worker),
-        "ray.io/tpu-pod-type": "v4-16",
-        "ray.io/tpu-topology": "2x2x2",
+        "ray.io/tpu-pod-type": pod_type,
+        "ray.io/tpu-topology": topology,
     }
-    return {
-        "NodeID": node or f"{slice_name}-{worker}-{alive}",
-        "Alive": alive,
-        "NodeManagerAddress": "10.0.0.1",
-        "Labels": labels,
-        "Resources": {"TPU": 4.0} if alive else {},
-    }
+    address = f"10.0.0.{worker + 1}"
+    return {"NodeID": f"{slice_name}-{worker}", "Alive": True, "NodeManagerAddress": address,
+            "Labels": labels, "Resources": {"TPU": float(chips)}}  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("nodes", "problems", "alive"),
-    [
-        ([_node("s", 0), _node("s", 1)], [], [True, True]),
-        ([_node("s", 0), _node("s", 1, alive=False)], ["worker 1 is dead"], [True, False]),
-        ([_node("s", 0)], ["worker 1 is missing"], [True, False]),
-        ([_node("s", 1, alive=False), _node("s", 0), _node("s", 1)], [], [True, True]),  # restored
-        (
-            [_node("s", 0), _node("s", 1), _node("s", 1, node="x")],
-            ["worker 1 appears on 2 live nodes"],
-            [True, True],
-        ),
-    ],
-    ids=["intact", "dead", "missing", "restored", "duplicate"],
+    ("pod_type", "topology", "chips", "hosts", "accelerator_type"),
+    [("v4-16", "2x2x2", 4, 2, "v4-16"), ("v6e-4", "2x2", 4, 1, "v6e-4"), ("v7x-8", "2x2x1", 4, 1, "tpu7x-8")],
 )
-def test_slices_from_node_labels(nodes: list[dict[str, Any]], problems: list[str], alive: list[bool]) -> None:
+def test_slices_discovered_from_node_labels_feed_the_contract(
+    pod_type: str, topology: str, chips: int, hosts: int, accelerator_type: str
+) -> None:
+    """The executor discovers slices with ``tpufleet.inventory`` (tested there, reason by reason);
+    what it finds is enough to build every host's contract, in GCE spelling."""
     head = {"NodeID": "head", "Alive": True, "Labels": {}, "Resources": {"CPU": 1.0}}
-    (info,) = _slices_from_nodes([head, *nodes])
-    assert (info.name, info.accelerator_type, info.topology, info.expected_hosts) == (
-        "s",
-        "v4-16",
-        "2x2x2",
-        2,
-    )
-    assert list(info.problems) == problems
-    assert [h.alive for h in info.hosts] == alive
+    nodes = [_node("s", w, pod_type, topology, chips) for w in range(hosts)]
+    (info,) = slices_from_nodes([head, *nodes])
+    assert info.intact and info.expected_hosts == hosts
+    spec = AttemptSpec("j", 1, ("s",), info.accelerator_type, ("run",))
+    payloads = _payloads(spec, [info], [("s", w) for w in range(hosts)])
+    assert [p["defaults"]["TPU_WORKER_ID"] for p in payloads] == [str(w) for w in range(hosts)]
+    assert {p["defaults"]["TPU_ACCELERATOR_TYPE"] for p in payloads} == {accelerator_type}
+    assert {p["defaults"]["TPU_TOPOLOGY"] for p in payloads} == {topology}

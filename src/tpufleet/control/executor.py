@@ -33,81 +33,34 @@ from tpufleet.catalog import SliceType, Topology, all_slice_types, generation
 from tpufleet.control.cluster import (
     AttemptSpec,
     AttemptStatus,
-    HostInfo,
     HostState,
     HostStatus,
     LogChunk,
     SliceInfo,
 )
 from tpufleet.control.runner import NAMESPACE, job_runner_name, pool_runner_name, read_log_task
-from tpufleet.control.slices import POD_TYPE_LABEL, SLICE_LABEL, WORKER_LABEL, SlicePool, kill_actor
+from tpufleet.control.slices import SlicePool, kill_actor
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
+from tpufleet.inventory import slices_from_nodes
 
 log = logging.getLogger(__name__)
 
-TOPOLOGY_LABEL = "ray.io/tpu-topology"
 JAX_PORT_VAR = "TPUFLEET_JAX_COORDINATOR_PORT"
 _POLL_WAIT_S = 0.5
 _CALL_TIMEOUT_S = 10.0
 
 
-def _slices_from_nodes(nodes: list[dict[str, Any]]) -> list[SliceInfo]:
-    """Private stand-in for ``tpufleet.inventory.slices_from_nodes`` until that module lands."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for node in nodes:
-        labels = node.get("Labels") or {}
-        if labels.get(SLICE_LABEL) and labels.get(WORKER_LABEL) is not None:
-            groups.setdefault(labels[SLICE_LABEL], []).append(node)
-    return [_slice_info(name, members) for name, members in sorted(groups.items())]
-
-
-def _slice_info(name: str, members: list[dict[str, Any]]) -> SliceInfo:
-    labels = members[0]["Labels"]
-    pod_type, topo = labels.get(POD_TYPE_LABEL, ""), labels.get(TOPOLOGY_LABEL, "")
-    alive = [n for n in members if n.get("Alive")]
-    chips = Topology.parse(topo).chips
-    cph = int(next((n["Resources"].get("TPU", 0) for n in alive), 0)) or _default_cph(pod_type, topo)
-    expected = max(chips // max(cph, 1), 1)
-    by_worker: dict[int, list[dict[str, Any]]] = {}
-    for n in members:
-        by_worker.setdefault(int(n["Labels"][WORKER_LABEL]), []).append(n)
-    hosts, problems = [], []
-    for wid in sorted(set(range(expected)) | set(by_worker)):
-        nodes = sorted(by_worker.get(wid, []), key=lambda n: not n.get("Alive"))
-        live = [n for n in nodes if n.get("Alive")]
-        if wid >= expected:
-            problems.append(f"worker {wid} is beyond the {expected} hosts of {pod_type}")
-        elif not nodes:
-            problems.append(f"worker {wid} is missing")
-        elif not live:
-            problems.append(f"worker {wid} is dead")
-        elif len(live) > 1:
-            problems.append(f"worker {wid} appears on {len(live)} live nodes")
-        node = nodes[0] if nodes else None
-        hosts.append(
-            HostInfo(
-                worker_id=wid,
-                node_id=node["NodeID"] if node else None,
-                address=node.get("NodeManagerAddress") if node else None,
-                alive=bool(live),
-            )
-        )
-    return SliceInfo(name, pod_type, topo, expected, tuple(hosts), tuple(problems))
-
-
-def _default_cph(pod_type: str, topo: str) -> int:
-    try:
-        return _slice_type(pod_type, topo, None).chips_per_host
-    except Exception:
-        return 4
-
-
-def _slice_type(pod_type: str, topo: str, cph: int | None) -> SliceType:
-    gen = generation(pod_type.rsplit("-", 1)[0])
+def _slice_type(info: SliceInfo) -> SliceType:
+    """The catalog's slice type of a discovered slice (generation, topology, chips per host)."""
+    cph = Topology.parse(info.topology).chips // max(info.expected_hosts, 1)
+    gen = generation(info.accelerator_type.rsplit("-", 1)[0])
     for st in all_slice_types():
-        if st.gen_name == gen.name and str(st.topology) == topo and cph in (None, st.chips_per_host):
+        if st.gen_name == gen.name and str(st.topology) == info.topology and st.chips_per_host == cph:
             return st
-    raise ClusterError(f"slice type {pod_type} {topo} with {cph} chips per host is not in the catalog")
+    raise ClusterError(
+        f"slice {info.name}: {info.accelerator_type} {info.topology} with {cph} chips per host "
+        "is not in the catalog"
+    )
 
 
 def _nodes() -> list[dict[str, Any]]:
@@ -159,7 +112,7 @@ class RayCluster:
 
     # -- inventory and the pool -------------------------------------------------------------
     def inventory(self) -> list[SliceInfo]:
-        slices = _slices_from_nodes(_nodes())
+        slices = slices_from_nodes(_nodes())
         with self._lock:
             self._slices = {s.name: s for s in slices}
             if self.warm_pool:
@@ -410,9 +363,7 @@ def _payloads(
     coordinator = infos[0].hosts[0].address or ""
     out = []
     for slice_id, info in enumerate(infos):
-        st = _slice_type(
-            info.accelerator_type, info.topology, Topology.parse(info.topology).chips // info.expected_hosts
-        )
+        st = _slice_type(info)
         hostnames = [h.address or "" for h in info.hosts]
         for h in info.hosts:
             env = {**common, **contract.megascale_env(coordinator, len(infos), slice_id, port=mport)}

@@ -32,15 +32,14 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ray.util.tpu import SlicePlacementGroup
 
+from tpufleet import inventory
 from tpufleet.catalog import generation
 from tpufleet.control.cluster import SliceInfo
 from tpufleet.control.runner import NAMESPACE, RemoteRunner, job_runner_name, pool_runner_name
 
 log = logging.getLogger(__name__)
 
-SLICE_LABEL = "ray.io/tpu-slice-name"
-WORKER_LABEL = "ray.io/tpu-worker-id"
-POD_TYPE_LABEL = "ray.io/tpu-pod-type"
+SLICE_LABEL, WORKER_LABEL, POD_TYPE_LABEL = inventory.SLICE_NAME, inventory.WORKER_ID, inventory.POD_TYPE
 PG_PREFIX = "tpufleet:slice:"
 HEAD_PREFIX = "tpufleet:head:"
 

@@ -1,0 +1,314 @@
+"""The whole control plane on the shared emulated fleet: ``ControlPlane(RayCluster(...))`` served over
+HTTP, driven only through ``Client`` (the API a user has), as issue 5's "Done when" asks.
+
+One control plane for the module; every test makes its own tenants and ends its own jobs, so the
+next test finds every slice FREE. The teardown cancels what is left, closes the control plane and
+gives every warm reservation back to Ray (later modules use ``ray.util.tpu`` on the same fleet).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from _executor_helpers import pid_alive, wait_for
+
+from tpufleet.api.client import Client
+from tpufleet.api.server import ControlPlane
+from tpufleet.control.executor import RayCluster
+from tpufleet.control.service import ServiceConfig
+from tpufleet.errors import AuthError, ForbiddenError
+
+pytestmark = pytest.mark.integration
+
+if not Path(__file__).with_name("conftest.py").exists():  # the shared fleet fixtures (emulator issue)
+    pytest.skip(
+        "needs the fleet/ray_client fixtures of tests/integration/conftest.py", allow_module_level=True
+    )
+
+PY = sys.executable
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+CONFIG = ServiceConfig(interval_s=0.2, preempt_grace_s=3.0, cancel_grace_s=1.0, fail_grace_s=1.0)
+# Prints the host contract (TPU_*, MEGASCALE_*, TPUFLEET_*) as one JSON line.
+PRINT_CONTRACT = (
+    "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
+    "if k.startswith(('TPU_', 'MEGASCALE_', 'TPUFLEET_'))}), flush=True)"
+)
+# Prints its pid, then waits until the file named by argv[1] exists.
+WAIT_FOR_FILE = (
+    "import os, sys, time\n"
+    "print('PID', os.getpid(), 'attempt', os.environ['TPUFLEET_ATTEMPT'], flush=True)\n"
+    "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+)
+LOWER = "LOWER_PRIORITY_THAN_HEAD"
+_names = itertools.count()
+
+
+@dataclass
+class Plane:
+    cp: ControlPlane
+    cluster: RayCluster
+    url: str
+    admin: Client
+    clients: list[Client] = field(default_factory=list)
+
+    def tenant(self, **quota: int) -> tuple[str, Client]:
+        name = f"team-{next(_names)}"
+        client = Client(self.url, self.admin.create_tenant(name, quota)["token"])
+        self.clients.append(client)
+        return name, client
+
+    def slices(self, names: list[str]) -> list[dict[str, Any]]:
+        return [s for s in self.admin.slices() if s["name"] in names]
+
+
+@pytest.fixture(scope="module")
+def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    cluster = RayCluster(fleet.ray_address)
+    cp = ControlPlane(cluster, state_dir=tmp_path_factory.mktemp("control-plane"), config=CONFIG)
+    try:
+        cluster.wait_warm([s.name for s in cluster.inventory() if s.intact], timeout_s=120)
+        url = cp.start_http()
+        with Client(url, cp.admin_token) as admin:
+            p = Plane(cp, cluster, url, admin)
+            yield p
+            _cancel_all(admin)
+            for c in p.clients:
+                c.close()
+    finally:
+        cp.close()
+        cluster.release_all()  # the later modules reserve slices with ray.util.tpu themselves
+
+
+def _cancel_all(admin: Client) -> None:
+    for j in admin.jobs():
+        if j["state"] not in TERMINAL:
+            admin.cancel(j["id"])
+    wait_for("every job to end", lambda: all(j["state"] in TERMINAL for j in admin.jobs()), 60)
+
+
+def wait_state(client: Client, job_id: str, *states: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The job once it is in one of ``states``; fails at once if it ended in another state."""
+
+    def probe() -> dict[str, Any] | None:
+        job = client.job(job_id)
+        if job["state"] in states:
+            return job
+        if job["state"] in TERMINAL:
+            raise AssertionError(f"job {job_id} ended {job['state']}, expected {states}: {job}")
+        return None
+
+    return wait_for(f"job {job_id} to be {'/'.join(states)}", probe, timeout_s)
+
+
+def logged(client: Client, job_id: str, text: str, attempt: int | None = None) -> list[dict[str, Any]]:
+    """Every host's stored log of the attempt, once each one contains ``text``."""
+
+    def probe() -> list[dict[str, Any]] | None:
+        hosts: list[dict[str, Any]] = client.logs(job_id, attempt=attempt)["hosts"]
+        return hosts if hosts and all(text in h["data"] for h in hosts) else None
+
+    return wait_for(f"{text!r} in every host's log of job {job_id}", probe)
+
+
+def pids(hosts: list[dict[str, Any]]) -> list[int]:
+    return [int(h["data"].split("PID", 1)[1].split()[0]) for h in hosts]
+
+
+def all_free(plane: Plane, names: list[str]) -> bool:
+    return all(s["state"] == "FREE" and s["holder"] is None for s in plane.slices(names))
+
+
+# -- a one-slice and a two-slice job: the contract on every host ---------------------------------
+@pytest.mark.parametrize("num_slices", [1, 2])
+def test_job_succeeds_with_the_contract_on_every_host(plane: Plane, num_slices: int) -> None:
+    _, client = plane.tenant(v4=16)
+    job = client.submit([PY, "-c", PRINT_CONTRACT], "v4-16", num_slices=num_slices, env={"FOO": "1"})
+    done = wait_state(client, job["id"], "SUCCEEDED")
+    assert (done["attempt"], done["exit_code"], len(done["slices"])) == (1, 0, num_slices)
+    hosts = client.logs(job["id"])["hosts"]
+    assert [(h["slice"], h["worker_id"]) for h in hosts] == [(s, w) for s in done["slices"] for w in (0, 1)]
+    envs = [json.loads(h["data"]) for h in hosts]
+    for h, env in zip(hosts, envs, strict=True):
+        assert h["complete"]
+        assert (env["TPU_NAME"], env["TPU_WORKER_ID"]) == (h["slice"], str(h["worker_id"]))
+        assert (env["TPU_ACCELERATOR_TYPE"], env["TPU_TOPOLOGY"]) == ("v4-16", "2x2x2")
+        assert len(env["TPU_WORKER_HOSTNAMES"].split(",")) == 2
+        assert (env["TPUFLEET_JOB_ID"], env["TPUFLEET_ATTEMPT"]) == (job["id"], "1")
+        assert env["TPUFLEET_CHECKPOINT_DIR"] == str(plane.cp.state_dir / "checkpoints" / job["id"])
+        if num_slices == 1:
+            assert not [k for k in env if k.startswith("MEGASCALE_")]
+        else:
+            assert env["MEGASCALE_NUM_SLICES"] == "2"
+            assert env["MEGASCALE_SLICE_ID"] == str(done["slices"].index(h["slice"]))
+    if num_slices == 2:
+        assert len({(e["MEGASCALE_COORDINATOR_ADDRESS"], e["MEGASCALE_PORT"]) for e in envs}) == 1
+    assert all_free(plane, done["slices"])
+
+
+# -- logs ----------------------------------------------------------------------------------------
+def test_logs_are_readable_while_running_and_complete_after(plane: Plane, tmp_path: Path) -> None:
+    _, client = plane.tenant(v4=8)
+    n = 3000
+    code = WAIT_FOR_FILE + f"for i in range({n}): print(os.environ['TPU_WORKER_ID'], 'line', i)\n"
+    job = client.submit([PY, "-c", code, str(tmp_path / "go")], "v4-16")
+    running = logged(client, job["id"], "PID")
+    assert [h["complete"] for h in running] == [False, False]
+    (tmp_path / "go").touch()
+    wait_state(client, job["id"], "SUCCEEDED")
+    for h in client.logs(job["id"])["hosts"]:
+        lines = h["data"].splitlines()
+        assert h["complete"] and lines[0].startswith("PID")
+        assert lines[1:] == [f"{h['worker_id']} line {i}" for i in range(n)]
+        tail = client.logs(job["id"], host=h["host"], offset=h["next_offset"] - 10)["hosts"][0]
+        assert tail["data"] == h["data"][-10:] and tail["next_offset"] == h["next_offset"]
+
+
+# -- cancel --------------------------------------------------------------------------------------
+def test_cancel_ends_every_process_and_frees_the_slices(plane: Plane, tmp_path: Path) -> None:
+    _, client = plane.tenant(v4=16)
+    job = client.submit([PY, "-c", WAIT_FOR_FILE, str(tmp_path / "never")], "v4-16", num_slices=2)
+    running = wait_state(client, job["id"], "RUNNING")
+    procs = pids(logged(client, job["id"], "PID"))
+    assert len(procs) == 4 and all(pid_alive(p) for p in procs)
+    assert [s["holder"] for s in plane.slices(running["slices"])] == [job["id"]] * 2
+    client.cancel(job["id"])
+    done = wait_state(client, job["id"], "CANCELLED", timeout_s=30)
+    assert done["reason_code"] == "CANCELLED"
+    assert [p for p in procs if pid_alive(p)] == []
+    assert all_free(plane, running["slices"])
+
+
+# -- auth ----------------------------------------------------------------------------------------
+def test_the_api_rejects_other_tenants_and_bad_tokens(plane: Plane) -> None:
+    a_name, a = plane.tenant(v4=8)
+    _, b = plane.tenant(v4=8)
+    job = a.submit([PY, "-c", "print('mine')"], "v4-16")
+    jid = job["id"]
+    for call in (b.job, b.logs, b.events, b.cancel):
+        with pytest.raises(ForbiddenError, match="another tenant"):
+            call(jid)
+    with pytest.raises(ForbiddenError):
+        b.submit([PY, "-c", "pass"], "v4-16", tenant=a_name)
+    with pytest.raises(ForbiddenError):
+        b.create_tenant("sneaky", {"v4": 64})
+    assert jid not in {j["id"] for j in b.jobs()}
+    for token in ("tf_not-a-token", None):
+        with Client(plane.url, token) as stranger, pytest.raises(AuthError):
+            stranger.jobs()
+    with httpx.Client(base_url=plane.url) as raw:
+        assert (
+            raw.get(f"/api/v1/jobs/{jid}", headers={"Authorization": f"Bearer {b.token}"}).status_code == 403
+        )
+        assert (
+            raw.post(f"/api/v1/jobs/{jid}/cancel", headers={"Authorization": "Bearer x"}).status_code == 401
+        )
+        assert raw.get("/api/v1/jobs").status_code == 401
+    assert wait_state(a, jid, "SUCCEEDED")["cancel_requested"] is False
+    assert a.logs(jid)["hosts"][0]["data"] == "mine\n"
+
+
+# -- policy: priority, quota and preemption ------------------------------------------------------
+def test_a_higher_priority_job_is_admitted_first(plane: Plane, tmp_path: Path) -> None:
+    _, client = plane.tenant(v4=48)
+    go, hold = str(tmp_path / "go"), str(tmp_path / "hold")
+    blocker = client.submit([PY, "-c", WAIT_FOR_FILE, go], "v4-16", num_slices=2, name="blocker")
+    wait_state(client, blocker["id"], "RUNNING")
+    low = client.submit([PY, "-c", WAIT_FOR_FILE, hold], "v4-16", num_slices=2, name="low")
+    high = client.submit([PY, "-c", WAIT_FOR_FILE, hold], "v4-16", num_slices=2, priority=10, name="high")
+    waiting = wait_for(
+        "the low job's reason", lambda: (j := client.job(low["id"]))["reason_code"] == LOWER and j
+    )
+    assert high["id"] in waiting["reason"] and "priority 10" in waiting["reason"], waiting["reason"]
+    assert client.job(high["id"])["state"] == "QUEUED"
+    (tmp_path / "go").touch()
+    running = wait_state(client, high["id"], "RUNNING")
+    low_now = client.job(low["id"])
+    assert low_now["state"] == "QUEUED" and low_now["reason_code"] == "WAITING_FOR_FREE_SLICES"
+    assert high["id"] in low_now["reason"], low_now["reason"]
+    (tmp_path / "hold").touch()
+    low_done = wait_state(client, low["id"], "SUCCEEDED")
+    assert running["admitted_at"] < low_done["admitted_at"]
+    assert client.job(blocker["id"])["finished_at"] <= running["admitted_at"]
+
+
+# The borrower prints its attempt, then on SIGTERM (the checkpoint signal) says so and exits.
+TRAP = (
+    "import os, signal, sys, time\n"
+    "attempt = os.environ['TPUFLEET_ATTEMPT']\n"
+    "def bye(*_):\n"
+    "    print('SIGTERM on attempt', attempt, flush=True); sys.exit(143)\n"
+    "signal.signal(signal.SIGTERM, bye)\n"
+    "print('running attempt', attempt, flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_an_in_quota_job_preempts_a_borrower(plane: Plane, tmp_path: Path) -> None:
+    _, a = plane.tenant(v4=8)  # one v4-16 slice in quota
+    _, b = plane.tenant()  # no quota: only borrows idle slices
+    first = b.submit([PY, "-c", TRAP], "v4-16", max_retries=0, name="borrow-1")
+    assert wait_state(b, first["id"], "RUNNING")["borrowing"] is True
+    second = b.submit([PY, "-c", TRAP], "v4-16", max_retries=0, name="borrow-2")
+    assert wait_state(b, second["id"], "RUNNING")["borrowing"] is True
+    logged(b, second["id"], "running attempt 1")  # the SIGTERM handler is in place
+    go = tmp_path / "go"
+    mine = a.submit([PY, "-c", WAIT_FOR_FILE, str(go)], "v4-16", name="in-quota")
+    running = wait_state(a, mine["id"], "RUNNING")
+    assert running["borrowing"] is False
+    # The most recently admitted borrower is the victim: SIGTERM, requeued with attempt + 1.
+    requeued = wait_state(b, second["id"], "QUEUED")
+    assert requeued["attempt"] == 2 and requeued["failures"] == 0
+    assert requeued["attempts"][0]["state"] == "PREEMPTED"
+    assert f"preempted for job {mine['id']}" in requeued["attempts"][0]["message"]
+    assert running["slices"] == requeued["attempts"][0]["slices"]
+    for h in b.logs(second["id"], attempt=1)["hosts"]:
+        assert h["complete"] and "SIGTERM on attempt 1" in h["data"], h
+    assert b.job(first["id"])["state"] == "RUNNING" and b.job(first["id"])["attempt"] == 1
+    waiting = wait_for(
+        "the borrower's reason",
+        lambda: (j := b.job(second["id"]))["reason_code"] == "QUOTA_EXCEEDED_NO_BORROWING" and j,
+    )
+    assert "beyond its quota of 0" in waiting["reason"], waiting["reason"]
+    go.touch()  # the in-quota job ends; the borrower takes the idle slice again
+    wait_state(a, mine["id"], "SUCCEEDED")
+    again = wait_state(b, second["id"], "RUNNING")
+    assert again["attempt"] == 2 and again["borrowing"] is True
+    logged(b, second["id"], "running attempt 2", attempt=2)
+    for job in (first, second):
+        b.cancel(job["id"])
+        wait_state(b, job["id"], "CANCELLED", timeout_s=30)
+
+
+# -- a lost host ---------------------------------------------------------------------------------
+def test_a_lost_host_ends_the_attempt_and_the_job_resumes_elsewhere(plane: Plane, fleet: Any) -> None:
+    _, client = plane.tenant(v4=8)
+    code = (
+        "import os, time\n"
+        "print('PID', os.getpid(), 'attempt', os.environ['TPUFLEET_ATTEMPT'], flush=True)\n"
+        "if os.environ['TPUFLEET_ATTEMPT'] == '1': time.sleep(300)\n"
+    )
+    job = client.submit([PY, "-c", code], "v4-16", max_retries=2)
+    running = wait_state(client, job["id"], "RUNNING")
+    (victim,) = running["slices"]
+    procs = pids(logged(client, job["id"], "PID"))
+    fleet.kill_host(victim, 1)
+    done = wait_state(client, job["id"], "SUCCEEDED", timeout_s=120)
+    first, second = done["attempts"]
+    assert (first["state"], done["attempt"], done["failures"]) == ("FAILED", 2, 1)
+    assert "lost" in first["message"] or "broken" in first["message"], first
+    assert second["slices"] != [victim] and second["state"] == "SUCCEEDED"
+    assert not pid_alive(procs[0])  # host 0 of the lost attempt was stopped too
+    (broken,) = plane.slices([victim])
+    assert broken["state"] == "BROKEN" and any("worker 1" in p for p in broken["problems"]), broken
+    assert "attempt 2" in client.logs(job["id"])["hosts"][0]["data"]
+    fleet.restore(victim)
+    wait_for("the restored slice to be FREE", lambda: all_free(plane, [victim]), 120, every_s=0.5)
+    plane.cluster.wait_warm([victim], timeout_s=120)
