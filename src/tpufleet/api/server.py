@@ -96,7 +96,9 @@ class ControlPlane:
     def start_http(self, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0) -> str:
         """Start the loop and serve the API from a thread (``port=0``: a free port); returns the URL."""
         self.start()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on connections of a socket that says it is
+        # TCP; with proto 0 every keep-alive response waits ~40 ms for the client's delayed ACK.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
