@@ -87,6 +87,13 @@ def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFacto
         cluster.release_all()  # the later modules reserve slices with ray.util.tpu themselves
 
 
+@pytest.fixture(autouse=True)
+def _no_job_left_behind(plane: Plane) -> Iterator[None]:
+    """A test that failed half-way must not leave the next one without free slices."""
+    yield
+    _cancel_all(plane.admin)
+
+
 def _cancel_all(admin: Client) -> None:
     for j in admin.jobs():
         if j["state"] not in TERMINAL:
@@ -149,6 +156,7 @@ def test_job_succeeds_with_the_contract_on_every_host(plane: Plane, num_slices: 
             assert env["MEGASCALE_NUM_SLICES"] == "2"
             assert env["MEGASCALE_SLICE_ID"] == str(done["slices"].index(h["slice"]))
     if num_slices == 2:
+        assert sorted({e["MEGASCALE_SLICE_ID"] for e in envs}) == ["0", "1"]
         assert len({(e["MEGASCALE_COORDINATOR_ADDRESS"], e["MEGASCALE_PORT"]) for e in envs}) == 1
     assert all_free(plane, done["slices"])
 
@@ -306,6 +314,7 @@ def test_a_lost_host_ends_the_attempt_and_the_job_resumes_elsewhere(plane: Plane
     assert "lost" in first["message"] or "broken" in first["message"], first
     assert second["slices"] != [victim] and second["state"] == "SUCCEEDED"
     assert not pid_alive(procs[0])  # host 0 of the lost attempt was stopped too
+    wait_for("the lost host's process to die with it", lambda: not pid_alive(procs[1]), 30)
     (broken,) = plane.slices([victim])
     assert broken["state"] == "BROKEN" and any("worker 1" in p for p in broken["problems"]), broken
     assert "attempt 2" in client.logs(job["id"])["hosts"][0]["data"]
