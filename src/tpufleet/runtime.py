@@ -7,8 +7,8 @@ on GKE, the metadata server on GCE TPU VMs, and ``MEGASCALE_*`` for multi-slice)
 On the emulator (``TPUFLEET_EMULATED=1``, set on every emulated host) there is no libtpu, so this
 module derives the same three facts from the host contract:
 
-- coordinator: host 0 of slice 0, i.e. ``MEGASCALE_COORDINATOR_ADDRESS`` for multi-slice, else the
-  first of ``TPU_WORKER_HOSTNAMES`` (``127.0.0.1`` on a single-host slice);
+- coordinator: host 0 of slice 0, i.e. ``MEGASCALE_COORDINATOR_ADDRESS`` for multi-slice (required
+  then), else the first of ``TPU_WORKER_HOSTNAMES`` (``127.0.0.1`` on a single-host slice);
 - number of processes: hosts per slice x ``MEGASCALE_NUM_SLICES``;
 - process id: ``MEGASCALE_SLICE_ID`` x hosts per slice + ``TPU_WORKER_ID``.
 
@@ -66,6 +66,9 @@ def distributed_args(environ: Mapping[str, str]) -> DistributedArgs:
     if slice_id >= num_slices:
         raise ValueError(f"MEGASCALE_SLICE_ID={slice_id} but MEGASCALE_NUM_SLICES={num_slices}")
     megascale = environ.get("MEGASCALE_COORDINATOR_ADDRESS", "").strip() if num_slices > 1 else ""
+    if num_slices > 1 and not megascale:
+        # Each slice would pick its own host 0 as coordinator and the processes would never meet.
+        raise ValueError(f"MEGASCALE_NUM_SLICES={num_slices} but MEGASCALE_COORDINATOR_ADDRESS is not set")
     host = megascale or (hostnames[0] if hostnames else "127.0.0.1")
     host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host  # tolerate host:port
     port = _int(environ, PORT_VAR, 0) or _int(environ, "JAX_COORDINATOR_PORT", DEFAULT_COORDINATOR_PORT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -54,15 +55,20 @@ def test_distributed_args(env: dict[str, str], expected: DistributedArgs) -> Non
 
 
 @pytest.mark.parametrize(
-    "env",
+    ("env", "message"),
     [
-        {"TPU_WORKER_HOSTNAMES": TWO, "TPU_WORKER_ID": "2"},
-        {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "2"},
-        {"TPU_WORKER_ID": "one"},
+        ({"TPU_WORKER_HOSTNAMES": TWO, "TPU_WORKER_ID": "2"}, "TPU_WORKER_ID=2 but TPU_WORKER_HOSTNAMES"),
+        ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "2"}, "MEGASCALE_SLICE_ID=2 but"),
+        ({"TPU_WORKER_ID": "one"}, "TPU_WORKER_ID='one' is not a whole number"),
+        # multi-slice without the coordinator: each slice would wait on its own host 0 forever
+        (
+            {"TPU_WORKER_HOSTNAMES": TWO, "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1"},
+            "MEGASCALE_COORDINATOR_ADDRESS is not set",
+        ),
     ],
 )
-def test_inconsistent_contracts_are_refused(env: dict[str, str]) -> None:
-    with pytest.raises(ValueError):
+def test_inconsistent_contracts_are_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
         distributed_args(env)
 
 
