@@ -20,7 +20,7 @@ from typing import Any
 
 from tpufleet import catalog
 from tpufleet.control.cluster import HostInfo, SliceInfo
-from tpufleet.errors import ClusterError, SpecError
+from tpufleet.errors import InputError, SpecError
 
 SLICE_NAME = "ray.io/tpu-slice-name"
 WORKER_ID = "ray.io/tpu-worker-id"
@@ -140,10 +140,19 @@ def slices_from_nodes(nodes: Iterable[Node]) -> list[SliceInfo]:
 
 
 def resolve_address(ray_address: str | None) -> str | None:
-    """The cluster to look at: the argument, else ``RAY_ADDRESS``, else the connected one (None)."""
+    """The cluster to look at: the argument, else ``RAY_ADDRESS``, else the connected one (None).
+
+    Raises :class:`InputError` for anything but a GCS ``host:port`` (a user error, exit 2).
+    """
     address = ray_address or os.environ.get("RAY_ADDRESS") or None
-    if address and address.startswith("ray://"):
-        raise ClusterError(f"{address} is a Ray Client address; give the GCS address (host:port)")
+    if address is None:
+        return None
+    source = "--ray-address" if ray_address else "RAY_ADDRESS"
+    if "://" in address:
+        raise InputError(f"{source} {address} is a Ray Client or URL address; give the GCS address host:port")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"{source} {address!r} is not a GCS address host:port, e.g. 10.0.0.1:6379")
     return address
 
 

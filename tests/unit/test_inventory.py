@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from tpufleet.inventory import slices_from_nodes
+from tpufleet.errors import InputError
+from tpufleet.inventory import resolve_address, slices_from_nodes
 
 _ids = iter(range(10_000))
 
@@ -84,3 +85,27 @@ def test_a_restored_host_replaces_its_dead_node() -> None:
 
 def test_nodes_without_tpu_labels_are_not_slices() -> None:
     assert slices_from_nodes([node(None, 0), node(None, 0)]) == []
+
+
+@pytest.mark.parametrize(
+    ("arg", "env", "expected"),
+    [
+        ("10.0.0.1:6379", "10.9.9.9:1", "10.0.0.1:6379"),
+        (None, "10.9.9.9:1", "10.9.9.9:1"),
+        (None, None, None),  # the cluster this process is connected to
+    ],
+)
+def test_resolve_address(
+    arg: str | None, env: str | None, expected: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    assert resolve_address(arg) == expected
+
+
+@pytest.mark.parametrize("bad", ["foo", ":6379", "10.0.0.1:", "10.0.0.1:0", "10.0.0.1:x", "ray://h:10001"])
+def test_resolve_address_refuses_what_is_not_a_gcs_address(bad: str) -> None:
+    with pytest.raises(InputError, match="--ray-address"):
+        resolve_address(bad)

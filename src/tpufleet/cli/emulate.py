@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from tpufleet.cli._app import app, console, print_json
-from tpufleet.errors import ClusterError
+from tpufleet.errors import NotFoundError, SpecError
 
 emulate_app = typer.Typer(
     help="A local Ray cluster whose hosts look like TPU slices to Ray, Ray Train and JAX.",
@@ -67,6 +67,8 @@ def up_cmd(
     """Start the fleet in the background; return once every host has joined."""
     from tpufleet.emulator import EmulatedFleet
 
+    if not slices.strip():
+        raise SpecError("--slices is empty; give slice types and counts, e.g. v4-16:2,v6e-4")
     fleet = EmulatedFleet(slices, cpus_per_host=cpus_per_host, state_dir=state_dir).up()
     _show(fleet.status(), as_json)
 
@@ -129,7 +131,8 @@ def down_cmd(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     console.print(f"emulated fleet in {state_dir} is down")
 
 
-def _doctor_address(ray_address: str | None, state_dir: Path) -> str:
+def _doctor_address(ray_address: str | None, state_dir: Path) -> str | None:
+    """--ray-address, else the emulated fleet in ``state_dir``, else None: ``RAY_ADDRESS``."""
     if ray_address:
         return ray_address
     from tpufleet.emulator import EmulatedFleet
@@ -138,8 +141,8 @@ def _doctor_address(ray_address: str | None, state_dir: Path) -> str:
     if fleet.head_alive():
         return str(fleet.ray_address)
     if os.environ.get("RAY_ADDRESS"):
-        return os.environ["RAY_ADDRESS"]
-    raise ClusterError(
+        return None  # doctor.check reads it (and names it in errors)
+    raise NotFoundError(
         f"no cluster to check: no emulated fleet runs from {state_dir}; "
         "give --ray-address, set RAY_ADDRESS or run `tpufleet emulate up`"
     )
@@ -148,7 +151,12 @@ def _doctor_address(ray_address: str | None, state_dir: Path) -> str:
 @app.command("doctor")
 def doctor_cmd(
     ray_address: Annotated[
-        str | None, typer.Option("--ray-address", help="GCS address host:port of any Ray cluster.")
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="GCS address host:port of any Ray cluster "
+            "(default: the emulated fleet in --state-dir, else $RAY_ADDRESS).",
+        ),
     ] = None,
     probe: Annotated[bool, typer.Option(help="Run one probe task per host (JAX devices, env).")] = True,
     state_dir: StateDir = DEFAULT_STATE_DIR,
