@@ -6,7 +6,8 @@ Two sources, checked separately so each finding says where it came from:
    out-of-range worker ids, a missing worker 0, chips that do not add up to the topology;
 2. one probe task per alive TPU host, pinned to its node (``num_cpus=0`` and no ``TPU``, so a busy
    host still answers): the JAX devices it sees and its host contract (``TPU_WORKER_HOSTNAMES``
-   must list as many hosts as the slice has; ``TPU_WORKER_ID`` must match the node's label).
+   must list as many hosts as the slice has; ``TPU_WORKER_ID`` must match the node's label; JAX
+   must see at least one device per chip of the host).
 
 ``check`` returns a :class:`Report`; it is healthy when there are no findings (exit 0, else 1).
 """
@@ -19,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tpufleet import catalog
 from tpufleet.control.cluster import SliceInfo
-from tpufleet.errors import ClusterError
+from tpufleet.errors import ClusterError, SpecError
 from tpufleet.inventory import discover, resolve_address
 
 __all__ = ["Finding", "Probe", "Report", "check", "findings_for"]
@@ -97,9 +99,19 @@ def _probe_findings(info: SliceInfo, probe: Probe) -> list[str]:
     env_worker = probe.env.get("TPU_WORKER_ID")
     if env_worker is not None and env_worker != str(probe.worker_id):
         out.append(f"{where}: TPU_WORKER_ID is {env_worker} but Ray labels the node worker {probe.worker_id}")
+    chips = _chips_per_host(info)
     if probe.devices == 0:
         out.append(f"{where}: JAX sees no devices")
+    elif probe.devices < chips:  # more is fine: a tpu7x chip is two JAX devices
+        out.append(f"{where}: JAX sees {probe.devices} devices, the host has {chips} chips")
     return out
+
+
+def _chips_per_host(info: SliceInfo) -> int:
+    try:
+        return catalog.Topology.parse(info.topology).chips // max(1, info.expected_hosts)
+    except SpecError:
+        return 0  # the node table check already reports the topology
 
 
 def findings_for(slices: Sequence[SliceInfo], probes: Sequence[Probe]) -> list[Finding]:

@@ -27,6 +27,7 @@ def probe(worker: int = 0, **kw: object) -> Probe:
         ),
         (probe(1, env={"TPU_WORKER_ID": "0"}), "TPU_WORKER_ID is 0 but Ray labels the node worker 1"),
         (probe(devices=0), "JAX sees no devices"),
+        (probe(devices=2), "JAX sees 2 devices, the host has 4 chips"),
         (probe(error="RuntimeError: boom"), "probe failed: RuntimeError: boom"),
     ],
 )
@@ -36,6 +37,7 @@ def test_probe_findings(p: Probe, message: str) -> None:
 
 def test_a_healthy_slice_and_probe_have_no_findings() -> None:
     assert findings_for([v4()], [probe(0), probe(1)]) == []
+    assert findings_for([v4()], [probe(0, devices=8)]) == []  # tpu7x: two JAX devices per chip
 
 
 def test_node_table_problems_come_first_and_count_per_type() -> None:
