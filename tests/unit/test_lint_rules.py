@@ -132,3 +132,73 @@ def test_packaged_ray_start_params_match_the_installed_ray():
     assert not missing and not extra, (
         f"update src/tpufleet/lint/ray_start_params.py for Ray {ray.__version__}: add {missing}, drop {extra}"
     )
+
+
+GOOD = REPO / "examples" / "good-raycluster.yaml"
+
+# One tpu7x host (2x2x1, 4 chips) whose chips are split over two containers, one per chiplet: the
+# layout the GKE TPU webhook supports for Ironwood. The pod asks for 4 chips in all.
+TPU7X_SPLIT = """
+apiVersion: ray.io/v1
+kind: RayCluster
+metadata: {name: tpu7x-split}
+spec:
+  headGroupSpec:
+    template:
+      spec:
+        containers: [{name: ray-head, image: 'rayproject/ray:2.60.0-py311'}]
+  workerGroupSpecs:
+  - groupName: tpu7x
+    replicas: 1
+    minReplicas: 1
+    maxReplicas: 1
+    numOfHosts: 1
+    template:
+      spec:
+        nodeSelector: {cloud.google.com/gke-tpu-accelerator: tpu7x, cloud.google.com/gke-tpu-topology: 2x2x1}
+        containers:
+        - name: ray-worker-0
+          image: rayproject/ray:2.60.0-py311
+          resources: {requests: {google.com/tpu: CHIPS}, limits: {google.com/tpu: CHIPS}}
+        - name: ray-worker-1
+          image: rayproject/ray:2.60.0-py311
+          resources: {requests: {google.com/tpu: CHIPS}, limits: {google.com/tpu: CHIPS}}
+"""
+
+
+@pytest.mark.parametrize("schemas", ["crd", "structural"])
+def test_a_realistic_hand_written_multislice_cluster_lints_clean(schemas):
+    text = GOOD.read_text(encoding="utf-8")
+    assert lint_text(text, str(GOOD), _source(schemas)) == []
+    # and it is the kind of manifest the rules look at: break one fact and the right rule fires
+    broken = text.replace("numOfHosts: 4", "numOfHosts: 2")
+    assert [f.code for f in lint_text(broken, "b.yaml", _source(schemas))] == ["TPF007"]
+
+
+@pytest.mark.parametrize(("chips", "codes"), [("2", []), ("4", ["TPF005"])])
+def test_chips_per_host_counts_the_pod_not_each_container(chips, codes):
+    found = lint_text(TPU7X_SPLIT.replace("CHIPS", chips), "split.yaml", fallback_schemas)
+    assert [f.code for f in found] == codes, [f.text() for f in found]
+    if codes:
+        assert "8 google.com/tpu in all" in found[0].message and "use 4" in found[0].message
+        assert found[0].path == "spec.workerGroupSpecs[0].template.spec.containers"
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "words"),
+    [
+        ({"rayStartParams": {"labels": "a=b"}}, "rayStartParams.labels", "group's labels field"),
+        ({"rayStartParams": {"redis-username": "u"}}, "rayStartParams.redis-username", "gcsFaultTolerance"),
+        (
+            {"rayStartParams": {"num-cpus": "8"}, "resources": {"CPU": "8"}},
+            "rayStartParams.num-cpus",
+            "KubeRay rejects",
+        ),
+    ],
+)
+def test_ray_start_params_that_kuberay_itself_rejects(change, path, words):
+    doc = yaml.safe_load(EXAMPLES["TPF010"][1])
+    doc["spec"]["workerGroupSpecs"][0].update(change)
+    found = lint_text(dump_yaml([doc]), "x.yaml", fallback_schemas)
+    assert [(f.code, f.path) for f in found] == [("TPF010", f"spec.workerGroupSpecs[0].{path}")]
+    assert words in found[0].message

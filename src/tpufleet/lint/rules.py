@@ -67,6 +67,21 @@ class Group:
                 out.append((path, req, lim))
         return out
 
+    def pod_chips(self) -> tuple[Path, int] | None:
+        """The pod's ``google.com/tpu`` count as the GKE TPU webhook and the scheduler see it: summed over
+        the (non-init) containers, each container's requests or else its limits; None when no container
+        asks or a value is not an integer. The path is the first asking container's."""
+        total, first = 0, None
+        for path, req, lim in self.tpu_values():
+            if path[-2] != "containers":
+                continue
+            chips = _int(req if req is not None else lim)
+            if chips is None:
+                return None
+            total += chips
+            first = first or path
+        return (first, total) if first else None
+
     @property
     def is_tpu(self) -> bool:
         return bool(self.tpu_values()) or any(
@@ -186,6 +201,7 @@ def _shape_exists(group: Group) -> Iterator[Problem]:
 
 
 def _chips_per_host(group: Group) -> Iterator[Problem]:
+    """Per pod, not per container: a tpu7x pod may split its chips over one container per chiplet."""
     shapes = _shapes(group)
     acc = str(group.selector.get(ACCEL, ""))
     gen = next((g for g in cat.GENERATIONS if g.gke_accelerator == acc), None)
@@ -193,16 +209,24 @@ def _chips_per_host(group: Group) -> Iterator[Problem]:
         return
     valid = sorted({st.chips_per_host for st in shapes}) if shapes else sorted(gen.machine_types)
     where = f"{gen.name} {shapes[0].topology}" if shapes else gen.name
+    use = f"use {' or '.join(map(str, valid))} (one pod per TPU VM host, all of its chips)"
+    asking = [(p, r, lim) for p, r, lim in group.tpu_values() if p[-2] == "containers"]
+    pod = group.pod_chips()
+    if len(asking) > 1 and pod is not None:
+        if pod[1] not in valid:
+            yield (
+                "TPF005",
+                (*group.pod_path, "containers"),
+                f"the containers ask for {pod[1]} {TPU} in all, not a chips-per-host value of {where}; {use}",
+            )
+        return
     for path, req, lim in group.tpu_values():
         for kind, value in (("requests", req), ("limits", lim)):
             if value is not None and _int(value) not in valid:
                 yield (
                     "TPF005",
                     (*path, "resources", kind, TPU),
-                    (
-                        f"{TPU}: {value} is not a chips-per-host value of {where}; "
-                        f"use {' or '.join(map(str, valid))} (one pod per TPU VM host)"
-                    ),
+                    f"{TPU}: {value} is not a chips-per-host value of {where}; {use}",
                 )
 
 
@@ -232,7 +256,8 @@ def _num_of_hosts(group: Group) -> Iterator[Problem]:
     shapes = _shapes(group)
     if not group.worker or not shapes:
         return
-    chips = sum(_int(lim if lim is not None else req) or 0 for _, req, lim in group.tpu_values())
+    pod = group.pod_chips()
+    chips = pod[1] if pod else 0
     shape = next((st for st in shapes if st.chips_per_host == chips), shapes[0])
     expected = shape.hosts
     have = group.data.get("numOfHosts")
@@ -267,10 +292,23 @@ def _webhook_env(group: Group) -> Iterator[Problem]:
                 )
 
 
+# Keys `ray start` has but KubeRay v1.7's validation rejects (the RayCluster is never reconciled).
+KUBERAY_REJECTS = {
+    "labels": "KubeRay rejects rayStartParams['labels']; put the labels in the group's labels field",
+    "redis-username": "KubeRay rejects redis-username here; use gcsFaultToleranceOptions.redisUsername",
+}
+_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
+
+
 def _ray_start_params(group: Group) -> Iterator[Problem]:
     params = group.data.get("rayStartParams")
-    for key in params if isinstance(params, dict) else {}:
+    params = params if isinstance(params, dict) else {}
+    at = (*group.path, "rayStartParams")
+    for key in params:
         name = str(key)
+        if name in KUBERAY_REJECTS:
+            yield "TPF010", (*at, name), f"rayStartParams key {name!r}: {KUBERAY_REJECTS[name]}"
+            continue
         if name in RAY_START_PARAMS:
             continue
         if name in ("num-tpus", "num_tpus"):
@@ -280,8 +318,18 @@ def _ray_start_params(group: Group) -> Iterator[Problem]:
             hint = f"did you mean {' or '.join(near)}?" if near else "see `ray start --help`"
         yield (
             "TPF010",
-            (*group.path, "rayStartParams", name),
+            (*at, name),
             (f"rayStartParams key {name!r} is not a `ray start` option (the pod would crash-loop); {hint}"),
+        )
+    both = [k for k in _RESOURCE_PARAMS if params.get(k)]
+    if both and group.data.get("resources"):
+        yield (
+            "TPF010",
+            (*at, both[0]),
+            (
+                f"rayStartParams {both[0]!r} and the group's resources field both set Ray resources; "
+                "KubeRay rejects the RayCluster: use only one of them"
+            ),
         )
 
 
