@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# KubeRay v1.7 admits a RayCluster name only as a DNS-1035 label of <= 53 characters and a RayJob name of
+# <= 47; the RayJob is "<name>-job", so a fleet name has at most 43.
+FLEET_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,41}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE])?$")
 GSA = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]@[-a-z0-9.]+\.gserviceaccount\.com$")
@@ -253,6 +256,14 @@ def _names(spec: FleetSpec) -> Iterator[tuple[Path, str]]:
     named: list[tuple[Path, str]] = [(("name",), spec.name), (("namespace",), spec.namespace)]
     named += [(("pools", i, "name"), p.name) for i, p in enumerate(spec.pools)]
     named += [(("tenants", i, "name"), t.name) for i, t in enumerate(spec.tenants)]
+    if not FLEET_NAME.match(spec.name) and DNS_LABEL.match(spec.name):
+        yield (
+            ("name",),
+            (
+                f"{spec.name!r} cannot name a RayCluster: KubeRay wants a DNS-1035 label (starting with a "
+                "letter) of at most 43 characters here, as the RayJob is <name>-job and may have 47"
+            ),
+        )
     for path, value in named:
         if not DNS_LABEL.match(value):
             fixed = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")[:63] or "a"

@@ -97,6 +97,8 @@ ERRORS = [
         ["not a Google service account"],
     ),
     ({"ray": {"version": "latest"}}, 13, "ray.version", ["not a Ray release"]),
+    ({"name": "1fleet"}, 1, "name", ["cannot name a RayCluster", "DNS-1035"]),
+    ({"name": "f" * 44}, 1, "name", ["at most 43 characters"]),
 ]
 
 
@@ -127,3 +129,8 @@ def test_not_yaml_and_not_a_mapping_are_input_errors(tmp_path):
         load_spec("- a\n- b\n", "f.yaml")
     with pytest.raises(InputError, match="cannot read"):
         read_spec(tmp_path / "missing.yaml")
+
+
+def test_the_longest_fleet_name_fits_kuberays_limits():
+    spec = load_fleet(name="f" * 43)
+    assert len(spec.name) == 43 and len(f"{spec.name}-job") == 47  # KubeRay's RayJob name limit
