@@ -141,3 +141,10 @@ def test_launcher_prefers_the_venvs_ray():
 def test_up_refuses_kuberay_target():
     out = run("up", str(EXAMPLE), "--target", "kuberay")
     assert out.returncode == 2 and "kubectl apply" in out.stderr
+
+
+def test_an_output_path_that_is_a_file_is_one_line_exit_2(tmp_path):
+    (tmp_path / "taken").write_text("x")
+    out = run("render", str(EXAMPLE), "-o", str(tmp_path / "taken"))
+    assert out.returncode == 2 and "cannot write the output there" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -55,7 +55,15 @@ def _file_name(obj: dict[str, Any]) -> str:
 
 
 def write_objects(objects: list[dict[str, Any]], out_dir: Path, single: str | None = None) -> list[Path]:
-    """One file per object (or all in ``single``); returns the paths written."""
+    """One file per object (or all in ``single``); returns the paths written. Raises InputError when
+    ``out_dir`` cannot be made or written (a file of that name, no permission)."""
+    try:
+        return _write(objects, out_dir, single)
+    except OSError as err:
+        raise InputError(f"{out_dir}: cannot write the output there: {err.strerror or err}") from None
+
+
+def _write(objects: list[dict[str, Any]], out_dir: Path, single: str | None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     if single:
         path = out_dir / single
