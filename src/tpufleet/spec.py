@@ -256,6 +256,9 @@ def _names(spec: FleetSpec) -> Iterator[tuple[Path, str]]:
     named: list[tuple[Path, str]] = [(("name",), spec.name), (("namespace",), spec.namespace)]
     named += [(("pools", i, "name"), p.name) for i, p in enumerate(spec.pools)]
     named += [(("tenants", i, "name"), t.name) for i, t in enumerate(spec.tenants)]
+    if spec.monitoring.namespace is not None:  # both land in NetworkPolicy namespace selectors
+        named.append((("monitoring", "namespace"), spec.monitoring.namespace))
+    named.append((("network_policy", "operator_namespace"), spec.network_policy.operator_namespace))
     if not FLEET_NAME.match(spec.name) and DNS_LABEL.match(spec.name):
         yield (
             ("name",),

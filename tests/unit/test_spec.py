@@ -98,6 +98,13 @@ ERRORS = [
     ),
     ({"ray": {"version": "latest"}}, 13, "ray.version", ["not a Ray release"]),
     ({"name": "1fleet"}, 1, "name", ["cannot name a RayCluster", "DNS-1035"]),
+    (
+        {"network_policy": {"operator_namespace": "Kube Ray"}},
+        13,
+        "network_policy.operator_namespace",
+        ["'kube-ray'"],
+    ),
+    ({"monitoring": {"namespace": "mon_1"}}, 13, "monitoring.namespace", ["not a valid name"]),
     ({"name": "f" * 44}, 1, "name", ["at most 43 characters"]),
 ]
 
