@@ -86,6 +86,14 @@ def test_network_policy_admits_only_the_fleet_monitoring_and_the_operator():
         "matchLabels": {"kubernetes.io/metadata.name": "ml"}
     }
     assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
+    # the labels the kuberay-operator Helm chart puts on its pod, in the namespace the spec names
+    assert operator["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "default"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}},
+        }
+    ]
+    assert monitoring["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
 
 
 def test_optional_objects_follow_the_spec():
