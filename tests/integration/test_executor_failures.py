@@ -16,7 +16,7 @@ from _executor_helpers import finished, full_log, pid_alive, spec, v4_slices, wa
 
 from tpufleet.control.cluster import AttemptSpec, HostState
 from tpufleet.control.executor import RayCluster
-from tpufleet.control.runner import NAMESPACE
+from tpufleet.control.runner import NAMESPACE, pool_runner_name
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +77,11 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluste
     fresh.stop(job, 3, grace_s=1)
     assert not any(pid_alive(p) for p in pids)
     assert (job, 3) not in RayCluster().running_attempts()
+    # The slice goes back to the warm pool with its runners alive (not released as if broken), so
+    # the service's final log read after stop still reaches every host.
+    pool = {pool_runner_name(victim.name, w) for w in range(victim.expected_hosts)}
+    assert pool <= _our_actor_names()
+    assert all("PID" in full_log(fresh, s, victim.name, w) for w in range(victim.expected_hosts))
 
 
 def test_a_killed_host_is_lost_and_its_slice_broken_until_restored(cluster: RayCluster, fleet: Any) -> None:

@@ -304,10 +304,22 @@ class RayCluster:
             for name in rec.slices:
                 if self._held.get(name) == (job_id, attempt):
                     del self._held[name]
-                res = self._pool.get(name)
-                intact = res is not None and all(node in live for node in res.nodes)
-                if not (self.warm_pool and intact and name not in self._cold):
-                    self._pool.release(name)
+                self._return_to_pool(name, live)
+
+    def _return_to_pool(self, name: str, live: set[str]) -> None:
+        """Keep an intact slice's reservation (and pool runners) for the next job, or release it.
+
+        An attempt adopted after a restart never went through the pool, so its slice has no
+        ``Reservation`` here yet: adopt the detached one (``reserve`` finds the group and the live
+        runners by name) instead of killing runners whose logs the service is about to read."""
+        res = self._pool.get(name)
+        info = self._slices.get(name)
+        nodes = res.nodes if res is not None else tuple(h.node_id for h in info.hosts) if info else ()
+        intact = bool(nodes) and all(node in live for node in nodes)
+        if not (self.warm_pool and intact and name not in self._cold):
+            self._pool.release(name)
+        elif res is None and info is not None:
+            self._pool.reserve(info)
 
     def running_attempts(self) -> list[tuple[str, int]]:
         """Attempts whose runners exist: job runners by name, pool runners by their current run."""
@@ -331,6 +343,8 @@ class RayCluster:
                 if row["current"]:
                     found[(row["job_id"], row["attempt"])] = [tuple(x) for x in row["layout"]]
         with self._lock:
+            if found and not self._slices:  # a fresh control plane: know the hosts' nodes for poll
+                self._slices = {s.name: s for s in slices_from_nodes(_nodes())}
             for key, layout in found.items():
                 if key not in self._attempts or self._attempts[key].ended:
                     self._adopt(key, layout, handles)
