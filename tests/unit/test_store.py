@@ -201,6 +201,9 @@ def test_logs_are_stored_per_host_and_read_from_an_offset(store: Store) -> None:
     assert store.read_logs(job.id, host=0, offset=14).hosts[0].data == ""
     with pytest.raises(NotFoundError, match="hosts 0 to 1"):
         store.read_logs(job.id, host=2)
+    with pytest.raises(NotFoundError, match="attempts 1 to 1, not 2"):
+        store.read_logs(job.id, attempt=2)
+    assert store.read_logs(job.id, attempt=1).attempt == 1
 
 
 def test_a_second_store_on_the_same_database_sees_everything(db_url: str) -> None:

@@ -70,6 +70,8 @@ def append(
 
 def read(s: Session, job: JobRow, *, attempt: int | None, host: int | None, offset: int) -> r.LogRead:
     """Stored output of an attempt (default: the latest that ran), per host, from ``offset``."""
+    if attempt is not None and not 1 <= attempt <= job.attempt:
+        raise NotFoundError(f"job {job.id} has attempts 1 to {job.attempt}, not {attempt}")
     if attempt is None:
         attempt = s.scalar(select(func.max(LogCursorRow.attempt)).where(LogCursorRow.job_id == job.id))
     streams = s.scalars(

@@ -2,7 +2,7 @@
 
 SQLite (a file in the state dir) by default, PostgreSQL by URL (``postgresql+psycopg://...``).
 This module is what the API reads and writes; the scheduling loop's transitions are in
-``control/ledger.py`` on the same engine. Every write is one transaction, so bad input never
+``control/transitions.py`` on the same engine. Every write is one transaction, so bad input never
 leaves half a change behind; state changes that race with the loop are compare-and-set updates
 (``UPDATE ... WHERE state = ...``), which are atomic on both databases.
 """
