@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +14,9 @@ import ray
 from ray.util import tpu
 
 from tpufleet import doctor, inventory
-from tpufleet.emulator import EmulatedFleet
+from tpufleet.emulator import EmulatedFleet, procs
+from tpufleet.emulator import state as store
+from tpufleet.emulator.state import FleetState, HostRecord, SliceRecord
 
 pytestmark = pytest.mark.integration
 
@@ -117,3 +122,23 @@ def test_preempt_removes_every_host_of_the_slice(fleet: EmulatedFleet, ray_clien
     assert tpu.get_num_tpu_slices("2x2", "TPU-V6E") == 0
     assert fleet.down_hosts() == {"tpu-v6e-4-0": [0]}
     # _heal_fleet restores it after the test
+
+
+def test_context_manager_ends_the_survivors_of_a_stale_fleet_and_its_own(tmp_path: Path) -> None:
+    """``up`` over a state whose head died ends the hosts that outlived it; ``with`` stops by PID."""
+    state_dir = tmp_path / "stale"
+    sleeper, session = procs.spawn(
+        [sys.executable, "-c", "import time; time.sleep(120)"], {}, tmp_path / "log"
+    )
+    stale = FleetState("old", "127.0.0.1", 1, 2, str(tmp_path / "gone"), 0, 1 << 27, False, head=None)
+    stale.slices.append(SliceRecord("tpu-v5litepod-1-0", "v5litepod-1", [HostRecord(0, session)]))
+    store.save(state_dir, stale)
+    try:
+        with EmulatedFleet("", state_dir=state_dir) as f:  # a head alone: the cheapest fleet
+            assert sleeper.wait(timeout=20) == -signal.SIGKILL
+            pids = f.pids()
+            assert pids and f.slice_names == []
+    finally:
+        sleeper.kill()  # only matters when up() left it running
+    assert [p for p in pids if (info := procs._stat(p)) is not None and info.state != "Z"] == []
+    assert store.load(state_dir) is None

@@ -21,6 +21,20 @@ def tpufleet(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[st
     )
 
 
+def _running_with(text: str) -> list[int]:
+    """Live processes whose command line mentions ``text`` (found without the fleet's own records)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        info = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if text in cmdline and info is not None and info.state != "Z":
+            found.append(info.pid)
+    return found
+
+
 def test_status_and_doctor_read_the_shared_fleet_from_its_state_dir(fleet: EmulatedFleet) -> None:
     run = tpufleet("emulate", "status", "--json", "--state-dir", str(fleet.state_dir))
     assert run.returncode == 0, run.stderr
@@ -68,10 +82,13 @@ def test_a_tiny_fleet_goes_up_grows_is_preempted_and_leaves_no_process(tmp_path:
         assert run.returncode == 1 and "tpu-v5litepod-1-1" in run.stdout, run.stdout
         pids = EmulatedFleet.attach(state).pids()
         assert pids
+        temp_dir = json.loads((tmp_path / "tiny" / "fleet.json").read_text())["temp_dir"]
+        assert _running_with(temp_dir)  # GCS, raylets, agents name the fleet's Ray temp dir
     finally:
         down = tpufleet("emulate", "down", "--state-dir", state)
     assert down.returncode == 0, down.stderr
     survivors = [p for p in pids if (info := _stat(p)) is not None and info.state != "Z"]
     assert survivors == []
+    assert _running_with(temp_dir) == []  # also none the fleet failed to record
     run = tpufleet("emulate", "status", "--state-dir", state)
     assert run.returncode == 2 and "no emulated fleet" in run.stderr

@@ -204,6 +204,9 @@ class EmulatedFleet:
                     f"an emulated fleet already runs from {self.state_dir} (Ray at {old.ray_address}); "
                     "stop it with `tpufleet emulate down` or use another --state-dir"
                 )
+            if old:  # a fleet whose head died: end its surviving hosts, or nothing would ever stop them
+                procs.kill_sessions(old.sessions())
+                shutil.rmtree(old.temp_dir, ignore_errors=True)
             st = self._new_state()
             launchers = [self._launch_head(st)]
             for stype, count in self._spec:
