@@ -3,7 +3,9 @@
 The PostgreSQL server is Debian's (``scripts/ensure-test-services.sh`` installs it; ``make test``
 runs that first). One server per pytest session on a free port, its unix socket and data in a
 temporary directory, run as the ``postgres`` user when the tests run as root (PostgreSQL refuses
-root), stopped by PID at the end. Each test gets a fresh database on it.
+root), stopped by PID at the end. Each test gets a fresh database on it. Without PostgreSQL the
+PostgreSQL cases skip with the reason, except under ``make test`` (``TPUFLEET_REQUIRE_POSTGRES=1``),
+where they fail: CI never passes without having tested the store on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ class PostgresServer:
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     bindir = _pg_bindir()
+    if bindir is None and os.environ.get("TPUFLEET_REQUIRE_POSTGRES"):
+        pytest.fail(f"PostgreSQL required (TPUFLEET_REQUIRE_POSTGRES is set, as in make test); {PG_HINT}")
     if bindir is None:
         pytest.skip(f"PostgreSQL SKIPPED: initdb not found under /usr/lib/postgresql/*/bin; {PG_HINT}")
     server = PostgresServer(bindir)
