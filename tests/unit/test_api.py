@@ -173,6 +173,9 @@ def test_a_job_through_the_api_runs_logs_and_cancels(api: Api, tmp_path: Path) -
     assert (job["state"], job["slices"]) == ("RUNNING", ["tpu-v4-16-0"])
     slices = api.call("GET", "/slices", token).json()
     assert [(s["name"], s["state"], s["holder"]) for s in slices] == [("tpu-v4-16-0", "HELD", job_id)]
+    other = api.call("GET", "/slices", api.tenant("team-b", v4=8)).json()  # sees the state, not the job
+    assert [(s["name"], s["state"], s["holder"]) for s in other] == [("tpu-v4-16-0", "HELD", None)]
+    assert api.call("GET", "/slices", api.admin).json()[0]["holder"] == job_id
     logs = api.call("GET", f"/jobs/{job_id}/logs", token).json()
     assert [(h["host"], h["data"]) for h in logs["hosts"]] == [(0, "hi 0\n"), (1, "hi 1\n")]
     follow = api.call("GET", f"/jobs/{job_id}/logs", token, params={"host": 1, "offset": 3}).json()

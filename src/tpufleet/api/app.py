@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tpufleet
 from tpufleet.api import auth
-from tpufleet.control.records import DEFAULT_MAX_RETRIES, JobRequest, Principal
+from tpufleet.control.records import ACTIVE, DEFAULT_MAX_RETRIES, JobRequest, Principal
 from tpufleet.control.store import Store
 from tpufleet.errors import AuthError, ClusterError, TpufleetError
 
@@ -120,7 +120,15 @@ def list_tenants(me: Who, store: Db) -> list[dict[str, Any]]:
 
 @router.get("/slices", tags=["slices"])
 def list_slices(me: Who, store: Db) -> list[dict[str, Any]]:
-    return [s.to_dict() for s in store.slices()]
+    """Every slice and its state; a tenant's token sees the holder only of its own jobs (another
+    tenant's job id shows as null, the slice still HELD)."""
+    rows = [s.to_dict() for s in store.slices()]
+    scope = auth.job_scope(me)
+    if scope is not None:
+        own = {j.id for j in store.jobs(tenant=scope, states=ACTIVE)}
+        for row in rows:
+            row["holder"] = row["holder"] if row["holder"] in own else None
+    return rows
 
 
 @router.post("/slices/{name}/drain", tags=["slices"])
