@@ -216,6 +216,22 @@ def test_restart_after_launch_adopts_the_attempt_and_stops_orphans(world: World)
     assert world.cluster.running_attempts() == [(job_id, 1)]
 
 
+def test_restart_during_a_cut_short_launch_requeues_without_using_a_retry(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=16), max_retries=0)
+    world.service.reconcile()
+    world.service._sync()
+    world.service._schedule()
+    world.cluster.launch(AttemptSpec(job_id, 1, ("tpu-v4-16-0",), "v4-16", ("python", "train.py")))
+    world.cluster.processes(job_id)[1].state = HostState.LOST  # host 1 never got its start
+    world.restart()  # the control plane died half-way through launch()
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.attempt, job.failures, job.reason_code) == ("QUEUED", 2, 0, "REQUEUED")
+    assert (job_id, 1) in {(j, a) for j, a, _ in world.cluster.stops}
+    world.cycle()
+    assert world.job(job_id).state == "STARTING" and world.cluster.launches[-1].attempt == 2
+
+
 def test_attempts_whose_processes_vanished_during_a_restart_are_retried(world: World) -> None:
     job_id = world.submit(world.tenant("a", v4=16))
     run_to_running(world, job_id)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpufleet.control import records as r
-from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient
+from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient, HostState
 from tpufleet.control.store import Store
 from tpufleet.control.transitions import ActiveJob, Transitions
 from tpufleet.errors import NotFoundError, TpufleetError
@@ -107,13 +107,27 @@ class Service:
             if job.stop_kind is not None:
                 continue  # the stop is issued again by _act
             if job.state == r.ADMITTED and key in running:
-                self.tr.launched(job.id, job.attempt)
+                self._adopt_launch(job)
             elif job.state in (r.STARTING, r.RUNNING) and key not in running:
                 self.tr.begin_stop(job.id, "fail", "its processes were gone when the control plane restarted")
         for job_id, attempt in sorted(running - {(j.id, j.attempt) for j in active}):
             log.warning("stopping orphan attempt %s of job %s", attempt, job_id)
             self._run_stop((job_id, attempt), self.config.cancel_grace_s)
         self._reconciled = True
+
+    def _adopt_launch(self, job: ActiveJob) -> None:
+        """A launch the previous control plane began but never recorded: adopt it when every host
+        got it; when it was cut short (hosts missing), end it and requeue without using a retry,
+        since the job did nothing wrong."""
+        try:
+            lost = any(h.state is HostState.LOST for h in self.cluster.poll(job.id, job.attempt).hosts)
+        except NotFoundError:
+            lost = True
+        if lost:
+            message = "the control plane restarted while launching this attempt; requeued"
+            self.tr.begin_stop(job.id, "interrupted", message)
+        else:
+            self.tr.launched(job.id, job.attempt)
 
     def _sync(self) -> None:
         self.tr.sync_slices(self.cluster.inventory())

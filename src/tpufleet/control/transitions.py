@@ -351,7 +351,12 @@ class _Abort(Exception):
     """Raised inside a transaction to roll it back."""
 
 
-_STOP_CODES = {"preempt": "PREEMPTED", "cancel": "CANCELLING", "fail": "ATTEMPT_FAILED"}
+_STOP_CODES = {
+    "preempt": "PREEMPTED",
+    "interrupted": "REQUEUED",
+    "cancel": "CANCELLING",
+    "fail": "ATTEMPT_FAILED",
+}
 
 
 def _jid(holder: str | None) -> JobId | None:
@@ -396,11 +401,11 @@ def _outcome(job: JobRow, kind: str | None, message: str | None, now: float) -> 
             "reason_code": "CANCELLED",
             "reason_message": "cancelled by request",
         }
-    if kind == "preempt":
-        return "PREEMPTED", {
+    if kind in ("preempt", "interrupted"):  # not the job's fault: requeue without using a retry
+        return _STOP_CODES[kind], {
             "state": r.QUEUED,
             "attempt": job.attempt + 1,
-            "reason_code": "PREEMPTED",
+            "reason_code": _STOP_CODES[kind],
             "reason_message": f"requeued after attempt {job.attempt}: {message}",
         }
     failures = job.failures + 1
