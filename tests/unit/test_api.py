@@ -188,3 +188,14 @@ def test_a_job_through_the_api_runs_logs_and_cancels(api: Api, tmp_path: Path) -
     assert again.status_code == 200 and again.json()["state"] == "CANCELLED"
     kinds = [e["kind"] for e in api.call("GET", f"/jobs/{job_id}/events", token).json()]
     assert kinds[0] == "submit" and "cancel" in kinds and kinds[-1] == "end"
+
+
+def test_listing_jobs_by_state_filters_and_rejects_unknown_states(api: Api) -> None:
+    token = api.tenant("team-a", v4=8)
+    job_id = api.submit(token)
+    queued = api.call("GET", "/jobs", token, params={"state": "queued"})
+    assert [j["id"] for j in queued.json()] == [job_id]
+    assert api.call("GET", "/jobs", token, params={"state": "RUNNING"}).json() == []
+    resp = api.call("GET", "/jobs", token, params={"state": "BOGUS"})
+    assert resp.status_code == 400
+    assert "'BOGUS' is not a job state; valid: QUEUED, ADMITTED" in resp.json()["error"]

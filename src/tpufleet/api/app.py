@@ -22,9 +22,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tpufleet
 from tpufleet.api import auth
-from tpufleet.control.records import ACTIVE, DEFAULT_MAX_RETRIES, JobRequest, Principal
+from tpufleet.control.records import ACTIVE, DEFAULT_MAX_RETRIES, QUEUED, TERMINAL, JobRequest, Principal
 from tpufleet.control.store import Store
-from tpufleet.errors import AuthError, ClusterError, TpufleetError
+from tpufleet.errors import AuthError, ClusterError, SpecError, TpufleetError
 
 API = "/api/v1"
 
@@ -164,7 +164,11 @@ def list_jobs(
     tenant: Annotated[str | None, Query(description="admin only: one tenant's jobs")] = None,
 ) -> list[dict[str, Any]]:
     scope = auth.job_scope(me) or tenant
-    return [j.to_dict() for j in store.jobs(tenant=scope, states=tuple(s.upper() for s in state or ()))]
+    states = tuple(s.upper() for s in state or ())
+    valid = (QUEUED, *ACTIVE, *TERMINAL)
+    for bad in (s for s in states if s not in valid):
+        raise SpecError(f"state={bad!r} is not a job state; valid: {', '.join(valid)}")
+    return [j.to_dict() for j in store.jobs(tenant=scope, states=states)]
 
 
 @router.get("/jobs/{job_id}", tags=["jobs"])
