@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from _executor_helpers import PRINT_ENV, env_of, finished, full_log, pid_alive, spec, v4_slices, wait_for
 
-from tpufleet.control.cluster import HostState
+from tpufleet.control.cluster import AttemptStatus, HostState
 from tpufleet.control.executor import RayCluster
 
 pytestmark = pytest.mark.integration
@@ -26,6 +26,14 @@ def cluster(ray_client: object) -> Iterator[RayCluster]:
     c.wait_warm([s.name for s in v4_slices(c, 2)])
     yield c
     c.release_all()  # give every slice back to Ray for the other tests on the shared fleet
+
+
+@pytest.fixture(autouse=True)
+def _stop_leftovers(cluster: RayCluster) -> Iterator[None]:
+    """A test that fails half-way must not leave its attempt holding a slice for the next one."""
+    yield
+    for job_id, attempt in cluster.running_attempts():
+        cluster.stop(job_id, attempt, grace_s=1)
 
 
 @pytest.mark.parametrize("num_slices", [1, 2])
@@ -65,17 +73,23 @@ def test_a_failing_host_shows_in_poll_while_the_others_run(cluster: RayCluster) 
     code = "import os, sys, time\nif os.environ['TPU_WORKER_ID'] == '1': sys.exit(7)\ntime.sleep(300)"
     s = spec(slices, code)
     cluster.launch(s)
-    status = wait_for(
-        "host 1 to exit",
-        lambda: cluster.poll(s.job_id, s.attempt).failure and cluster.poll(s.job_id, s.attempt),
-    )
-    by_worker = {h.worker_id: h for h in status.hosts}
-    assert (by_worker[1].state, by_worker[1].exit_code) == (HostState.EXITED, 7)
-    assert by_worker[0].state is HostState.RUNNING  # ending the attempt is the service's call
-    assert "exited with code 7" in (status.failure or "")
-    cluster.stop(s.job_id, s.attempt, grace_s=1)
+    try:
+        seen = []  # every poll until the failure shows: no host may ever look LOST on the way
+        status = wait_for("host 1 to exit", lambda: _record(seen, cluster.poll(s.job_id, s.attempt)))
+        assert not [h for st in seen for h in st.hosts if h.state is HostState.LOST], seen
+        by_worker = {h.worker_id: h for h in status.hosts}
+        assert (by_worker[1].state, by_worker[1].exit_code) == (HostState.EXITED, 7)
+        assert by_worker[0].state is HostState.RUNNING  # ending the attempt is the service's call
+        assert "exited with code 7" in (status.failure or "")
+    finally:
+        cluster.stop(s.job_id, s.attempt, grace_s=1)
     after = cluster.poll(s.job_id, s.attempt)
     assert all(h.state is HostState.EXITED for h in after.hosts)
+
+
+def _record(seen: list[AttemptStatus], status: AttemptStatus) -> AttemptStatus | None:
+    seen.append(status)
+    return status if status.failure else None
 
 
 def test_stop_ends_every_process_and_frees_the_slice(cluster: RayCluster) -> None:

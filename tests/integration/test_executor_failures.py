@@ -36,6 +36,14 @@ def cluster(ray_client: object) -> Iterator[RayCluster]:
     c.release_all()
 
 
+@pytest.fixture(autouse=True)
+def _stop_leftovers(cluster: RayCluster) -> Iterator[None]:
+    """A test that fails half-way must not leave its attempt holding a slice for the next one."""
+    yield
+    for job_id, attempt in cluster.running_attempts():
+        cluster.stop(job_id, attempt, grace_s=1)
+
+
 def _pid(cluster: RayCluster, s: AttemptSpec, slice_name: str, worker: int) -> int:
     def probe() -> str:
         return cluster.read_logs(s.job_id, s.attempt, slice_name, worker, 0).data

@@ -203,13 +203,16 @@ class RayCluster:
     # -- observe ------------------------------------------------------------------------------
     def poll(self, job_id: str, attempt: int) -> AttemptStatus:
         rec = self._record(job_id, attempt)
+        # Runners are threaded actors, so a status call may run before the start call it follows.
+        # Only a host whose start had returned before we asked can answer "never heard of it".
+        started = [h.started is None or bool(ray.wait([h.started], timeout=0)[0]) for h in rec.hosts]
         refs = [h.runner.status.remote(job_id, attempt) for h in rec.hosts]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_POLL_WAIT_S)
         done = set(ready)
         dead_nodes: set[str] | None = None
         statuses = []
-        for host, ref in zip(rec.hosts, refs, strict=True):
-            status = self._host_status(host, ref if ref in done else None)
+        for host, ref, was_started in zip(rec.hosts, refs, started, strict=True):
+            status = self._host_status(host, ref if ref in done else None, was_started)
             if status is None:  # no answer in time: a dead node, or the runner is still busy
                 if dead_nodes is None:
                     dead_nodes = {n["NodeID"] for n in _nodes() if not n.get("Alive")}
@@ -221,7 +224,7 @@ class RayCluster:
         return AttemptStatus(job_id, attempt, tuple(statuses))
 
     @staticmethod
-    def _host_status(host: _Host, ref: Any) -> HostStatus | None:
+    def _host_status(host: _Host, ref: Any, was_started: bool) -> HostStatus | None:
         def make(state: HostState, code: int | None = None) -> HostStatus:
             return HostStatus(host.slice, host.worker_id, state, code)
 
@@ -238,9 +241,9 @@ class RayCluster:
             return make(HostState.RUNNING)
         if state == "EXITED":
             return make(HostState.EXITED, code)
-        if host.started is not None and not ray.wait([host.started], timeout=0)[0]:
+        if not was_started:
             return make(HostState.STARTING)
-        return make(HostState.LOST)  # the runner never heard of it: it was replaced
+        return make(HostState.LOST)  # the runner never heard of it after starting it: it was replaced
 
     def _record(self, job_id: str, attempt: int) -> _Attempt:
         with self._lock:
