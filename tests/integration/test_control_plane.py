@@ -28,10 +28,6 @@ from tpufleet.errors import AuthError, ForbiddenError
 
 pytestmark = pytest.mark.integration
 
-if not Path(__file__).with_name("conftest.py").exists():  # the shared fleet fixtures (emulator issue)
-    pytest.skip(
-        "needs the fleet/ray_client fixtures of tests/integration/conftest.py", allow_module_level=True
-    )
 
 PY = sys.executable
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")

@@ -14,11 +14,6 @@ from tpufleet.control.executor import RayCluster
 
 pytestmark = pytest.mark.integration
 
-if not Path(__file__).with_name("conftest.py").exists():  # the shared fleet fixtures (emulator issue)
-    pytest.skip(
-        "needs the fleet/ray_client fixtures of tests/integration/conftest.py", allow_module_level=True
-    )
-
 
 @pytest.fixture(scope="module")
 def cluster(ray_client: object) -> Iterator[RayCluster]:

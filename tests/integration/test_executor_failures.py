@@ -20,10 +20,6 @@ from tpufleet.control.runner import NAMESPACE, pool_runner_name
 
 pytestmark = pytest.mark.integration
 
-if not Path(__file__).with_name("conftest.py").exists():  # the shared fleet fixtures (emulator issue)
-    pytest.skip(
-        "needs the fleet/ray_client fixtures of tests/integration/conftest.py", allow_module_level=True
-    )
 
 SLEEP_WITH_PID = "import os, time; print('PID', os.getpid(), flush=True); time.sleep(300)"
 

@@ -7,9 +7,11 @@ with its reason, so the check stays exact everywhere else.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
-tpu = pytest.importorskip("ray._private.accelerators.tpu")
+tpu = importlib.import_module("ray._private.accelerators.tpu")
 
 from tpufleet import catalog as cat  # noqa: E402
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
@@ -124,8 +125,8 @@ def test_crd_checks_reach_inside_pod_templates():
 
 
 def test_packaged_ray_start_params_match_the_installed_ray():
-    ray = pytest.importorskip("ray")
-    scripts = pytest.importorskip("ray.scripts.scripts")
+    ray = importlib.import_module("ray")
+    scripts = importlib.import_module("ray.scripts.scripts")
     accepted = {opt[2:] for param in scripts.start.params for opt in param.opts if opt.startswith("--")}
     assert ray.__version__ == RAY_VERSION
     missing, extra = sorted(accepted - RAY_START_PARAMS), sorted(RAY_START_PARAMS - accepted)

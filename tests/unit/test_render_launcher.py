@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 from spec_builders import EXAMPLE, GENERATION_CASES, all_generations, load_fleet, pool
@@ -11,8 +12,8 @@ from tpufleet.errors import SpecError
 from tpufleet.render.launcher import render_launcher
 from tpufleet.spec import read_spec
 
-ray_util = pytest.importorskip("ray.autoscaler._private.util")
-ray_tpu = pytest.importorskip("ray._private.accelerators.tpu")
+ray_util = importlib.import_module("ray.autoscaler._private.util")
+ray_tpu = importlib.import_module("ray._private.accelerators.tpu")
 
 
 def ray_up_validate(config):
