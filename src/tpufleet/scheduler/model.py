@@ -147,7 +147,7 @@ _PERMANENT = frozenset(
 )
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class NotFit:
     """A reason a job does not fit now: a stable ``code`` and a human ``message``.
 
@@ -179,21 +179,21 @@ def most_important(reasons: Iterable[NotFit]) -> NotFit:
     return min(reasons)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Admit:
     job: JobId
     slices: tuple[SliceName, ...]
     borrowing: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Preempt:
     job: JobId  # the victim: a running borrower
     for_job: JobId  # the in-quota job that needs its slices
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Wait:
     """The job stays queued for ``reason``.
 
