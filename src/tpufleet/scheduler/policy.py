@@ -103,6 +103,7 @@ class _Cycle:
         self.out: list[Decision] = []
         self._static: dict[tuple[str, int], _Static | NotFit] = {}
         self._reasons: dict[tuple[object, ...], NotFit] = {}
+        self._settled: dict[tuple[TenantName, str, int, int], NotFit] = {}
 
     def _load_slices(self, snapshot: Snapshot, held: set[SliceName]) -> dict[str, int]:
         capacity: dict[str, int] = {}
@@ -145,6 +146,7 @@ class _Cycle:
             queues.setdefault(job.tenant, []).append(job)
         deferred: dict[TenantName, list[_Entry]] = {}
         for entry in in_order(queues.items(), self._key, self._settle_in_quota_pass):
+            self._settled.clear()  # placing a job changes the state that settled them
             if entry.in_quota:
                 self._place_in_quota(entry)
             else:
@@ -190,10 +192,28 @@ class _Cycle:
             return True
         if chips <= quota:
             self.blocked.add(key)
+            self._settled.clear()
         return False
 
     def _settle_in_quota_pass(self, job: JobView) -> _Entry | None:
         """Check and classify ``job``; decide it at once (None) when nothing can change its fate.
+
+        Jobs alike (same tenant, type, size and priority: all ``_fate`` reads of a job but its id)
+        share the reason while the state stays as it was: between two placements only ``blocked``
+        changes, and both clear ``_settled``. Most queued jobs of a large queue end here.
+        """
+        shape = (job.tenant, job.accelerator_type, job.num_slices, job.priority)
+        reason = self._settled.get(shape)
+        if reason is None:
+            fate = self._fate(job)
+            if isinstance(fate, _Entry):
+                return fate
+            reason = self._settled[shape] = fate
+        self.out.append(Wait(job.id, reason))
+        return None
+
+    def _fate(self, job: JobView) -> _Entry | NotFit:
+        """An entry for the walk, or why ``job`` waits whatever other tenants do first.
 
         That is when its type is closed to it: nothing free is left unreserved, the type has its
         head of line, and the job borrows or cannot reclaim enough. None of these can change back
@@ -204,8 +224,7 @@ class _Cycle:
         if static is None:
             static = self._static[job.accelerator_type, job.num_slices] = self._check_shape(job)
         if isinstance(static, NotFit) or job.tenant not in self.tenants or static[3] is not None:
-            self.out.append(Wait(job.id, self._misfit(job, static)))
-            return None
+            return self._misfit(job, static)
         pool, gen, chips, _ = static
         quota = self.ledger.quota[job.tenant].get(gen, 0)
         beyond = self.ledger.usage[job.tenant].get(gen, 0) + chips > quota
@@ -214,8 +233,7 @@ class _Cycle:
             return _Entry(job, pool, gen, chips, in_quota)
         if in_quota and not self._reclaim_futile(job, pool):
             return _Entry(job, pool, gen, chips, in_quota)
-        self.out.append(Wait(job.id, self._blocked(job, pool, gen, chips, quota if beyond else None)))
-        return None
+        return self._blocked(job, pool, gen, chips, quota if beyond else None)
 
     def _settle_borrowing_pass(self, entry: _Entry) -> _Entry | None:
         if entry.pool.head is None or entry.pool.avail > 0:
