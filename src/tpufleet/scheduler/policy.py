@@ -76,13 +76,17 @@ def decide(snapshot: Snapshot) -> list[Decision]:
     return _Cycle(snapshot).run()
 
 
-def _queue_order(jobs: list[JobView]) -> list[JobView]:
-    """Sorted by priority (higher first), last cycle's head of line first, then seq, then id.
+def _queue_key(job: JobView) -> tuple[int, bool, int, str]:
+    """Queue order: priority (higher first), last cycle's head of line first, then seq, then id."""
+    return (-job.priority, not job.head_of_line, job.seq, job.id)
 
-    Stable sorts on one plain key each, least significant first, give the order of the tuple key
-    ``(-priority, not head_of_line, seq, id)``. Ints, bools and strings are not tracked by the
-    cyclic garbage collector; 100,000 tuple keys alive at once set off more than a hundred
-    collections, which cost more than the sorting itself.
+
+def _queue_order(jobs: list[JobView]) -> list[JobView]:
+    """``jobs`` sorted in place by ``_queue_key``.
+
+    Stable sorts on one plain key each, least significant first, give the order of the tuple key.
+    Ints, bools and strings are not tracked by the cyclic garbage collector; 100,000 tuple keys
+    alive at once set off more than a hundred collections, which cost more than the sorting itself.
     """
     jobs.sort(key=attrgetter("id"))
     jobs.sort(key=attrgetter("seq"))
@@ -106,10 +110,10 @@ class _Cycle:
     def __init__(self, snapshot: Snapshot) -> None:
         self.tenants = {t.name: t for t in sorted(snapshot.tenants, key=lambda t: t.name)}
         active: list[JobView] = []
-        queued: list[JobView] = []
+        queues: dict[TenantName, list[JobView]] = {}
         for j in snapshot.jobs:
             if j.state == JobState.QUEUED:
-                queued.append(j)
+                queues.setdefault(j.tenant, []).append(j)
             elif j.state in ACTIVE_STATES:
                 active.append(j)
         active.sort(key=lambda j: (j.seq, j.id))
@@ -117,8 +121,10 @@ class _Cycle:
         capacity = self._load_slices(snapshot, {name for j in active for name in j.slices})
         self.ledger = Ledger(self.tenants, capacity)
         self._load_active(active)
-        # Each tenant's own order; last cycle's head of line first within its priority.
-        self.queued = _queue_order(queued)
+        # Each tenant's queue in its own order; the walk starts the tenants in the order of their first jobs.
+        self.queues = sorted(
+            ((t, _queue_order(q)) for t, q in queues.items()), key=lambda tq: _queue_key(tq[1][0])
+        )
         self.blocked: set[tuple[TenantName, str]] = set()
         self.out: list[Decision] = []
         self._static: dict[tuple[str, int], _Static | NotFit] = {}
@@ -163,11 +169,8 @@ class _Cycle:
             pool.victims.sort(key=victim_order)
 
     def run(self) -> list[Decision]:
-        queues: dict[TenantName, list[JobView]] = {}
-        for job in self.queued:
-            queues.setdefault(job.tenant, []).append(job)
         deferred: dict[TenantName, list[_Entry]] = {}
-        for entry in in_order(queues.items(), self._key, self._settle_in_quota_pass):
+        for entry in in_order(self.queues, self._key, self._settle_in_quota_pass):
             self._settled.clear()  # placing a job changes the state that settled them
             if entry.in_quota:
                 self._place_in_quota(entry)
