@@ -92,6 +92,17 @@ def messy_snapshot(seed: int, per_type: int, queued: int) -> Snapshot:
     return Snapshot(tenants, slices, jobs)
 
 
+def with_seq_ties(snapshot: Snapshot, seed: int) -> Snapshot:
+    """Most queued jobs share their seq with others (ids break the ties), in shuffled order."""
+    rng = random.Random(seed)
+    jobs = [
+        replace(j, seq=j.seq // 4) if j.state == JobState.QUEUED and rng.random() < 0.7 else j
+        for j in snapshot.jobs
+    ]
+    rng.shuffle(jobs)
+    return Snapshot(snapshot.tenants, snapshot.slices, jobs)
+
+
 def simulated(seed: int, count: int) -> list[Decision]:
     rng = random.Random(seed)
     tenants = [
@@ -168,6 +179,23 @@ EXPECTED_SNAPSHOTS: dict[tuple[int, int, int], str] = {
     (38, 5, 124): "127:0ae3792862c01022",
     (39, 6, 127): "129:f9975fad93fc22cf",
 }
+EXPECTED_TIES: dict[tuple[int, int, int], str] = {
+    (1, 40, 3000): "3016:cc62ba2bafd91fdc",
+    (3, 12, 800): "810:26662d52a1446fcb",
+    (7, 200, 8000): "8039:79d3f90c1b153e1e",
+    (40, 2, 130): "130:e5a776fb01da4075",
+    (41, 3, 133): "134:b807aebc5c08ab47",
+    (42, 4, 136): "138:dada5580bfa2a043",
+    (43, 5, 139): "142:5729869b4e0a6868",
+    (44, 6, 142): "144:46bfb0c98166e39f",
+    (45, 2, 145): "147:3f44c3e5cac45298",
+    (46, 3, 148): "149:60fff0cc28ddbadd",
+    (47, 4, 151): "153:690994f383b06578",
+    (48, 5, 154): "156:c08684ce6a2c9d5d",
+    (49, 6, 157): "159:3260127ddf369663",
+    (50, 2, 160): "161:bc6b28f3c711c1b9",
+    (51, 3, 163): "163:7cdcd1f78d44d95c",
+}
 EXPECTED_SIMULATIONS: dict[tuple[int, int], str] = {
     (2, 600): "24022:1dddda0f59f1a653",
     (5, 400): "6738:e6816aa14683a8ac",
@@ -182,3 +210,8 @@ def test_messy_snapshot_decisions_are_unchanged(case: tuple[int, int, int]) -> N
 @pytest.mark.parametrize("case", sorted(EXPECTED_SIMULATIONS))
 def test_simulated_decisions_are_unchanged(case: tuple[int, int]) -> None:
     assert digest(simulated(*case)) == EXPECTED_SIMULATIONS[case]
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED_TIES))
+def test_decisions_with_shared_seqs_are_unchanged(case: tuple[int, int, int]) -> None:
+    assert digest(decide(with_seq_ties(messy_snapshot(*case), case[0]))) == EXPECTED_TIES[case]

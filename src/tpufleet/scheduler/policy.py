@@ -36,6 +36,7 @@ type has nothing left to give, see ``order``) plus O(S log S) for S slices.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -63,6 +64,7 @@ __all__ = ["decide"]
 
 _Key = tuple[int, tuple[float, float], int, str]
 _Static = tuple[TypePool, str, int, NotFit | None]  # pool, generation, chips, not enough intact
+_QUEUED = JobState.QUEUED  # looking a member up on its enum class is slow in a loop over every job
 _STICKY = (-1.0, -1.0)  # ahead of every fair share: last cycle's head of line keeps its place
 
 
@@ -81,18 +83,43 @@ def _queue_key(job: JobView) -> tuple[int, bool, int, str]:
     return (-job.priority, not job.head_of_line, job.seq, job.id)
 
 
-def _queue_order(jobs: list[JobView]) -> list[JobView]:
-    """``jobs`` sorted in place by ``_queue_key``.
+def _split(jobs: Sequence[JobView]) -> tuple[list[JobView], list[tuple[TenantName, list[JobView]]]]:
+    """The active jobs by (seq, id); each tenant's queued jobs by ``_queue_key``, tenants by their first.
 
-    Stable sorts on one plain key each, least significant first, give the order of the tuple key.
+    A pass over 100,000 jobs costs about as much as a sort of them, so the pass that splits them
+    also notes which sorts can be skipped: the one by id when no two queued jobs share a seq, the
+    one by head of line when no job held it.
+    """
+    active: list[JobView] = []
+    queues: dict[TenantName, list[JobView]] = {}
+    seqs: set[int] = set()
+    heads = False
+    for j in jobs:
+        if j.state == _QUEUED:
+            queues.setdefault(j.tenant, []).append(j)
+            seqs.add(j.seq)
+            heads = heads or j.head_of_line
+        elif j.state in ACTIVE_STATES:
+            active.append(j)
+    ties = len(seqs) < sum(len(q) for q in queues.values())
+    for queue in queues.values():
+        _sort_queue(queue, ties=ties, heads=heads)
+    active.sort(key=lambda j: (j.seq, j.id))
+    return active, sorted(queues.items(), key=lambda tq: _queue_key(tq[1][0]))
+
+
+def _sort_queue(jobs: list[JobView], *, ties: bool, heads: bool) -> None:
+    """Sort ``jobs`` in place by ``_queue_key``: stable sorts on one plain key each, least significant first.
+
     Ints, bools and strings are not tracked by the cyclic garbage collector; 100,000 tuple keys
     alive at once set off more than a hundred collections, which cost more than the sorting itself.
     """
-    jobs.sort(key=attrgetter("id"))
+    if ties:
+        jobs.sort(key=attrgetter("id"))
     jobs.sort(key=attrgetter("seq"))
-    jobs.sort(key=attrgetter("head_of_line"), reverse=True)  # reverse keeps ties in order (stable)
+    if heads:
+        jobs.sort(key=attrgetter("head_of_line"), reverse=True)  # reverse keeps ties in order (stable)
     jobs.sort(key=attrgetter("priority"), reverse=True)
-    return jobs
 
 
 @dataclass(slots=True)
@@ -109,22 +136,11 @@ class _Cycle:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.tenants = {t.name: t for t in sorted(snapshot.tenants, key=lambda t: t.name)}
-        active: list[JobView] = []
-        queues: dict[TenantName, list[JobView]] = {}
-        for j in snapshot.jobs:
-            if j.state == JobState.QUEUED:
-                queues.setdefault(j.tenant, []).append(j)
-            elif j.state in ACTIVE_STATES:
-                active.append(j)
-        active.sort(key=lambda j: (j.seq, j.id))
+        active, self.queues = _split(snapshot.jobs)
         self.pools: dict[str, TypePool] = {}
         capacity = self._load_slices(snapshot, {name for j in active for name in j.slices})
         self.ledger = Ledger(self.tenants, capacity)
         self._load_active(active)
-        # Each tenant's queue in its own order; the walk starts the tenants in the order of their first jobs.
-        self.queues = sorted(
-            ((t, _queue_order(q)) for t, q in queues.items()), key=lambda tq: _queue_key(tq[1][0])
-        )
         self.blocked: set[tuple[TenantName, str]] = set()
         self.out: list[Decision] = []
         self._static: dict[tuple[str, int], _Static | NotFit] = {}
