@@ -4,10 +4,11 @@ Each tenant's queue is already in its own order (priority, then seq). A heap hol
 tenant's next item; a tenant's key is computed only when its next item is pushed, which is after
 the tenant's previous item was processed, so admissions made on the way are seen by the order.
 
-``settle(item)`` lets the caller decide an item the moment it reaches the front of its tenant's
-queue, without a trip through the heap, when its fate cannot depend on what other tenants do
-first (for example: its slice type has nothing left to give). That keeps a cycle over 100,000
-queued jobs cheap when most of them can only wait.
+``settle(queue, start)`` lets the caller decide items the moment they reach the front of their
+tenant's queue, without a trip through the heap, while their fate cannot depend on what other
+tenants do first (for example: their slice type has nothing left to give). That keeps a cycle over
+100,000 queued jobs cheap when most of them can only wait; ``settle`` walks the run of such items
+itself, so deciding one costs no call.
 """
 
 from __future__ import annotations
@@ -26,23 +27,22 @@ K = TypeVar("K", bound=tuple[object, ...])
 def in_order(
     queues: Iterable[tuple[Hashable, list[T]]],
     key: Callable[[U], K],
-    settle: Callable[[T], U | None],
+    settle: Callable[[list[T], int], tuple[int, U] | None],
 ) -> Iterator[U]:
     """Yield what ``settle`` makes of the items of all ``queues``, smallest ``key`` first.
 
-    ``settle(item)`` is called when the item reaches the front of its queue: None means the caller
-    has decided it (it is skipped), anything else goes into the heap under ``key(it)``, which must
-    be unique per item (include an id) so ties never compare further.
+    ``settle(queue, start)`` is called when ``queue[start]`` reaches the front of its queue. It
+    decides items from ``start`` on (they are skipped) until one it cannot decide, and returns that
+    one's index and what it made of it, which goes into the heap under ``key(it)``; None when it
+    decided them all. Keys must be unique per item (include an id) so ties never compare further.
     """
     heap: list[tuple[K, int, list[T], U]] = []
 
-    def push(queue: list[T], index: int) -> None:
-        while index < len(queue):
-            item = settle(queue[index])
-            if item is not None:
-                heapq.heappush(heap, (key(item), index, queue, item))
-                return
-            index += 1
+    def push(queue: list[T], start: int) -> None:
+        found = settle(queue, start)
+        if found is not None:
+            index, item = found
+            heapq.heappush(heap, (key(item), index, queue, item))
 
     for _, queue in queues:
         push(queue, 0)

@@ -236,21 +236,24 @@ class _Cycle:
             self._settled.clear()
         return False
 
-    def _settle_in_quota_pass(self, job: JobView) -> _Entry | None:
-        """Check and classify ``job``; decide it at once (None) when nothing can change its fate.
+    def _settle_in_quota_pass(self, queue: list[JobView], start: int) -> tuple[int, _Entry] | None:
+        """Decide the jobs from ``start`` on whose fate nothing can change; the first job that needs the walk.
 
         Jobs alike (same tenant, type, size and priority: all ``_fate`` reads of a job but its id)
         share the reason while the state stays as it was: between two placements only ``blocked``
         changes, and both clear ``_settled``. Most queued jobs of a large queue end here.
         """
-        shape = (job.tenant, job.accelerator_type, job.num_slices, job.priority)
-        reason = self._settled.get(shape)
-        if reason is None:
-            fate = self._fate(job)
-            if isinstance(fate, _Entry):
-                return fate
-            reason = self._settled[shape] = fate
-        self.out.append(Wait(job.id, reason))
+        settled, out = self._settled, self.out
+        for index in range(start, len(queue)):
+            job = queue[index]
+            shape = (job.tenant, job.accelerator_type, job.num_slices, job.priority)
+            reason = settled.get(shape)
+            if reason is None:
+                fate = self._fate(job)
+                if isinstance(fate, _Entry):
+                    return index, fate
+                reason = settled[shape] = fate
+            out.append(Wait(job.id, reason))
         return None
 
     def _fate(self, job: JobView) -> _Entry | NotFit:
@@ -276,10 +279,12 @@ class _Cycle:
             return _Entry(job, pool, gen, chips, in_quota)
         return self._blocked(job, pool, gen, chips, quota if beyond else None)
 
-    def _settle_borrowing_pass(self, entry: _Entry) -> _Entry | None:
-        if entry.pool.head is None or entry.pool.avail > 0:
-            return entry
-        self._place_borrower(entry)
+    def _settle_borrowing_pass(self, queue: list[_Entry], start: int) -> tuple[int, _Entry] | None:
+        for index in range(start, len(queue)):
+            entry = queue[index]
+            if entry.pool.head is None or entry.pool.avail > 0:
+                return index, entry
+            self._place_borrower(entry)
         return None
 
     def _reclaim_futile(self, job: JobView, pool: TypePool) -> bool:
