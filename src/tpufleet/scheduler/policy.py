@@ -29,9 +29,9 @@ Modelled on Kueue's ClusterQueue / Cohort semantics, applied to whole TPU slices
    reservation drained to zero would win the tie and take it).
 
 Slices are handed out whole, lowest name first (numbers compared as numbers). ``BROKEN`` and
-``DRAINING`` slices are never assigned. The cost is O(J log J) for J queued jobs (one sort; the
-walk is O(log T) per job that can still change something, for T tenants, and O(1) per job whose
-type has nothing left to give, see ``order``) plus O(S log S) for S slices.
+``DRAINING`` slices are never assigned. The cost is O(J log J) for J queued jobs (sorting each
+tenant's queue; the walk is O(log T) per job that can still change something, for T tenants, and
+O(1) per job whose type has nothing left to give, see ``order``) plus O(S log S) for S slices.
 """
 
 from __future__ import annotations
