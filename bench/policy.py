@@ -5,6 +5,9 @@
 Part 1 builds one snapshot of a fleet of about ``--hosts`` hosts (v4-16, v4-32, v5p-8, v6e-4 and
 v6e-16 slices, 2% broken, 1% draining, ~85% held by running jobs, a third of them borrowers) with
 50 tenants and ``--queued`` queued jobs, and times ``decide()`` over ``--runs`` runs (p50, max).
+Each run starts after a ``gc.collect()``: a cycle allocates a ``Wait`` per queued job, and whether
+the collector then runs one or two full collections inside it depends on what the process
+allocated before (building an ``ArgumentParser`` first was enough to move the p50 by 0.1 s).
 Part 2 drives the policy with ``scheduler.simulate`` over a stream of jobs on a smaller fleet and
 prints the wall time, cycles, waits and each tenant's share of the chip-ticks against its weight.
 Everything is seeded, so the figures change only with the code and the machine.
@@ -13,6 +16,7 @@ Everything is seeded, so the figures change only with the code and the machine.
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import sys
@@ -97,6 +101,7 @@ def time_decide(snapshot: Snapshot, runs: int) -> None:
     queued = sum(1 for j in snapshot.jobs if j.state == JobState.QUEUED)
     times, decisions = [], []
     for _ in range(runs):
+        gc.collect()  # each run starts from the same collector state (see the docstring)
         start = time.perf_counter()
         decisions = decide(snapshot)
         times.append(time.perf_counter() - start)
