@@ -205,7 +205,9 @@ class RayCluster:
         rec = self._record(job_id, attempt)
         # Runners are threaded actors, so a status call may run before the start call it follows.
         # Only a host whose start had returned before we asked can answer "never heard of it".
-        started = [h.started is None or bool(ray.wait([h.started], timeout=0)[0]) for h in rec.hosts]
+        starts = [h.started for h in rec.hosts if h.started is not None]
+        returned = set(ray.wait(starts, num_returns=len(starts), timeout=0)[0]) if starts else set()
+        started = [h.started is None or h.started in returned for h in rec.hosts]
         refs = [h.runner.status.remote(job_id, attempt) for h in rec.hosts]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_POLL_WAIT_S)
         done = set(ready)
