@@ -38,7 +38,6 @@ __all__ = [
     "SliceType",
     "Topology",
     "all_slice_types",
-    "chips_per_host_options",
     "find",
     "from_gke",
     "generation",
@@ -363,11 +362,6 @@ def from_gke(accelerator_label: str, topology: str, machine_type: str | None = N
         f"{accelerator_label!r} is not a GKE TPU accelerator"
         f"{suggest(closest(accelerator_label, labels) or labels)}"
     )
-
-
-def chips_per_host_options(gen_name: str) -> tuple[int, ...]:
-    """The ``google.com/tpu`` values a pod of this generation may request."""
-    return tuple(sorted(generation(gen_name).machine_types))
 
 
 def parse_slice_list(text: str) -> list[tuple[SliceType, int]]:
