@@ -48,8 +48,8 @@ def test_wrong_example_is_flagged_and_right_one_is_clean(code, schemas):
     source = _source(schemas)
     wrong, right = EXAMPLES[code]
     flagged = lint_text(wrong, f"{code}-wrong.yaml", source)
-    assert code in {f.code for f in flagged}, [f.text() for f in flagged]
-    assert all(f.severity == "error" for f in flagged if f.code == code)
+    assert {f.code for f in flagged} == {code}, [f.text() for f in flagged]  # its own rule, no other
+    assert all(f.severity == "error" for f in flagged)
     assert lint_text(right, f"{code}-right.yaml", source) == []
 
 
@@ -203,3 +203,49 @@ def test_ray_start_params_that_kuberay_itself_rejects(change, path, words):
     found = lint_text(dump_yaml([doc]), "x.yaml", fallback_schemas)
     assert [(f.code, f.path) for f in found] == [("TPF010", f"spec.workerGroupSpecs[0].{path}")]
     assert words in found[0].message
+
+
+BAD = REPO / "examples" / "bad-raycluster.yaml"
+
+
+@pytest.mark.parametrize("schemas", ["crd", "structural"])
+def test_bad_example_has_exactly_one_finding_per_marked_line(schemas):
+    text = BAD.read_text(encoding="utf-8")
+    marked = {
+        n: m.group(1)
+        for n, line in enumerate(text.splitlines(), 1)
+        if (m := re.search(r"# wrong: (TPF\d{3})", line))
+    }
+    found = [(f.line, f.code) for f in lint_text(text, str(BAD), _source(schemas))]
+    assert sorted(found) == sorted(marked.items()), [f"{line}: {code}" for line, code in found]
+    assert sorted(marked.values()) == sorted(RULES)  # one mistake per rule
+
+
+@pytest.mark.parametrize("schemas", ["crd", "structural"])
+def test_a_v1alpha1_object_gets_tpf001_and_no_schema_noise(schemas):
+    """The v1alpha1 schema has no numOfHosts and requires rayStartParams: checking the old object
+    against it would add TPF009s that TPF001's fix (apiVersion: ray.io/v1) removes."""
+    doc = yaml.safe_load(EXAMPLES["TPF007"][1])  # a clean multi-host v1 cluster
+    del doc["spec"]["workerGroupSpecs"][0]["rayStartParams"]
+    doc["apiVersion"] = "ray.io/v1alpha1"
+    found = lint_text(dump_yaml([doc]), "old.yaml", _source(schemas))
+    assert [f.code for f in found] == ["TPF001"], [f.text() for f in found]
+
+
+def test_requests_and_limits_that_differ_do_not_set_off_a_host_count_that_contradicts_them():
+    """requests 4 / limits 8 on a v6e 2x4: 8 chips per host is one host, 4 is two. numOfHosts 1 fits
+    the limits, so only TPF006 speaks; numOfHosts 3 fits neither, so TPF007 speaks too."""
+    doc = yaml.safe_load(EXAMPLES["TPF006"][0])
+    assert [f.code for f in lint_text(dump_yaml([doc]), "x.yaml")] == ["TPF006"]
+    doc["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 3
+    assert sorted(f.code for f in lint_text(dump_yaml([doc]), "x.yaml")) == ["TPF006", "TPF007"]
+
+
+@pytest.mark.parametrize("schemas", ["crd", "structural"])
+def test_no_finding_calls_a_field_unknown_where_another_asks_to_set_it(schemas):
+    texts = [BAD.read_text(encoding="utf-8"), *(wrong for wrong, _ in EXAMPLES.values())]
+    for text in texts:
+        found = lint_text(text, "x.yaml", _source(schemas))
+        unknown = {f.path for f in found if f.code == "TPF009" and "is not a field" in f.message}
+        others = {f.path for f in found if f.code != "TPF009"}
+        assert not unknown & others, [f.text() for f in found]

@@ -67,15 +67,17 @@ class Group:
                 out.append((path, req, lim))
         return out
 
-    def pod_chips(self) -> tuple[Path, int] | None:
+    def pod_chips(self, prefer_limits: bool = False) -> tuple[Path, int] | None:
         """The pod's ``google.com/tpu`` count as the GKE TPU webhook and the scheduler see it: summed over
-        the (non-init) containers, each container's requests or else its limits; None when no container
-        asks or a value is not an integer. The path is the first asking container's."""
+        the (non-init) containers, each container's requests or else its limits (``prefer_limits``:
+        the other way round, the reading TPF006's fix may choose); None when no container asks or a
+        value is not an integer. The path is the first asking container's."""
         total, first = 0, None
         for path, req, lim in self.tpu_values():
             if path[-2] != "containers":
                 continue
-            chips = _int(req if req is not None else lim)
+            one, other = (lim, req) if prefer_limits else (req, lim)
+            chips = _int(one if one is not None else other)
             if chips is None:
                 return None
             total += chips
@@ -242,11 +244,11 @@ def _requests_limits(group: Group) -> Iterator[Problem]:
                 ),
             )
         elif req is not None and _int(req) != _int(lim):
-            yield (
+            yield (  # at the limits: TPF005 reports a bad requests value on the requests line
                 "TPF006",
-                (*path, "resources", "requests", TPU),
+                (*path, "resources", "limits", TPU),
                 (
-                    f"{TPU} requests ({req}) differ from limits ({lim}); TPU chips cannot be shared: "
+                    f"{TPU} limits ({lim}) differ from requests ({req}); TPU chips cannot be shared: "
                     f"set both to the chips per host"
                 ),
             )
@@ -256,14 +258,19 @@ def _num_of_hosts(group: Group) -> Iterator[Problem]:
     shapes = _shapes(group)
     if not group.worker or not shapes:
         return
-    pod = group.pod_chips()
-    chips = pod[1] if pod else 0
-    shape = next((st for st in shapes if st.chips_per_host == chips), shapes[0])
+    # Requests and limits that differ (TPF006) give two readings of the chips per host; numOfHosts
+    # that fits either one is left to TPF006, so the two findings never ask for opposite fixes.
+    readings = [group.pod_chips(), group.pod_chips(prefer_limits=True)]
+    fits = [
+        next((st for st in shapes if st.chips_per_host == (pod[1] if pod else 0)), shapes[0])
+        for pod in readings
+    ]
+    shape = fits[0]
     expected = shape.hosts
     have = group.data.get("numOfHosts")
-    if have is None and expected == 1:
+    if have is None and all(st.hosts == 1 for st in fits):
         return
-    if have is None or _int(have) != expected:
+    if have is None or all(_int(have) != st.hosts for st in fits):
         what = "missing" if have is None else f"{have}"
         yield (
             "TPF007",
