@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,9 +13,19 @@ import pytest
 import yaml
 from spec_builders import EXAMPLE, REPO
 
-from tpufleet.cli.config import launcher_argv, run_launcher
+from tpufleet.cli.config import default_gce_dir, launcher_argv, run_launcher
+from tpufleet.errors import InputError
 
 BAD = REPO / "examples" / "bad-raycluster.yaml"
+# google-auth never probes a metadata server from a test: NO_GCE_CHECK must be lowercase "true" for
+# google-auth 2.63 to skip the probe, and both metadata addresses point at a closed local port.
+NO_CLOUD = {"NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
+
+
+def no_credentials_env(home: Path) -> dict[str, str]:
+    """This environment without any Google credentials: an empty HOME and gcloud config."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "CLOUDSDK_"))}
+    return {**env, **NO_CLOUD, "HOME": str(home), "CLOUDSDK_CONFIG": str(home / "gcloud")}
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -57,6 +68,7 @@ def test_render_to_a_directory_writes_one_file_per_object_and_says_so(tmp_path):
 def test_render_gce_with_rays_check(tmp_path):
     out = run("render", str(EXAMPLE), "--target", "gce", "-o", str(tmp_path), "--check")
     assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # no stray Ray `INFO util.py` line from its validation
     config = yaml.safe_load((tmp_path / "research-fleet-gce.yaml").read_text())
     assert config["provider"]["type"] == "gcp"
     assert "wrote" in out.stdout and "research-fleet-gce.yaml" in out.stdout
@@ -123,7 +135,7 @@ def test_up_down_attach_run_ray_on_the_rendered_file(tmp_path, action, yes, tail
         calls.append(argv)
         return 3
 
-    path, argv, rc = run_launcher(action, EXAMPLE, tmp_path, yes=yes, runner=runner)
+    path, argv, rc = run_launcher(action, EXAMPLE, tmp_path, yes=yes, runner=runner, credentials=lambda: None)
     assert rc == 3 and calls == [argv]
     assert path == tmp_path / "research-fleet-gce.yaml"
     assert Path(argv[0]).name == "ray"
@@ -148,3 +160,42 @@ def test_an_output_path_that_is_a_file_is_one_line_exit_2(tmp_path):
     out = run("render", str(EXAMPLE), "-o", str(tmp_path / "taken"))
     assert out.returncode == 2 and "cannot write the output there" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("action", ["up", "down", "attach"])
+def test_launcher_without_google_credentials_is_one_line_exit_2_before_ray_runs(tmp_path, action):
+    env = no_credentials_env(tmp_path / "home")
+    out = subprocess.run(
+        [sys.executable, "-m", "tpufleet", action, str(EXAMPLE), "--target", "gce"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert (
+        "no Google Cloud credentials" in out.stderr and "gcloud auth application-default login" in out.stderr
+    )
+    assert "Traceback" not in out.stderr and "ray" not in out.stdout
+    assert [p.name for p in tmp_path.iterdir()] == []  # nothing written: not in the cwd, not in HOME
+
+
+def test_the_credentials_check_runs_before_ray_and_nothing_is_written(tmp_path):
+    calls: list[list[str]] = []
+
+    def no_credentials() -> None:
+        raise InputError("no Google Cloud credentials")
+
+    with pytest.raises(InputError):
+        run_launcher("up", EXAMPLE, tmp_path / "out", runner=calls.append, credentials=no_credentials)  # type: ignore[arg-type]
+    assert calls == [] and not (tmp_path / "out").exists()
+
+
+def test_the_rendered_launcher_config_goes_to_a_state_dir_not_the_working_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("TPUFLEET_GCE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_gce_dir() == tmp_path / ".cache" / "tpufleet" / "gce"
+    monkeypatch.setenv("TPUFLEET_GCE_DIR", str(tmp_path / "gce"))
+    assert default_gce_dir() == tmp_path / "gce"

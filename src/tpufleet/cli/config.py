@@ -8,6 +8,8 @@ in ``render --check --target gce`` (Ray's own launcher validation), and ``up|dow
 from __future__ import annotations
 
 import copy
+import logging
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -26,7 +28,15 @@ from tpufleet.render.kuberay import render_kuberay
 from tpufleet.render.launcher import render_launcher
 from tpufleet.spec import FleetSpec, read_spec
 
-__all__ = ["RayRunner", "dump_yaml", "launcher_argv", "run_launcher", "write_objects"]
+__all__ = [
+    "RayRunner",
+    "default_gce_dir",
+    "dump_yaml",
+    "google_credentials",
+    "launcher_argv",
+    "run_launcher",
+    "write_objects",
+]
 
 RayRunner = Callable[[list[str]], int]
 
@@ -89,10 +99,15 @@ def _check(objects: list[dict[str, Any]], target: Target) -> None:
     if target is Target.gce:
         from ray.autoscaler._private.util import prepare_config, validate_config
 
+        quiet = logging.getLogger("ray.autoscaler")  # prepare_config logs its defaults at INFO
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)
         try:
             validate_config(prepare_config(copy.deepcopy(objects[0])))
         except Exception as err:  # Ray raises ValueError or jsonschema errors
             raise SpecError(f"Ray's launcher validation rejects the rendered config: {err}") from None
+        finally:
+            quiet.setLevel(level)
         return
     findings = lint_objects(objects, _schemas(None, structural=False))
     if findings:
@@ -191,12 +206,55 @@ def _subprocess_runner(argv: list[str]) -> int:
     return subprocess.call(argv)  # interactive: ray up asks, ray attach opens a shell
 
 
+def default_gce_dir() -> Path:
+    """Where ``up``/``down``/``attach`` keep the rendered config (``ray down`` needs the same file):
+    ``$TPUFLEET_GCE_DIR``, else ``~/.cache/tpufleet/gce``; never the working directory."""
+    return Path(os.environ.get("TPUFLEET_GCE_DIR") or Path("~/.cache/tpufleet/gce").expanduser())
+
+
+def google_credentials() -> None:
+    """Application Default Credentials as ``ray up`` on GCP will look for them, or an InputError.
+
+    Reads ``$GOOGLE_APPLICATION_CREDENTIALS`` and gcloud's ADC file; on a GCE VM, the metadata
+    server. Also fails, in one line, when the launcher's client libraries are missing.
+    """
+    try:
+        import google.auth
+        import google_auth_httplib2  # noqa: F401  Ray's GCP launcher imports both
+        import googleapiclient  # noqa: F401
+    except ImportError as err:
+        raise InputError(
+            f"`ray up` on GCE needs the Google API client ({err.name} is not installed); "
+            "reinstall with `make venv` (requirements.lock pins it)"
+        ) from None
+    from google.auth.exceptions import GoogleAuthError
+
+    try:
+        google.auth.default()
+    except GoogleAuthError as err:
+        cause = str(err).split(". ")[0].rstrip(".")
+        raise InputError(
+            f"no Google Cloud credentials for `ray up` ({cause}): run `gcloud auth application-default "
+            "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file"
+        ) from None
+
+
 def run_launcher(
-    action: str, spec_file: Path, out_dir: Path, yes: bool = False, runner: RayRunner = _subprocess_runner
+    action: str,
+    spec_file: Path,
+    out_dir: Path,
+    yes: bool = False,
+    runner: RayRunner = _subprocess_runner,
+    credentials: Callable[[], None] = google_credentials,
 ) -> tuple[Path, list[str], int]:
-    """Render the spec for GCE into ``out_dir`` and run ``ray <action>`` on it."""
+    """Render the spec for GCE into ``out_dir`` and run ``ray <action>`` on it, once ``credentials``
+    (Application Default Credentials by default) says Ray's launcher can reach the project."""
     spec = read_spec(spec_file)
-    (path,) = write_objects([render_launcher(spec)], out_dir, f"{spec.name}-gce.yaml")
+    config = render_launcher(spec)
+    if not str(config["provider"].get("project_id") or "").strip():
+        raise SpecError("gce.project_id is empty; set the Google Cloud project the TPU VMs go in")
+    credentials()
+    (path,) = write_objects([config], out_dir, f"{spec.name}-gce.yaml")
     argv = launcher_argv(action, path, yes)
     return path, argv, runner(argv)
 
@@ -207,9 +265,14 @@ def _launcher_command(action: str, doc: str) -> None:
         target: Annotated[
             Target, typer.Option(help="Only gce: KubeRay objects go through kubectl.")
         ] = Target.gce,
-        out: Annotated[Path, typer.Option("-o", "--out", help="Where the rendered config goes.")] = Path(
-            ".tpufleet"
-        ),
+        out: Annotated[
+            Path | None,
+            typer.Option(
+                "-o",
+                "--out",
+                help="Where the rendered config goes (default $TPUFLEET_GCE_DIR or ~/.cache/tpufleet/gce).",
+            ),
+        ] = None,
         yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     ) -> None:
         if target is not Target.gce:
@@ -217,7 +280,7 @@ def _launcher_command(action: str, doc: str) -> None:
                 f"`tpufleet {action}` drives the GCE launcher; for GKE use "
                 "`tpufleet render SPEC --target kuberay -o DIR` and `kubectl apply -f DIR`"
             )
-        path, argv, rc = run_launcher(action, spec_file, out, yes)
+        path, argv, rc = run_launcher(action, spec_file, out or default_gce_dir(), yes)
         console_err.print(f"rendered {path}; ran: {' '.join(argv)}", highlight=False)
         if rc:
             raise typer.Exit(rc)
