@@ -1,14 +1,21 @@
 """The REST API: ``create_app(store)`` -> a FastAPI app with routes under ``/api/v1`` and ``/healthz``.
 
-Thin: parse (pydantic v2), authenticate (``auth.py``), call the store, return JSON. The scheduling
-loop is told about changes through ``on_change`` (it wakes up instead of waiting for its next
-tick). Every error is ``{"error": "<one line>"}`` with the status of its
-:class:`~tpufleet.errors.TpufleetError` (400 bad input, 401, 403, 404, 409, 422 malformed body,
-503 cluster or database trouble). OpenAPI is at ``/openapi.json``, the docs at ``/docs``.
+Thin: parse (pydantic v2, strict: no string or boolean is coerced to a number), authenticate
+(``auth.py``), call the store, return JSON. Everything a caller sends is untrusted: bodies are
+capped before they are read whole (``Limits``, 413), fields are validated by
+:meth:`JobRequest.build` (the one path into the store), and a tenant asking for another tenant's
+job gets the same 404 as for a job that does not exist. The scheduling loop is told about changes
+through ``on_change`` (it wakes up instead of waiting for its next tick). Every error is
+``{"error": "<one line>"}`` with the status of its :class:`~tpufleet.errors.TpufleetError` (400
+bad input, 401, 403, 404, 409, 413 body too large, 415, 422 malformed body, 503 cluster or
+database trouble), and the OpenAPI schema (``/openapi.json``, docs at ``/docs``) declares them.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -17,38 +24,102 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tpufleet
 from tpufleet.api import auth
-from tpufleet.control.records import ACTIVE, DEFAULT_MAX_RETRIES, QUEUED, TERMINAL, JobRequest, Principal
+from tpufleet.api.limits import BodyLimit
+from tpufleet.control.records import (
+    ACTIVE,
+    DEFAULT_MAX_RETRIES,
+    PAGE_DEFAULT,
+    PAGE_MAX,
+    QUEUED,
+    TENANT_NAME,
+    TERMINAL,
+    JobRequest,
+    Limits,
+    Principal,
+)
 from tpufleet.control.store import Store
 from tpufleet.errors import AuthError, ClusterError, SpecError, TpufleetError
 
 API = "/api/v1"
 
 
+class ErrorBody(BaseModel):
+    error: str = Field(description="one line: what was wrong and what is accepted")
+
+
+_WHY = {
+    400: "bad input",
+    401: "missing or unknown bearer token",
+    403: "the token may not do this",
+    404: "no such object (or another tenant's)",
+    409: "conflicts with the object's state or a cap",
+    413: "request body over the cap",
+    415: "wrong Content-Type",
+    422: "malformed body or parameters",
+    503: "database or cluster unavailable",
+}
+
+
+def _errs(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the errors a route really returns (every /api/v1 route: 401, 503)."""
+    return {c: {"model": ErrorBody, "description": _WHY[c]} for c in sorted({401, 503, *codes})}
+
+
 class TenantCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(description="lowercase letters, digits and '-', 1 to 63 characters")
     quota: dict[str, int] = Field(
-        default_factory=dict, description="nominal chips per generation, e.g. {'v4': 32}"
+        default_factory=dict, description="nominal chips per generation (0 to 1,000,000), e.g. {'v4': 32}"
     )
-    weight: float = 1.0
+    weight: float = Field(1.0, description="fair-share weight, above 0 and at most 1000")
 
 
 class JobSubmit(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    command: list[str] = Field(description="run on every host, SPMD style, e.g. ['python', 'train.py']")
+    model_config = ConfigDict(extra="forbid", strict=True)
+    command: list[str] = Field(
+        description="run on every host, SPMD style, e.g. ['python', 'train.py']; at most 256 arguments "
+        "of 8 KiB, 64 KiB in all, no NUL"
+    )
     accelerator_type: str = Field(description="slice type, GCE naming, e.g. v4-16, v6e-16")
-    num_slices: int = 1
-    priority: int = 0
-    max_retries: int = DEFAULT_MAX_RETRIES
-    name: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    working_dir: str | None = Field(None, description="directory shipped to every host (Ray runtime_env)")
+    num_slices: int = Field(1, description="1 to 4096")
+    priority: int = Field(0, description="-1,000,000 to 1,000,000; higher runs first")
+    max_retries: int = Field(DEFAULT_MAX_RETRIES, description="0 to 100")
+    name: str | None = Field(None, description="1 to 128 printable characters (default: from the command)")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="at most 256 variables, values of 32 KiB, 256 KiB in all"
+    )
+    working_dir: str | None = Field(
+        None,
+        description="shipped to every host: a package id sha256:<64 hex> from POST /api/v1/packages, "
+        "or a URL under a prefix the operator allows (serve --allow-working-dir-url)",
+    )
     tenant: str | None = Field(None, description="only with the admin token: the tenant to submit for")
+
+
+class JobPage(BaseModel):
+    items: list[dict[str, Any]]
+    next: str | None = Field(description="pass as ?after= for the next page; null on the last page")
+
+
+class PackageOut(BaseModel):
+    id: str = Field(description="sha256:<64 hex>: the working_dir of a job")
+    size: int
+
+
+class Health(BaseModel):
+    status: str = Field(description="ok, or stalled when the scheduling loop is not cycling")
+    version: str
+    cycles: int
+
+
+class UnsupportedMediaType(SpecError):
+    http_status = 415
 
 
 def _store(request: Request) -> Store:
@@ -69,41 +140,72 @@ Db = Annotated[Store, Depends(_store)]
 router = APIRouter()
 
 
+STATUS_DEFAULTS: dict[str, Any] = {
+    "cycles": 0,
+    "stalled": False,
+    "last_error": None,
+    "cycle_ms_last": None,
+    "cycle_ms_p50": None,
+}
+
+
 def create_app(
     store: Store,
     *,
     on_change: Callable[[], None] = lambda: None,
     status: Callable[[], dict[str, Any]] = dict,
+    limits: Limits | None = None,
 ) -> FastAPI:
-    """The API over ``store``. ``status`` adds fields (the loop's health) to ``/healthz``."""
+    """The API over ``store``. ``status`` is the loop's health (``cycles``, ``stalled``,
+    ``last_error``, ``cycle_ms_last``, ``cycle_ms_p50``; missing keys read as their defaults):
+    ``/healthz`` shows only whether it cycles, ``GET /api/v1/status`` (admin) all of it. ``limits``:
+    the caps on what callers send (default: the store's)."""
     app = FastAPI(
         title="tpufleet",
         version=tpufleet.__version__,
         description="A multi-tenant queue that places SPMD jobs on whole TPU slices.",
         openapi_url="/openapi.json",
     )
+    app.state.limits = limits or store.limits
     app.state.store, app.state.on_change = store, on_change
+    app.state.status = lambda: {**STATUS_DEFAULTS, **(status() or {})}
+    app.add_middleware(BodyLimit, limits=app.state.limits, upload_path=f"{API}/packages")
     _errors(app)
 
-    @app.get("/healthz", tags=["health"])
+    @app.get("/healthz", tags=["health"], response_model=Health, responses={503: {"model": Health}})
     def healthz() -> JSONResponse:
+        """Unauthenticated liveness: ``ok``, or ``stalled`` (503) when the scheduling loop is not
+        cycling or the database does not answer. Never any error text (see ``GET /api/v1/status``)."""
         try:
+            info = app.state.status()
             with store.tx() as s:
                 s.execute(text("SELECT 1"))
-        except Exception as err:
-            return JSONResponse({"status": "error", "error": f"database: {err}"}, status_code=503)
-        return JSONResponse({"status": "ok", "version": tpufleet.__version__, **status()})
+            stalled = bool(info["stalled"])
+            cycles = int(info["cycles"] or 0)
+        except Exception:
+            stalled, cycles = True, 0
+        body = {"status": "stalled" if stalled else "ok", "version": tpufleet.__version__, "cycles": cycles}
+        return JSONResponse(body, status_code=503 if stalled else 200)
 
     app.include_router(router, prefix=API)
     return app
 
 
-@router.get("/whoami", tags=["auth"])
+@router.get("/whoami", tags=["auth"], responses=_errs())
 def whoami(me: Who) -> dict[str, Any]:
     return {"tenant": me.tenant, "admin": me.admin}
 
 
-@router.post("/tenants", status_code=201, tags=["tenants"])
+@router.get("/status", tags=["health"], responses=_errs(403))
+def scheduler_status(me: Who, store: Db, request: Request) -> dict[str, Any]:
+    """The loop's figures and the fleet's counts (admin): ``queued``, ``running`` (jobs holding
+    slices), ``cycles``, ``cycle_ms_last``, ``cycle_ms_p50``, ``slices`` (count by state),
+    ``stalled``, ``last_error``."""
+    auth.require_admin(me)
+    return {**request.app.state.status(), **store.counts()}
+
+
+@router.post("/tenants", status_code=201, tags=["tenants"], responses=_errs(400, 403, 409, 413, 422))
 def create_tenant(body: TenantCreate, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Create a tenant (admin). Its token is in the answer, and only there."""
     auth.require_admin(me)
@@ -112,13 +214,13 @@ def create_tenant(body: TenantCreate, me: Who, store: Db, request: Request) -> d
     return {**tenant.to_dict(), "token": token}
 
 
-@router.get("/tenants", tags=["tenants"])
+@router.get("/tenants", tags=["tenants"], responses=_errs(403))
 def list_tenants(me: Who, store: Db) -> list[dict[str, Any]]:
     auth.require_admin(me)
     return [t.to_dict() for t in store.tenants()]
 
 
-@router.get("/slices", tags=["slices"])
+@router.get("/slices", tags=["slices"], responses=_errs())
 def list_slices(me: Who, store: Db) -> list[dict[str, Any]]:
     """Every slice and its state; a tenant's token sees the holder only of its own jobs (another
     tenant's job id shows as null, the slice still HELD)."""
@@ -131,7 +233,7 @@ def list_slices(me: Who, store: Db) -> list[dict[str, Any]]:
     return rows
 
 
-@router.post("/slices/{name}/drain", tags=["slices"])
+@router.post("/slices/{name}/drain", tags=["slices"], responses=_errs(403, 404))
 def drain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Place no new job on the slice (admin); its current holder runs to the end."""
     auth.require_admin(me)
@@ -140,7 +242,7 @@ def drain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     return out
 
 
-@router.post("/slices/{name}/undrain", tags=["slices"])
+@router.post("/slices/{name}/undrain", tags=["slices"], responses=_errs(403, 404))
 def undrain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     auth.require_admin(me)
     out = store.set_draining(name, False).to_dict()
@@ -148,41 +250,112 @@ def undrain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     return out
 
 
-@router.post("/jobs", status_code=201, tags=["jobs"])
+@router.post(
+    "/packages",
+    status_code=201,
+    tags=["jobs"],
+    response_model=PackageOut,
+    responses=_errs(400, 403, 404, 413, 415, 422),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/zip": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
+async def upload_package(
+    me: Who,
+    store: Db,
+    request: Request,
+    tenant: Annotated[
+        str | None, Query(description="only with the admin token: the tenant it is for")
+    ] = None,
+) -> dict[str, Any]:
+    """Upload a job's working directory as a zip (raw body, ``Content-Type: application/zip``),
+    at most 100 MiB by default (``serve --max-package-bytes``), 20,000 entries, 1 GiB unpacked,
+    no absolute paths, ``..`` or symbolic links. Answers its id, the ``working_dir`` of a job."""
+    owner = auth.submit_tenant(me, tenant)
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/zip":
+        raise UnsupportedMediaType(f"Content-Type must be application/zip, got {kind[:60]!r}")
+    data = await request.body()
+    package_id = await run_in_threadpool(store.put_package, owner, data)
+    return {"id": package_id, "size": len(data)}
+
+
+@router.post("/jobs", status_code=201, tags=["jobs"], responses=_errs(400, 403, 404, 409, 413, 422))
 def submit(body: JobSubmit, me: Who, store: Db, request: Request) -> dict[str, Any]:
+    """Queue a job. Over the per-tenant cap on queued jobs (``serve --max-queued-per-tenant``,
+    default 100,000) it is a 409; a working_dir package this tenant did not upload is a 404."""
     tenant = auth.submit_tenant(me, body.tenant)
-    job = store.submit(tenant, JobRequest.build(**body.model_dump(exclude={"tenant"})))
+    fields = body.model_dump(exclude={"tenant"})
+    job = store.submit(tenant, JobRequest.build(**fields, limits=request.app.state.limits))
     _changed(request)
     return job.to_dict()
 
 
-@router.get("/jobs", tags=["jobs"])
+@router.get("/jobs", tags=["jobs"], response_model=JobPage, responses=_errs(400, 422))
 def list_jobs(
     me: Who,
     store: Db,
     state: Annotated[list[str] | None, Query(description="only these states")] = None,
     tenant: Annotated[str | None, Query(description="admin only: one tenant's jobs")] = None,
-) -> list[dict[str, Any]]:
+    limit: Annotated[
+        int,
+        Query(ge=1, le=PAGE_MAX, description=f"jobs per page: default {PAGE_DEFAULT}, at most {PAGE_MAX}"),
+    ] = PAGE_DEFAULT,
+    after: Annotated[str | None, Query(description="the `next` of the previous page")] = None,
+) -> dict[str, Any]:
+    """Jobs in submission order, a page at a time: ``{"items": [...], "next": CURSOR or null}``;
+    ``limit`` defaults to 100 and is at most 1000; pass ``next`` back as ``after`` for the next page."""
     scope = auth.job_scope(me) or tenant
+    if scope is not None and not TENANT_NAME.fullmatch(scope):
+        raise SpecError(f"{scope[:70]!r} is not a tenant name", field="tenant")
     states = tuple(s.upper() for s in state or ())
     valid = (QUEUED, *ACTIVE, *TERMINAL)
     for bad in (s for s in states if s not in valid):
-        raise SpecError(f"state={bad!r} is not a job state; valid: {', '.join(valid)}")
-    return [j.to_dict() for j in store.jobs(tenant=scope, states=states)]
+        raise SpecError(f"state={bad[:40]!r} is not a job state; valid: {', '.join(valid)}")
+    items, last = store.jobs_page(tenant=scope, states=states, limit=limit, after=decode_cursor(after))
+    return {"items": [j.to_dict() for j in items], "next": None if last is None else encode_cursor(last)}
 
 
-@router.get("/jobs/{job_id}", tags=["jobs"])
+_CURSOR = re.compile(r"[A-Za-z0-9_-]{1,40}")
+_CURSOR_BODY = re.compile(r"seq:(0|[1-9][0-9]{0,17})")
+
+
+def encode_cursor(seq: int) -> str:
+    """An opaque page cursor: the last listed job's seq."""
+    return base64.urlsafe_b64encode(f"seq:{seq}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    found = None
+    if _CURSOR.fullmatch(cursor):
+        try:
+            found = _CURSOR_BODY.fullmatch(
+                base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+            )
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            found = None
+    if found is None:
+        raise SpecError("not a cursor; pass the `next` of an earlier page", field="after")
+    return int(found.group(1))
+
+
+@router.get("/jobs/{job_id}", tags=["jobs"], responses=_errs(404, 422))
 def get_job(job_id: str, me: Who, store: Db) -> dict[str, Any]:
     return store.job(job_id, tenant=auth.job_scope(me)).to_dict()
 
 
-@router.get("/jobs/{job_id}/events", tags=["jobs"])
+@router.get("/jobs/{job_id}/events", tags=["jobs"], responses=_errs(404, 422))
 def job_events(job_id: str, me: Who, store: Db) -> list[dict[str, Any]]:
     store.job(job_id, tenant=auth.job_scope(me))
     return store.events(job_id)
 
 
-@router.get("/jobs/{job_id}/logs", tags=["jobs"])
+@router.get("/jobs/{job_id}/logs", tags=["jobs"], responses=_errs(404, 422))
 def job_logs(
     job_id: str,
     me: Who,
@@ -197,7 +370,7 @@ def job_logs(
     return logs.to_dict()
 
 
-@router.post("/jobs/{job_id}/cancel", tags=["jobs"])
+@router.post("/jobs/{job_id}/cancel", tags=["jobs"], responses=_errs(404, 409, 422))
 def cancel(job_id: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     job = store.request_cancel(job_id, tenant=auth.job_scope(me))
     _changed(request)
@@ -223,6 +396,10 @@ def _errors(app: FastAPI) -> None:
             where = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path"))
             problems.append(f"{where}: {e.get('msg', 'invalid')}" if where else str(e.get("msg")))
         return JSONResponse({"error": _one_line("; ".join(problems))}, status_code=422)
+
+    @app.exception_handler(DataError)
+    def unstorable(_request: Request, _err: DataError) -> JSONResponse:
+        return JSONResponse({"error": "a value the database cannot store (e.g. a NUL character)"}, 400)
 
     @app.exception_handler(OperationalError)
     def database_down(_request: Request, err: OperationalError) -> JSONResponse:

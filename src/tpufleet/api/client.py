@@ -8,12 +8,15 @@ code); an unreachable server is a :class:`~tpufleet.errors.ClusterError` (exit 1
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from tpufleet.control import packages
+from tpufleet.control.records import DEFAULT_LIMITS, PAGE_MAX, Limits
 from tpufleet.errors import (
     AuthError,
     ClusterError,
@@ -32,6 +35,8 @@ _BY_STATUS: dict[int, type[TpufleetError]] = {
     403: ForbiddenError,
     404: NotFoundError,
     409: ConflictError,
+    413: SpecError,
+    415: SpecError,
     422: SpecError,
 }
 
@@ -61,6 +66,7 @@ class Client:
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One call; the decoded JSON answer, or the server's error raised as a TpufleetError."""
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers.update(kwargs.pop("headers", None) or {})
         url = self.server + path
         try:
             resp = self._http.request(method, url, headers=headers, **kwargs)
@@ -77,6 +83,10 @@ class Client:
     # -- the API --------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         return dict(self.request("GET", "/healthz"))
+
+    def status(self) -> dict[str, Any]:
+        """The scheduling loop's figures and the fleet's counts (admin)."""
+        return dict(self.request("GET", f"{API}/status"))
 
     def whoami(self) -> dict[str, Any]:
         return dict(self.request("GET", f"{API}/whoami"))
@@ -121,8 +131,46 @@ class Client:
             body["max_retries"] = max_retries
         return dict(self.request("POST", f"{API}/jobs", json=body))
 
-    def jobs(self, states: Sequence[str] = ()) -> list[dict[str, Any]]:
-        return list(self.request("GET", f"{API}/jobs", params={"state": list(states)} if states else None))
+    def upload_package(
+        self,
+        source: str | Path | bytes,
+        *,
+        tenant: str | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> str:
+        """Upload a working directory (packed here, see :func:`packages.pack`) or a zip's bytes;
+        returns the package id to pass as a job's ``working_dir``."""
+        data = source if isinstance(source, bytes) else packages.pack(Path(source), limits, progress=progress)
+        params = {"tenant": tenant} if tenant else None
+        headers = {"Content-Type": "application/zip"}
+        return str(
+            self.request("POST", f"{API}/packages", content=data, headers=headers, params=params)["id"]
+        )
+
+    def jobs_page(
+        self, limit: int | None = None, after: str | None = None, states: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """One page: ``{"items": [...], "next": cursor or None}``."""
+        params: dict[str, Any] = {"state": list(states)} if states else {}
+        if limit is not None:
+            params["limit"] = limit
+        if after is not None:
+            params["after"] = after
+        return dict(self.request("GET", f"{API}/jobs", params=params or None))
+
+    def jobs(self, states: Sequence[str] = (), *, limit: int | None = None) -> list[dict[str, Any]]:
+        """Every job (following ``next`` page after page), or the first ``limit``."""
+        out: list[dict[str, Any]] = []
+        after = None
+        while limit is None or len(out) < limit:
+            size = PAGE_MAX if limit is None else min(PAGE_MAX, limit - len(out))
+            page = self.jobs_page(size, after, states)
+            out.extend(page["items"])
+            after = page["next"]
+            if after is None:
+                break
+        return out
 
     def job(self, job_id: str) -> dict[str, Any]:
         return dict(self.request("GET", f"{API}/jobs/{_seg(job_id)}"))

@@ -27,6 +27,7 @@ import uvicorn
 from tpufleet.api.app import create_app
 from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
 from tpufleet.control.cluster import ClusterClient
+from tpufleet.control.records import DEFAULT_LIMITS, Limits
 from tpufleet.control.service import Decide, Service, ServiceConfig
 from tpufleet.control.store import Clock, Store, new_job_id
 from tpufleet.errors import ClusterError
@@ -63,16 +64,17 @@ class ControlPlane:
         config: ServiceConfig | None = None,
         clock: Clock = time.time,
         new_id: Any = new_job_id,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.db_url = db_url or f"sqlite:///{self.state_dir / 'tpufleet.db'}"
         self.cluster = cluster
-        self.store = Store(self.db_url, clock=clock, new_id=new_id)
+        self.store = Store(self.db_url, clock=clock, new_id=new_id, limits=limits)
         self.service = Service(self.store, cluster, state_dir=self.state_dir, decide=decide, config=config)
         self.admin_token_path = self.state_dir / ADMIN_TOKEN_FILE
         self.admin_token, self.admin_token_created = ensure_admin_token(self.store, self.admin_token_path)
-        self.app = create_app(self.store, on_change=self.service.wake, status=self.status)
+        self.app = create_app(self.store, on_change=self.service.wake, status=self.status, limits=limits)
         self._http: uvicorn.Server | None = None
         self._http_thread: threading.Thread | None = None
         self.url: str | None = None

@@ -7,6 +7,7 @@ tests) gets the same one-line :class:`~tpufleet.errors.SpecError` naming the bad
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePath
@@ -26,7 +27,38 @@ TENANT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIXES = ("TPU_", "MEGASCALE_", "TPUFLEET_")
 MAX_PRIORITY = 1_000_000
+MAX_QUOTA_CHIPS = 1_000_000  # per generation: far above any fleet, far below what breaks a column
 DEFAULT_MAX_RETRIES = 2
+PACKAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
+PAGE_DEFAULT, PAGE_MAX = 100, 1000  # GET /jobs ?limit=
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every cap on what a caller may send, in one place (``tpufleet serve`` flags set some).
+
+    ``working_dir_url_prefixes``: the URLs a job's ``working_dir`` may name (none by default: only
+    packages uploaded with ``POST /api/v1/packages``).
+    """
+
+    max_body_bytes: int = 1 * MiB  # a JSON request body
+    max_package_bytes: int = 100 * MiB  # an uploaded zip
+    max_package_entries: int = 20_000
+    max_package_unpacked_bytes: int = 1 * GiB
+    max_queued_per_tenant: int = 100_000
+    working_dir_url_prefixes: tuple[str, ...] = ()
+    max_command_args: int = 256
+    max_arg_bytes: int = 8 * KiB
+    max_command_bytes: int = 64 * KiB
+    max_env_vars: int = 256
+    max_env_key: int = 256
+    max_env_value_bytes: int = 32 * KiB
+    max_env_bytes: int = 256 * KiB
+    max_name: int = 128
+
+
+DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -172,16 +204,18 @@ class JobRequest:
         name: str | None = None,
         env: Mapping[str, str] | None = None,
         working_dir: str | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> JobRequest:
-        cmd = tuple(str(c) for c in command)
-        if not cmd or not cmd[0].strip():
-            raise SpecError("a job needs a command, e.g. -- python train.py", field="command")
+        """The one validation path into the store (REST, in-process callers, tests)."""
+        cmd = _check_command(command, limits)
+        if not isinstance(accelerator_type, str):
+            raise SpecError(f"must be a string, got {accelerator_type!r}", field="accelerator_type")
         st = catalog.slice_type(accelerator_type)  # SpecError with the closest sizes
         _check_range("num_slices", num_slices, 1, 4096)
         _check_range("priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
         _check_range("max_retries", max_retries, 0, 100)
-        if name is not None and not 0 < len(name) <= 128:
-            raise SpecError(f"name must have 1 to 128 characters, got {len(name)}", field="name")
+        if name is not None:
+            _check_name(name, limits)
         return cls(
             command=cmd,
             accelerator_type=st.accelerator_type,
@@ -189,9 +223,67 @@ class JobRequest:
             priority=priority,
             max_retries=max_retries,
             name=name or default_name(cmd),
-            env=_check_env(env or {}),
-            working_dir=working_dir or None,
+            env=_check_env(env or {}, limits),
+            working_dir=check_working_dir(working_dir, limits),
         )
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _check_command(command: Sequence[str], limits: Limits) -> tuple[str, ...]:
+    if isinstance(command, str | bytes) or not all(isinstance(c, str) for c in command):
+        raise SpecError("must be a list of strings, e.g. ['python', 'train.py']", field="command")
+    cmd = tuple(command)
+    if not cmd or not cmd[0].strip():
+        raise SpecError("a job needs a command, e.g. -- python train.py", field="command")
+    if len(cmd) > limits.max_command_args:
+        raise SpecError(f"{len(cmd)} arguments; at most {limits.max_command_args}", field="command")
+    total = 0
+    for i, arg in enumerate(cmd):
+        size = _utf8_len(arg)
+        total += size
+        if "\0" in arg:
+            raise SpecError(
+                f"argument {i} contains a NUL byte, which no program can receive", field="command"
+            )
+        if size > limits.max_arg_bytes:
+            raise SpecError(f"argument {i} has {size} bytes; at most {limits.max_arg_bytes}", field="command")
+    if total > limits.max_command_bytes:
+        raise SpecError(f"{total} bytes in all; at most {limits.max_command_bytes}", field="command")
+    return cmd
+
+
+def _check_name(name: str, limits: Limits) -> None:
+    if not isinstance(name, str) or not 0 < len(name) <= limits.max_name:
+        size = len(name) if isinstance(name, str) else name
+        raise SpecError(f"name must have 1 to {limits.max_name} characters, got {size!r}", field="name")
+    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Cs")), None)
+    if bad is not None:
+        raise SpecError(
+            f"control or format character {bad!r} in the name; use printable characters", field="name"
+        )
+
+
+def check_working_dir(working_dir: str | None, limits: Limits = DEFAULT_LIMITS) -> str | None:
+    """A package id (``sha256:<64 hex>``, from ``POST /api/v1/packages``) or a URL under one of the
+    operator's prefixes; never a path (the control plane does not read its own disk for a job)."""
+    if working_dir is None or working_dir == "":
+        return None
+    if not isinstance(working_dir, str):
+        raise SpecError(f"must be a string, got {working_dir!r}", field="working_dir")
+    if PACKAGE_ID.fullmatch(working_dir):
+        return working_dir
+    allowed = [p for p in limits.working_dir_url_prefixes if p]
+    clean = "\0" not in working_dir and not any(c.isspace() for c in working_dir)
+    if clean and "://" in working_dir and any(working_dir.startswith(p) for p in allowed):
+        return working_dir
+    accepted = "a package id sha256:<64 hex> from POST /api/v1/packages (tpufleet submit --working-dir DIR)"
+    if allowed:
+        accepted += " or a URL starting with " + " or ".join(allowed)
+    shown = working_dir if len(working_dir) <= 80 else working_dir[:77] + "..."
+    raise SpecError(f"{shown!r} is not accepted; give {accepted}", field="working_dir")
 
 
 def _check_range(what: str, value: int, lo: int, hi: int) -> None:
@@ -199,18 +291,35 @@ def _check_range(what: str, value: int, lo: int, hi: int) -> None:
         raise SpecError(f"must be an integer from {lo} to {hi}, got {value!r}", field=what)
 
 
-def _check_env(env: Mapping[str, str]) -> dict[str, str]:
+def _check_env(env: Mapping[str, str], limits: Limits) -> dict[str, str]:
+    if not isinstance(env, Mapping):
+        raise SpecError("must be an object of NAME: value strings", field="env")
+    if len(env) > limits.max_env_vars:
+        raise SpecError(f"{len(env)} variables; at most {limits.max_env_vars}", field="env")
     out: dict[str, str] = {}
+    total = 0
     for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SpecError(f"{key!r}: names and values must be strings", field="env")
+        if len(key) > limits.max_env_key:
+            raise SpecError(f"a name of {len(key)} characters; at most {limits.max_env_key}", field="env")
         if not ENV_NAME.fullmatch(key):
-            raise SpecError(f"{key!r} is not a valid variable name", field="env")
+            raise SpecError(f"{key!r} is not a valid variable name (letters, digits, _)", field="env")
         if key.startswith(RESERVED_ENV_PREFIXES):
             raise SpecError(
                 f"{key} is set by tpufleet (host contract); variables starting with "
                 f"{', '.join(RESERVED_ENV_PREFIXES)} cannot be overridden",
                 field="env",
             )
-        out[key] = str(value)
+        if "\0" in value:
+            raise SpecError(f"{key} contains a NUL byte, which no program can receive", field="env")
+        size = _utf8_len(value)
+        if size > limits.max_env_value_bytes:
+            raise SpecError(f"{key} has {size} bytes; at most {limits.max_env_value_bytes}", field="env")
+        total += size + len(key)
+        out[key] = value
+    if total > limits.max_env_bytes:
+        raise SpecError(f"{total} bytes in all; at most {limits.max_env_bytes}", field="env")
     return out
 
 
@@ -227,7 +336,7 @@ def default_name(command: Sequence[str]) -> str:
 
 def validate_tenant(name: str, quota: Mapping[str, int], weight: float) -> dict[str, int]:
     """Check a tenant's name, quota and weight; returns the quota keyed by canonical generation."""
-    if not TENANT_NAME.fullmatch(name or ""):
+    if not isinstance(name, str) or not TENANT_NAME.fullmatch(name or ""):
         raise SpecError(
             f"{name!r} is not a valid tenant name; use lowercase letters, digits and '-', "
             "1 to 63 characters, e.g. team-a",
@@ -238,7 +347,10 @@ def validate_tenant(name: str, quota: Mapping[str, int], weight: float) -> dict[
     out: dict[str, int] = {}
     for gen_name, chips in quota.items():
         gen = catalog.generation(gen_name)  # SpecError listing the generations
-        if isinstance(chips, bool) or not isinstance(chips, int) or chips < 0:
-            raise SpecError(f"{gen_name}={chips!r}: chips must be an integer >= 0", field="quota")
+        if isinstance(chips, bool) or not isinstance(chips, int) or not 0 <= chips <= MAX_QUOTA_CHIPS:
+            shown = chips if not isinstance(chips, int) or chips < 10**12 else f"{chips:.3g}"
+            raise SpecError(
+                f"{gen_name}={shown}: chips must be an integer from 0 to {MAX_QUOTA_CHIPS:,}", field="quota"
+            )
         out[gen.name] = out.get(gen.name, 0) + chips
     return out

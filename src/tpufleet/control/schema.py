@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -39,6 +39,18 @@ class TokenRow(Base):
 
     token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str | None] = mapped_column(ForeignKey("tenants.name"), index=True)
+    created_at: Mapped[float]
+
+
+class PackageRow(Base):
+    """A working-directory zip a tenant uploaded; ``sha256`` is its digest (the id jobs name)."""
+
+    __tablename__ = "packages"
+
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    size: Mapped[int]
     created_at: Mapped[float]
 
 

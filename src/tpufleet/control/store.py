@@ -10,24 +10,26 @@ leaves half a change behind; state changes that race with the loop are compare-a
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, select, update
+from sqlalchemy import Engine, create_engine, event, func, make_url, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from tpufleet.control import logs
+from tpufleet.control import logs, packages
 from tpufleet.control import records as r
 from tpufleet.control.schema import (
     AttemptRow,
     Base,
     EventRow,
     JobRow,
+    PackageRow,
     SliceRow,
     TenantRow,
     TokenRow,
@@ -36,7 +38,6 @@ from tpufleet.errors import (
     AuthError,
     ClusterError,
     ConflictError,
-    ForbiddenError,
     NotFoundError,
     closest,
     suggest,
@@ -64,6 +65,8 @@ def make_engine(url: str) -> Engine:
     and the scheduling loop can write concurrently."""
     if url.startswith("sqlite"):
         memory = url in ("sqlite://", "sqlite:///:memory:")
+        if not memory:
+            _private_file(make_url(url).database or "")
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
@@ -83,13 +86,33 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
+def _private_file(path: str) -> None:
+    """Create the SQLite file (and chmod its -wal/-shm) mode 0600: it holds token hashes and every
+    tenant's jobs. SQLite gives the -wal and -shm files it creates the database file's mode."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    for p in (path, path + "-wal", path + "-shm", path + "-journal"):
+        if os.path.exists(p):
+            os.chmod(p, 0o600)
+
+
 class Store:
     """Tenants, tokens, jobs and slices as the API sees them. Thread-safe (one session per call)."""
 
-    def __init__(self, url: str, *, clock: Clock = time.time, new_id: Callable[[], str] = new_job_id) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock = time.time,
+        new_id: Callable[[], str] = new_job_id,
+        limits: r.Limits = r.DEFAULT_LIMITS,
+    ) -> None:
         self.url = url
         self.clock = clock
         self.new_id = new_id
+        self.limits = limits
         try:
             self.engine = make_engine(url)
             Base.metadata.create_all(self.engine)
@@ -149,7 +172,7 @@ class Store:
 
     def tenant(self, name: str) -> r.TenantRecord:
         with self.tx() as s:
-            row = s.get(TenantRow, name)
+            row = s.get(TenantRow, name) if r.TENANT_NAME.fullmatch(name) else None
             if row is None:
                 names = s.scalars(select(TenantRow.name)).all()
                 raise NotFoundError(f"tenant {name!r} not found{suggest(closest(name, names))}")
@@ -168,6 +191,7 @@ class Store:
     def _insert_job(self, tenant: str, req: r.JobRequest) -> r.JobRecord:
         now = self.clock()
         with self.tx() as s:
+            self._check_can_queue(s, tenant, req)
             job_id = self.new_id()
             while s.scalar(select(JobRow.seq).where(JobRow.id == job_id)) is not None:
                 job_id = self.new_id()
@@ -197,8 +221,34 @@ class Store:
             self.add_event(s, f"submitted by {tenant}: {' '.join(req.command)}", job_id=job_id, kind="submit")
             return job_record(row)
 
+    def _check_can_queue(self, s: Session, tenant: str, req: r.JobRequest) -> None:
+        """The per-tenant cap on queued jobs, and a working_dir package this tenant uploaded."""
+        cap = self.limits.max_queued_per_tenant
+        queued = s.scalar(
+            select(func.count()).select_from(JobRow).where(JobRow.tenant == tenant, JobRow.state == r.QUEUED)
+        )
+        if (queued or 0) >= cap:
+            raise ConflictError(
+                f"tenant {tenant} already has {queued:,} queued jobs, the cap (serve --max-queued-per-tenant "
+                f"{cap}); wait for some to start or cancel some"
+            )
+        wd = req.working_dir
+        if wd is not None and r.PACKAGE_ID.fullmatch(wd):
+            key = (tenant, wd.removeprefix("sha256:"))
+            if (
+                s.scalar(
+                    select(PackageRow.size).where(PackageRow.tenant == key[0], PackageRow.sha256 == key[1])
+                )
+                is None
+            ):
+                raise NotFoundError(
+                    f"working_dir: package {wd} not found; upload it first (POST /api/v1/packages, "
+                    "or tpufleet submit --working-dir DIR)"
+                )
+
     def job(self, job_id: str, tenant: str | None = None) -> r.JobRecord:
-        """One job with its attempts; ``tenant`` set means a tenant's token asks (403 otherwise)."""
+        """One job with its attempts; ``tenant`` set means a tenant's token asks (another tenant's
+        job is "not found", exactly like a job that does not exist)."""
         with self.tx() as s:
             row = self._job_row(s, job_id, tenant)
             attempts = s.scalars(
@@ -207,11 +257,13 @@ class Store:
             return job_record(row, tuple(_attempt(a) for a in attempts))
 
     def _job_row(self, s: Session, job_id: str, tenant: str | None) -> JobRow:
-        row = s.scalar(select(JobRow).where(JobRow.id == job_id))
+        query = select(JobRow).where(JobRow.id == job_id)
+        if tenant is not None:
+            query = query.where(JobRow.tenant == tenant)
+        row = s.scalar(query) if _key_like(job_id) else None
         if row is None:
-            raise NotFoundError(f"job {job_id!r} not found; list jobs with `tpufleet jobs`")
-        if tenant is not None and row.tenant != tenant:
-            raise ForbiddenError(f"job {job_id} belongs to another tenant; your token is for {tenant!r}")
+            shown = job_id if len(job_id) <= 40 else job_id[:37] + "..."
+            raise NotFoundError(f"job {shown!r} not found; list jobs with `tpufleet jobs`")
         return row
 
     def jobs(self, tenant: str | None = None, states: tuple[str, ...] = ()) -> list[r.JobRecord]:
@@ -222,6 +274,72 @@ class Store:
             query = query.where(JobRow.state.in_(states))
         with self.tx() as s:
             return [job_record(j) for j in s.scalars(query)]
+
+    def jobs_page(
+        self,
+        tenant: str | None = None,
+        states: tuple[str, ...] = (),
+        *,
+        limit: int = r.PAGE_DEFAULT,
+        after: int = 0,
+    ) -> tuple[list[r.JobRecord], int | None]:
+        """Up to ``limit`` jobs with ``seq > after`` in submission order, and the seq to continue
+        after (None on the last page)."""
+        query = select(JobRow).where(JobRow.seq > after).order_by(JobRow.seq).limit(limit + 1)
+        if tenant is not None:
+            query = query.where(JobRow.tenant == tenant)
+        if states:
+            query = query.where(JobRow.state.in_(states))
+        with self.tx() as s:
+            rows = list(s.scalars(query))
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return [job_record(j) for j in rows], (rows[-1].seq if more else None)
+
+    def counts(self) -> dict[str, Any]:
+        """Queued and running jobs, and slices by state (``GET /api/v1/status``)."""
+        with self.tx() as s:
+            jobs = dict(s.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).tuples().all())
+            slices = dict(
+                s.execute(select(SliceRow.state, func.count()).group_by(SliceRow.state)).tuples().all()
+            )
+        return {
+            "queued": jobs.get(r.QUEUED, 0),
+            "running": sum(jobs.get(st, 0) for st in r.ACTIVE),
+            "slices": slices,
+        }
+
+    # -- packages ----------------------------------------------------------------------------
+    def put_package(self, tenant: str, data: bytes) -> str:
+        """Store a working-directory zip for ``tenant`` after :func:`packages.check_zip` (SpecError
+        otherwise); returns its id ``sha256:<hex>``. Uploading the same bytes again is a no-op."""
+        packages.check_zip(data, self.limits)
+        pid = packages.package_id(data)
+        digest = pid.removeprefix("sha256:")
+        self.tenant(tenant)
+        try:
+            with self.tx() as s:
+                if s.get(PackageRow, (tenant, digest)) is None:
+                    s.add(
+                        PackageRow(
+                            tenant=tenant, sha256=digest, data=data, size=len(data), created_at=self.clock()
+                        )
+                    )
+        except IntegrityError:  # the same upload raced with this one; it is stored
+            pass
+        return pid
+
+    def package(self, tenant: str, package_id: str) -> bytes:
+        """The zip ``tenant`` uploaded as ``package_id``; NotFoundError for a malformed id, an unknown
+        one or another tenant's (the same message for all three)."""
+        data = None
+        if isinstance(package_id, str) and r.PACKAGE_ID.fullmatch(package_id):
+            with self.tx() as s:
+                row = s.get(PackageRow, (tenant, package_id.removeprefix("sha256:")))
+                data = None if row is None else bytes(row.data)
+        if data is None:
+            raise NotFoundError(f"package {str(package_id)[:80]!r} not found for tenant {tenant!r}")
+        return data
 
     def request_cancel(self, job_id: str, tenant: str | None = None) -> r.JobRecord:
         """Cancel a job: a queued one at once; a running one is marked and the loop stops every
@@ -278,7 +396,7 @@ class Store:
     def set_draining(self, name: str, draining: bool) -> r.SliceRecord:
         """Drain a slice (no new job is placed on it; its holder runs to the end) or undrain it."""
         with self.tx() as s:
-            row = s.get(SliceRow, name)
+            row = s.get(SliceRow, name) if _key_like(name) else None
             if row is None:
                 names = s.scalars(select(SliceRow.name)).all()
                 raise NotFoundError(f"slice {name!r} not found{suggest(closest(name, names))}")
@@ -303,6 +421,11 @@ class Store:
         with self.tx() as s:
             job = self._job_row(s, job_id, tenant)
             return logs.read(s, job, attempt=attempt, host=host, offset=offset)
+
+
+def _key_like(value: str) -> bool:
+    """Could ``value`` be a stored id or name? (No NUL, which PostgreSQL refuses in text, and short.)"""
+    return isinstance(value, str) and 0 < len(value) <= 128 and "\0" not in value
 
 
 def slice_state(row: SliceRow) -> str:
