@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs beyond Python packages, from Debian's packages, when it is missing.
+# Installs what the test suite (and a jailed job runner) needs beyond Python packages, from Debian's packages, when it is missing.
 # The tests start and stop their own servers; this script only makes sure the programs exist.
 set -euo pipefail
 need=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)  # the runner jails every job with it
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
     echo "installing test services: ${need[*]}"

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import stat
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from tpufleet.control.runner import HostRunner, _decode
+from tpufleet.control import contain
+from tpufleet.control.runner import HostRunner, _decode, log_path
+
+
+JOB_ROOT: Path = Path("/nonexistent")  # set per test by the runner fixture
 
 
 def _payload(job: str, code: str, **env: str) -> dict[str, object]:
     return {
+        "tenant": "team-a",
+        "job_root": str(JOB_ROOT),
         "job_id": job,
         "attempt": 1,
         "layout": [("s", 0), ("s", 1)],
@@ -32,7 +43,9 @@ def _wait(runner: HostRunner, job: str, state: str, timeout_s: float = 20) -> tu
 
 
 def _log(runner: HostRunner, job: str) -> str:
-    return str(runner.read_log(job, 1, 0)["data"])
+    """The job's output, less the runner's note that a run without a jail is not isolated."""
+    data = str(runner.read_log(job, 1, 0)["data"])
+    return "".join(line for line in data.splitlines(True) if "is not isolated" not in line)
 
 
 def _alive(pid: int) -> bool:
@@ -43,11 +56,43 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.fixture
-def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HostRunner:
+def _procs_with(token: str) -> list[int]:
+    """Host pids of live (non-zombie) processes whose command line contains ``token``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if token in entry.joinpath("cmdline").read_bytes().decode(errors="replace") and _alive(
+                    int(entry.name)
+                ):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+# How the runner contains a run: a cgroup and a jail (where root and bubblewrap allow), a cgroup
+# alone, or tracking descendants (no writable cgroup v2 hierarchy). Each mode runs every test.
+MODES = {
+    "jail": {},
+    "cgroup": {"TPUFLEET_JAIL": "off"},
+    "tracking": {"TPUFLEET_JAIL": "off", "TPUFLEET_CGROUP_ROOT": ""},
+}
+
+
+@pytest.fixture(params=list(MODES))
+def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> HostRunner:
+    global JOB_ROOT
+    JOB_ROOT = tmp_path / "jobs"
+    for key, value in MODES[request.param].items():
+        monkeypatch.setenv(key, value)
+    if request.param == "jail" and (why := contain.jail_available()):
+        pytest.skip(f"no jail here: {why}")
+    if request.param != "tracking" and contain.cgroup_root() is None:
+        pytest.skip("no writable cgroup v2 hierarchy here")
     monkeypatch.delenv("TPU_NAME", raising=False)
     monkeypatch.setenv("TPU_VISIBLE_CHIPS", "0")  # as Ray sets it for a worker holding part of a host
-    return HostRunner("s", 1, str(tmp_path))
+    return HostRunner("s", 1, str(tmp_path / "logs"))
 
 
 def test_env_layers_host_contract_over_user_env(runner: HostRunner) -> None:
@@ -63,7 +108,7 @@ def test_exit_codes_are_reported_and_persisted(
 ) -> None:
     runner.start(_payload("j", code))
     assert _wait(runner, "j", "EXITED") == ("EXITED", exit_code)
-    fresh = HostRunner("s", 1, str(tmp_path))  # a later runner on the same host
+    fresh = HostRunner("s", 1, str(tmp_path / "logs"))  # a later runner on the same host
     assert fresh.status("j", 1) == ("EXITED", exit_code)
     assert fresh.status("other", 1) == ("UNKNOWN", None)
 
@@ -72,26 +117,75 @@ def test_a_missing_command_exits_127_with_a_message(runner: HostRunner) -> None:
     payload = _payload("nope", "")
     payload["command"] = ["/nonexistent/binary"]
     runner.start(payload)
-    assert runner.status("nope", 1) == ("EXITED", 127)
+    assert _wait(runner, "nope", "EXITED") == ("EXITED", 127)
     assert "cannot start" in _log(runner, "nope")
+
+
+def _wait_log(runner: HostRunner, job: str, text: str) -> None:
+    deadline = time.monotonic() + 20
+    while text not in _log(runner, job):
+        assert time.monotonic() < deadline, _log(runner, job)
+        time.sleep(0.02)
 
 
 def test_stop_kills_the_whole_group_after_the_grace(runner: HostRunner) -> None:
     code = (
-        "import os, signal, subprocess, sys, time\n"
+        "import signal, subprocess, sys, time\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        "print(os.getpid(), c.pid, flush=True); time.sleep(60)"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60.101)'])\n"
+        "print('up', flush=True); time.sleep(60.102)"
     )
     runner.start(_payload("stop", code))
-    deadline = time.monotonic() + 20
-    while len(_log(runner, "stop").split()) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    pids = [int(p) for p in _log(runner, "stop").split()]
+    _wait_log(runner, "stop", "up")
+    assert len(_procs_with("60.10")) >= 2
     assert runner.stop("stop", 1, grace_s=0.3) == -9  # SIGTERM was ignored
-    assert [p for p in pids if _alive(p)] == []
+    assert _procs_with("60.10") == []
     assert runner.assignments()[0]["current"] is False
+
+
+# A daemon that leaves the job's process group and session, as `setsid sleep 90 &` does. Its
+# command line says `sleep(90.2NN)`; the job's own (and a jail's) only holds the two halves.
+ESCAPE = (
+    "import subprocess, sys\n"
+    "secs = 90 + {frac}\n"
+    "subprocess.Popen([sys.executable, '-c', f'import time; time.sleep({{secs}})'],"
+    " start_new_session=True)\n"
+    "print('detached', flush=True)\n"
+)
+
+
+def test_stop_ends_processes_that_left_the_session(runner: HostRunner) -> None:
+    runner.start(_payload("esc", ESCAPE.format(frac=0.201) + "import time; time.sleep(60)"))
+    _wait_log(runner, "esc", "detached")
+    time.sleep(0.5)  # the tracking fallback scans every 0.2 s
+    assert len(_procs_with("sleep(90.201")) == 1
+    runner.stop("esc", 1, grace_s=1)
+    assert _procs_with("sleep(90.201") == []
+
+
+def test_nothing_of_a_run_outlives_its_main_process(runner: HostRunner) -> None:
+    runner.start(_payload("bg", ESCAPE.format(frac=0.202) + "import time; time.sleep(0.6)"))
+    assert _wait(runner, "bg", "EXITED") == ("EXITED", 0)
+    assert _procs_with("sleep(90.202") == []
+
+
+@pytest.mark.parametrize(
+    "where", [("command", 1), ("env", "FOO"), ("env_key", "BAD\x00KEY")], ids=["arg", "value", "key"]
+)
+def test_a_nul_byte_anywhere_ends_the_run_with_127_and_a_reason(
+    runner: HostRunner, where: tuple[str, object]
+) -> None:
+    payload = _payload("nul", "print('hi')")
+    kind, detail = where
+    if kind == "command":
+        payload["command"] = [sys.executable, "-c", "print('a\x00b')"]
+    elif kind == "env":
+        payload["user_env"] = {"FOO": "a\x00b"}
+    else:
+        payload["user_env"] = {str(detail): "x"}
+    assert runner.start(payload) in ("RUNNING", "EXITED")
+    assert _wait(runner, "nul", "EXITED") == ("EXITED", 127)
+    assert "cannot start" in _log(runner, "nul")
 
 
 def test_busy_host_refuses_a_second_attempt_and_a_stopped_one_never_starts(runner: HostRunner) -> None:
@@ -110,8 +204,10 @@ def test_logs_by_offset_are_complete_only_at_the_end(runner: HostRunner) -> None
         _payload("log", "import sys\nfor i in range(3): print('é' * 5, i)\nprint('e', file=sys.stderr)")
     )
     _wait(runner, "log", "EXITED")
-    first = runner.read_log("log", 1, 0, limit=7)  # cuts inside a two-byte character
-    assert first["data"] == "ééé" and first["next_offset"] == 6 and not first["complete"]
+    whole = str(runner.read_log("log", 1, 0)["data"])
+    base = len("".join(x for x in whole.splitlines(True) if "is not isolated" in x).encode())
+    first = runner.read_log("log", 1, base, limit=7)  # cuts inside a two-byte character
+    assert first["data"] == "ééé" and first["next_offset"] == base + 6 and not first["complete"]
     rest = runner.read_log("log", 1, first["next_offset"])
     assert first["data"] + rest["data"] == "ééééé 0\nééééé 1\nééééé 2\ne\n"
     assert rest["complete"]
@@ -123,3 +219,124 @@ def test_logs_by_offset_are_complete_only_at_the_end(runner: HostRunner) -> None
 )
 def test_decode_stops_at_whole_characters(data: bytes, text: str, used: int) -> None:
     assert _decode(data) == (text, used)
+
+
+def _zip(files: dict[str, bytes], links: tuple[str, ...] = ()) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        for name in links:  # a symlink entry, as `zip --symlinks` writes it
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            z.writestr(info, "/etc/passwd")
+    return buf.getvalue()
+
+
+def test_the_uploaded_package_is_the_working_directory(runner: HostRunner) -> None:
+    payload = _payload("pkg", "")
+    payload["command"] = [sys.executable, "main.py"]
+    payload["package"] = _zip({"main.py": b"import os, lib\nprint(lib.X, os.getcwd().endswith('/wd'))\n",
+                               "lib/__init__.py": b"X = 42\n"})  # fmt: skip
+    runner.start(payload)
+    assert _wait(runner, "pkg", "EXITED") == ("EXITED", 0), _log(runner, "pkg")
+    assert _log(runner, "pkg").split() == ["42", "True"]
+
+
+@pytest.mark.parametrize(
+    ("files", "links", "why"),
+    [
+        ({"../escape.py": b"x"}, (), "unsafe name"),
+        ({"/abs.py": b"x"}, (), "unsafe name"),
+        ({"ok.py": b"x"}, ("link",), "not a plain file"),
+    ],
+    ids=["dotdot", "absolute", "symlink"],
+)
+def test_an_unsafe_package_ends_the_run_with_127_and_writes_nothing_outside(
+    runner: HostRunner, tmp_path: Path, files: dict[str, bytes], links: tuple[str, ...], why: str
+) -> None:
+    payload = _payload("bad", "print('ran')")
+    payload["package"] = _zip(files, links)
+    runner.start(payload)
+    assert _wait(runner, "bad", "EXITED") == ("EXITED", 127)
+    assert why in _log(runner, "bad") and "ran" not in _log(runner, "bad")
+    assert not list(tmp_path.rglob("escape.py")) and not Path("/abs.py").exists()
+
+
+def test_secrets_in_the_runners_environment_never_reach_the_job(
+    runner: HostRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "ray-secret")
+    monkeypatch.setenv("SOME_API_TOKEN", "other-secret")
+    runner.start(_payload("sec", "import os; print(sorted(k for k in os.environ if 'TOKEN' in k))"))
+    assert _wait(runner, "sec", "EXITED") == ("EXITED", 0)
+    assert _log(runner, "sec").strip() == "[]"
+
+
+def test_logs_are_private_to_the_runner(runner: HostRunner) -> None:
+    runner.start(_payload("perm", "print(1)"))
+    _wait(runner, "perm", "EXITED")
+    log = log_path(runner.log_root, "perm", 1, "s", 1)
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+
+
+def test_a_new_runner_sweeps_what_a_dead_runner_left(runner: HostRunner, tmp_path: Path) -> None:
+    if runner._cgroups is None:
+        pytest.skip("sweeping needs a cgroup hierarchy")
+    runner.start(_payload("left", ESCAPE.format(frac=0.203) + "import time; time.sleep(60)"))
+    _wait_log(runner, "left", "detached")
+    fresh = HostRunner("s", 1, str(tmp_path / "logs"))  # the old one "died": it knows nothing of it
+    assert fresh.sweep() == 1
+    assert _procs_with("sleep(90.203") == []
+    runner.stop("left", 1, grace_s=0)
+
+
+JAIL_PROBE = """
+import json, os, pathlib
+root = pathlib.Path(os.environ['TPUFLEET_CHECKPOINT_DIR']).parent.parent
+ckpt = pathlib.Path(os.environ['TPUFLEET_CHECKPOINT_DIR'])
+(ckpt / 'step').write_text('1')
+def can_read(p):
+    try:
+        pathlib.Path(p).read_text(); return True
+    except OSError:
+        return False
+print(json.dumps({
+    'tenants': sorted(p.name for p in root.iterdir()),
+    'other_secret': can_read(os.environ['OTHER']),
+    'admin_token': can_read(os.environ['ADMIN']),
+    'logs': can_read(os.environ['LOGFILE']),
+    'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit()),
+    'tmp': os.listdir('/tmp'),
+    'write_etc': os.access('/etc', os.W_OK),
+}))
+"""
+
+
+def test_a_jailed_job_sees_only_its_own_tenants_files(runner: HostRunner, tmp_path: Path) -> None:
+    if runner._jail_off is not None:
+        pytest.skip("jail mode only")
+    other = JOB_ROOT / "team-b" / "job-b"
+    other.mkdir(parents=True)
+    (other / "secret").write_text("b's weights")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "admin-token").write_text("tf_admin")
+    (Path("/tmp") / f"tpufleet-test-{os.getpid()}").write_text("host tmp")
+    other_log = log_path(runner.log_root, "old", 1, "s", 1)
+    other_log.parent.mkdir(parents=True, exist_ok=True)
+    other_log.write_text("another job's log")
+    payload = _payload("jail", JAIL_PROBE)
+    payload["hide"] = [str(state)]
+    payload["user_env"] = {"OTHER": str(other / "secret"), "ADMIN": str(state / "admin-token"),
+                           "LOGFILE": str(other_log)}  # fmt: skip
+    runner.start(payload)
+    assert _wait(runner, "jail", "EXITED") == ("EXITED", 0), _log(runner, "jail")
+    seen = json.loads(_log(runner, "jail"))
+    assert seen["tenants"] == ["team-a"]
+    assert not seen["other_secret"] and not seen["admin_token"] and not seen["logs"]
+    assert max(seen["pids"]) < 10  # its own PID namespace: nothing of the host's processes
+    assert f"tpufleet-test-{os.getpid()}" not in seen["tmp"] and seen["write_etc"] is False
+    assert (JOB_ROOT / "team-a" / "jail" / "step").read_text() == "1"
+    Path("/tmp", f"tpufleet-test-{os.getpid()}").unlink()

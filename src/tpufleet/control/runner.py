@@ -6,26 +6,34 @@ user's process, started outside Ray's worker pool, owns every chip of the host. 
 set ``TPU_VISIBLE_CHIPS`` for the actor (and, on the emulator, a partial mask), and an idle runner
 that claimed the chips would hide them from anything else scheduled into the bundle.
 
-The process runs in its own session (process group) so ``stop`` reaches every child it forks, with
-``PR_SET_PDEATHSIG`` so it dies with the runner, as processes die with a crashed TPU VM. Output
-(stdout and stderr interleaved) goes to ``<log_root>/<job>/<attempt>/<slice>-<worker>.log`` on the
-host's disk; the exit code is written next to it (``.exit``), so logs and results outlive the
-attempt and can be read through any later runner of the same host.
+Every run is contained (``contain.py``): its own cgroup, so ``stop`` ends every process the job
+started, however it detached; a jail (bubblewrap) where the host has one, so the job sees its own
+tenant's files and nothing of the control plane, the emulator or other tenants; and
+``PR_SET_PDEATHSIG``, so it dies with the runner as processes die with a crashed TPU VM. The
+command is started through ``jobstart`` (inside the jail), which makes the run's directories,
+unpacks the uploaded package and ``exec``s the command. Nothing the job sends can stop the runner
+from answering: a start that cannot happen (a NUL byte, a missing program, an unsafe package) is
+an exit code 127 with the reason in the log, never an exception left in ``STARTING``.
+
+Output (stdout and stderr interleaved) goes to ``<log_root>/<job>/<attempt>/<slice>-<worker>.log``
+(0600, in 0700 directories, hidden from jailed jobs); the exit code is written next to it
+(``.exit``), so logs and results outlive the attempt and can be read through any later runner of
+the same host. A dead runner is replaced by the executor before its slice is offered again.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import json
 import os
 import re
-import signal
+import shutil
 import subprocess
+import sys
 import tempfile
 import threading
-import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +41,16 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tpufleet.contract import HOST_VARS
+from tpufleet.control import contain, jobfiles
 
 NAMESPACE = "tpufleet"
 MAX_LOG_CHUNK = 1 << 20
 _HISTORY = 256
 # Ray sets these for a worker that holds part of a host's chips; the user process owns the whole host.
 _RAY_TPU_MASKS = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
-_PR_SET_PDEATHSIG = 1
+# Never handed to a job from the runner's own environment: Ray's credentials and anything secret.
+_SECRET_ENV = re.compile(r"^RAY_AUTH|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+CANNOT_START = 127
 
 
 def pool_runner_name(slice_name: str, worker_id: int) -> str:
@@ -58,11 +69,6 @@ def _safe(part: str) -> str:
 
 def log_path(root: str, job_id: str, attempt: int, slice_name: str, worker_id: int) -> Path:
     return Path(root) / _safe(job_id) / str(attempt) / f"{_safe(slice_name)}-{worker_id}.log"
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _default_log_root() -> str:
@@ -93,14 +99,22 @@ class _Run:
     log: Path
     proc: subprocess.Popen[bytes] | None
     exit_code: int | None = None
+    box: contain.Box | None = None
+    scratch: Path | None = None  # removed when the run has ended
+    notes: list[str] = field(default_factory=list)
+    jailed: bool = False
+    ended: threading.Event = field(default_factory=threading.Event)
 
     def state(self) -> tuple[str, int | None]:
-        if self.proc is not None and self.exit_code is None:
-            code = self.proc.poll()
-            if code is None:
-                return "RUNNING", None
-            self.exit_code = code
-        return "EXITED", self.exit_code
+        """RUNNING until the main process ended and nothing of the run is left, then EXITED."""
+        return ("EXITED", self.exit_code) if self.ended.is_set() else ("RUNNING", None)
+
+    def collect(self) -> None:
+        """Take the main process's exit status (called once it has ended)."""
+        assert self.proc is not None
+        code = self.proc.wait()
+        # bubblewrap reports a command killed by signal N as 128 + N; say -N, as subprocess does
+        self.exit_code = -(code - 128) if self.jailed and 128 < code <= 128 + 64 else code
 
 
 class HostRunner:
@@ -114,6 +128,8 @@ class HostRunner:
         self._runs: OrderedDict[tuple[str, int], _Run] = OrderedDict()
         self._current: _Run | None = None
         self._cancelled: set[tuple[str, int]] = set()  # stopped before their start arrived
+        self._cgroups = contain.cgroup_root()
+        self._jail_off = contain.jail_available()
 
     def ping(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
@@ -133,17 +149,99 @@ class HostRunner:
                 )
             run = _Run(key[0], key[1], [tuple(x) for x in payload["layout"]], self._log(*key), None)
             self._remember(key, run)
-            run.proc, run.exit_code = self._spawn(run.log, list(payload["command"]), self._env(payload))
-            if run.exit_code is not None:
-                self._write_exit(run)
-            else:
-                threading.Thread(target=self._reap, args=(run,), daemon=True).start()
             self._current = run
+            try:
+                self._launch(run, payload)
+            except Exception as exc:  # whatever the payload holds, the run ends with a reason
+                self._cannot_start(run, f"{type(exc).__name__}: {exc}")
             return run.state()[0]
+
+    def sweep(self) -> int:
+        """Kill and remove what runs of this host left behind when their runner died (cgroups of
+        runs this runner does not know). The executor calls it on a new pool runner."""
+        with self._lock:
+            keep = {r.box.cgroup.name for r in self._runs.values() if r.box and r.box.cgroup}
+        return contain.sweep(self._cgroups, self._cgroup_prefix(), keep)
+
+    def _cgroup_prefix(self) -> str:
+        return contain.cgroup_name(self.slice_name, self.worker_id) + "."
+
+    def _launch(self, run: _Run, payload: dict[str, Any]) -> None:
+        env = self._env(payload)
+        host = f"{self.slice_name}-{self.worker_id}"
+        paths = jobfiles.run_paths(
+            str(payload["job_root"]), str(payload["tenant"]), run.job_id, run.attempt, host
+        )
+        jobfiles.prepare_tenant_dir(paths)
+        run.scratch = paths.run
+        env.update(HOME=str(paths.home), TMPDIR="/tmp", TPUFLEET_CHECKPOINT_DIR=str(paths.checkpoint))
+        package = payload.get("package")
+        if package is not None and not isinstance(package, bytes):
+            package = ray.get(package)  # an ObjectRef the executor put in the object store
+        spec = {
+            "tenant": str(paths.tenant),
+            "checkpoint": str(paths.checkpoint),
+            "run": str(paths.run),
+            "workdir": str(paths.workdir),
+            "home": str(paths.home),
+            "package": package is not None,
+            "max_unpacked": payload.get("max_unpacked"),
+        }
+        argv = [sys.executable, "-m", "tpufleet.control.jobstart", json.dumps(spec), "--"]
+        argv += [str(c) for c in payload["command"]]
+        if self._jail_off is None:
+            paths.run.mkdir(mode=0o700, parents=True, exist_ok=True)
+            hide = [*payload.get("hide", ()), str(Path(self.log_root).parent), *_secret_files()]
+            argv = (
+                contain.jail(
+                    run=str(paths.run),
+                    workdir=str(paths.tenant),
+                    tenant_dir=str(paths.tenant),
+                    job_root=str(paths.tenant.parent),
+                    hide=hide,
+                )
+                + argv
+            )
+            run.jailed = True
+        else:
+            run.notes.append(f"tpufleet: this job is not isolated from other tenants: {self._jail_off}")
+        run.box = contain.Box(
+            contain.cgroup_name(self.slice_name, self.worker_id, run.job_id, run.attempt), self._cgroups
+        )
+        with open(run.log, "ab") as out:
+            for note in run.notes:
+                out.write(f"{note}\n".encode())
+            out.flush()
+            run.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if package is not None else subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=run.box.preexec(),
+            )
+        run.box.started(run.proc.pid)
+        if package is not None:
+            threading.Thread(target=_feed, args=(run.proc, package), daemon=True).start()
+        threading.Thread(target=self._reap, args=(run,), daemon=True).start()
+
+    def _cannot_start(self, run: _Run, why: str) -> None:
+        with contextlib.suppress(OSError), open(run.log, "ab") as out:
+            out.write(f"tpufleet: cannot start this job: {why}\n".encode())
+        if run.proc is not None:
+            if run.box is not None:
+                run.box.kill()
+            run.proc.wait()
+        run.exit_code = CANNOT_START
+        self._finished(run)
 
     def _log(self, job_id: str, attempt: int) -> Path:
         path = log_path(self.log_root, job_id, attempt, self.slice_name, self.worker_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in (path.parent.parent.parent, path.parent.parent, path.parent):
+            parent.mkdir(mode=0o700, exist_ok=True, parents=True)
+        if not path.exists():
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
         return path
 
     def _remember(self, key: tuple[str, int], run: _Run) -> None:
@@ -153,7 +251,7 @@ class HostRunner:
 
     @staticmethod
     def _env(payload: dict[str, Any]) -> dict[str, str]:
-        env = dict(os.environ)  # the raylet's: the host's own TPU_* variables (and the emulator's)
+        env = {k: v for k, v in os.environ.items() if not _SECRET_ENV.search(k)}  # the raylet's, less secrets
         for var in _RAY_TPU_MASKS:
             env.pop(var, None)
         host = {**payload.get("defaults", {}), **{k: env[k] for k in HOST_VARS if env.get(k)}}
@@ -163,36 +261,27 @@ class HostRunner:
         env.update(payload.get("env", {}))  # ... and the attempt's win over the user's env
         return env
 
-    @staticmethod
-    def _spawn(
-        log: Path, command: list[str], env: dict[str, str]
-    ) -> tuple[subprocess.Popen[bytes] | None, int | None]:
-        with open(log, "ab") as out:
-            try:
-                proc = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
-            except OSError as exc:
-                out.write(f"tpufleet: cannot start {command[:1]}: {exc}\n".encode())
-                return None, 127
-        return proc, None
-
     def _reap(self, run: _Run) -> None:
-        assert run.proc is not None
-        run.proc.wait()
+        """Wait for the main process; then nothing of the run may outlive it (stragglers are killed)."""
+        assert run.proc is not None and run.box is not None
+        while run.proc.poll() is None:
+            run.box.track()
+            try:
+                run.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                continue
+        run.box.kill()
         with self._lock:
-            run.state()
-            self._write_exit(run)
+            run.collect()
+            self._finished(run)
 
-    @staticmethod
-    def _write_exit(run: _Run) -> None:
+    def _finished(self, run: _Run) -> None:
+        if run.box is not None:
+            run.box.close()
+        if run.scratch is not None:
+            shutil.rmtree(run.scratch, ignore_errors=True)
         run.log.with_suffix(".exit").write_text(str(run.exit_code))
+        run.ended.set()
 
     def status(self, job_id: str, attempt: int) -> tuple[str, int | None]:
         """("RUNNING" | "EXITED", exit code) of the attempt here, or ("UNKNOWN", None)."""
@@ -219,7 +308,8 @@ class HostRunner:
             return rows
 
     def stop(self, job_id: str, attempt: int, grace_s: float) -> int | None:
-        """SIGTERM the process group, wait up to ``grace_s``, then SIGKILL it; returns the exit code."""
+        """SIGTERM every process of the run, wait up to ``grace_s``, then SIGKILL what is left;
+        returns the exit code. Reaches processes that left the job's process group or session."""
         with self._lock:
             run = self._runs.get((job_id, attempt))
             if run is None:
@@ -227,18 +317,11 @@ class HostRunner:
                 return None
             if run is self._current:
                 self._current = None
-        if run.proc is None:
+        if run.proc is None or run.box is None:
             return run.exit_code
-        pgid = run.proc.pid  # start_new_session: the group id is the child's pid
-        _signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + max(grace_s, 0.0)
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _signal_group(pgid, signal.SIGKILL)
-        while _group_alive(pgid):
-            time.sleep(0.01)
+        run.box.end(grace_s)
+        run.ended.wait(timeout=30)
         with self._lock:
-            run.proc.wait()
             return run.state()[1]
 
     def read_log(self, job_id: str, attempt: int, offset: int, limit: int = MAX_LOG_CHUNK) -> dict[str, Any]:
@@ -265,33 +348,16 @@ def read_log_task(node_id: str, log_root: str | None) -> Any:
     return ray.remote(read).options(num_cpus=0, scheduling_strategy=strategy)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    """Hand the package to ``jobstart`` on its standard input."""
+    assert proc.stdin is not None
+    with contextlib.suppress(OSError), proc.stdin:
+        proc.stdin.write(data)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _has_live_member(pgid)
-
-
-def _has_live_member(pgid: int) -> bool:
-    """killpg(0) also succeeds for zombies; a group whose members are all zombies has ended."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+def _secret_files() -> list[str]:
+    """Files named by the runner's environment that hold credentials (hidden from jailed jobs)."""
+    return [v for k, v in os.environ.items() if _SECRET_ENV.search(k) and os.path.isabs(v)]
 
 
 _remote: Any = ray.remote

@@ -1,0 +1,111 @@
+"""A job's files on a host: its checkpoint directory, its scratch and its unpacked code.
+
+Layout under the host's job root (``ServiceConfig.checkpoint_root``; on the emulator every host
+shares one, on real clusters it is a shared filesystem such as a Filestore or GCS FUSE mount)::
+
+    <root>/                                          0711: traversable, not listable
+    <root>/<tenant>/                                 0700; the only part a jailed job sees
+    <root>/<tenant>/<job>/                           TPUFLEET_CHECKPOINT_DIR, kept across attempts
+    <root>/<tenant>/.runs/<job>/<attempt>/<host>/wd    the uploaded package, unpacked: the cwd
+    <root>/<tenant>/.runs/<job>/<attempt>/<host>/home  HOME
+
+Only ``<root>`` and ``<root>/<tenant>`` are made by the runner; everything below the tenant
+directory is made by the job's own process (``jobstart``), inside its jail, which shows it its own
+tenant's directory and nothing else of the root (``contain.jail``). Paths come from the control plane
+(validated tenant names and job ids), never from the job. The uploaded package (a zip the tenant
+sent, ``POST /api/v1/packages``) is checked again before it is unpacked: no absolute names, no
+``..``, no links or devices, at most ``max_unpacked`` bytes in all.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+MAX_UNPACKED = 1 << 30
+
+
+class JobFilesError(ValueError):
+    """A run's files cannot be set up safely (an unsafe package, an unreachable root); says why."""
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    tenant: Path
+    checkpoint: Path
+    run: Path  # the run's scratch, removed when the run ends
+    workdir: Path
+    home: Path
+
+
+def run_paths(root: str, tenant: str, job_id: str, attempt: int, host: str) -> RunPaths:
+    base = Path(root) / _name(tenant)
+    run = base / ".runs" / _name(job_id) / str(int(attempt)) / _name(host)
+    return RunPaths(base, base / _name(job_id), run, run / "wd", run / "home")
+
+
+def prepare_tenant_dir(paths: RunPaths) -> None:
+    """Create the job root (0711: traversable, not listable) and the tenant's directory (0700)."""
+    root = paths.tenant.parent
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    paths.tenant.mkdir(mode=0o700, exist_ok=True)
+    if paths.tenant.is_symlink() or not paths.tenant.is_dir():
+        raise JobFilesError(f"{paths.tenant} is not a directory")
+
+
+def make_run_dirs(paths: RunPaths) -> None:
+    """Run by the job's own process (already the tenant's identity): checkpoint and scratch dirs."""
+    for path in (paths.checkpoint, paths.workdir, paths.home):
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def unpack(package: bytes, dest: Path, max_unpacked: int = MAX_UNPACKED) -> int:
+    """Unpack a zip into ``dest`` after checking every entry; returns the bytes written."""
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(package))
+    except zipfile.BadZipFile as err:
+        raise JobFilesError(f"the package is not a zip file ({err})") from err
+    with archive:
+        total = 0
+        for info in archive.infolist():
+            check_entry(info)
+            total += info.file_size
+            if total > max_unpacked:
+                raise JobFilesError(f"the package unpacks to more than {max_unpacked} bytes")
+        written = 0
+        for info in archive.infolist():
+            target = dest / PurePosixPath(info.filename)
+            if info.is_dir():
+                target.mkdir(mode=0o700, parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with archive.open(info) as src, open(target, "wb") as out:
+                while chunk := src.read(1 << 20):
+                    written += len(chunk)
+                    if written > max_unpacked:  # a header that lied about its size
+                        raise JobFilesError(f"the package unpacks to more than {max_unpacked} bytes")
+                    out.write(chunk)
+            mode = (info.external_attr >> 16) & 0o700
+            os.chmod(target, mode | 0o600)
+    return written
+
+
+def check_entry(info: zipfile.ZipInfo) -> None:
+    """Refuse names that would land outside the destination, and links or device files."""
+    name = info.filename
+    path = PurePosixPath(name)
+    if not name or "\x00" in name or "\\" in name or path.is_absolute() or ".." in path.parts:
+        raise JobFilesError(f"the package holds an unsafe name {name!r}")
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+        raise JobFilesError(f"the package holds {name!r}, which is not a plain file or directory")
+
+
+def _name(part: str) -> str:
+    if not part or part in (".", "..") or "/" in part or "\x00" in part:
+        raise JobFilesError(f"{part!r} cannot name a directory")
+    return part
