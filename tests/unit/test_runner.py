@@ -16,7 +16,6 @@ import pytest
 from tpufleet.control import contain
 from tpufleet.control.runner import HostRunner, _decode, log_path
 
-
 JOB_ROOT: Path = Path("/nonexistent")  # set per test by the runner fixture
 
 
