@@ -40,8 +40,37 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("TPUFLEET_STATE_DIR") or Path.home() / ".tpufleet")
 
 
-def ray_cluster(address: str) -> ClusterClient:
-    """The Ray executor connected to ``address``, or a ClusterError saying why not."""
+def _gcs_endpoint(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``host:port`` GCS address; None for what Ray resolves itself (``auto``)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    return (host.strip("[]"), int(port)) if sep and host and port.isdigit() else None
+
+
+def wait_for_gcs(address: str, timeout_s: float = 5.0) -> None:
+    """Return once something accepts TCP connections at ``address``, or raise a ClusterError
+    naming it within ``timeout_s``: ``ray.init`` on an address nobody listens at retries forever."""
+    endpoint = _gcs_endpoint(address)
+    if endpoint is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(endpoint, timeout=min(1.0, timeout_s)):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"no Ray cluster at {address} (tried for {timeout_s:g} s: {err.strerror or err}); "
+                    "start one with `tpufleet emulate up` and use `tpufleet serve --emulator`, "
+                    "or give the GCS address `ray start --head` printed"
+                ) from None
+        time.sleep(0.2)
+
+
+def ray_cluster(address: str, connect_timeout_s: float = 5.0) -> ClusterClient:
+    """The Ray executor connected to ``address``, or a ClusterError saying why not: within
+    ``connect_timeout_s`` when nothing listens there."""
+    wait_for_gcs(address, connect_timeout_s)
     try:
         executor = importlib.import_module("tpufleet.control.executor")
     except ImportError as err:

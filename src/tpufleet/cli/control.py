@@ -41,6 +41,16 @@ app.add_typer(slice_app, name="slice")
 
 
 def _client(ctx: typer.Context, server: str, token: str | None) -> Client:
+    """--server/$TPUFLEET_SERVER, else the URL `tpufleet serve` remembered; --token/$TPUFLEET_TOKEN,
+    else the admin token file it remembered (only for that same server), else ~/.tpufleet's."""
+    from tpufleet.cli import context
+
+    remembered = context.load()
+    source = ctx.get_parameter_source("server")
+    if remembered.server and (source is None or source.name == "DEFAULT"):
+        server = remembered.server
+    if not token and remembered.admin_token_path and server == remembered.server:
+        token = _read_token(Path(remembered.admin_token_path))
     if not token:
         from tpufleet.api.server import default_state_dir
 
@@ -52,6 +62,13 @@ def _client(ctx: typer.Context, server: str, token: str | None) -> Client:
                 token = None
     http = ctx.obj if isinstance(ctx.obj, httpx.Client) else None
     return Client(server or DEFAULT_SERVER, token, http=http)
+
+
+def _read_token(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _kv(values: list[str], what: str) -> dict[str, str]:
@@ -66,9 +83,33 @@ def _kv(values: list[str], what: str) -> dict[str, str]:
 
 @app.command("serve")
 def serve_cmd(
+    ctx: typer.Context,
     ray_address: Annotated[
-        str, typer.Option("--ray-address", help="Ray cluster address, e.g. 127.0.0.1:6379.")
-    ],
+        str | None,
+        typer.Option(
+            "--ray-address",
+            envvar="RAY_ADDRESS",
+            help="Ray GCS address host:port (default: the local emulated fleet, as --emulator).",
+        ),
+    ] = None,
+    emulator: Annotated[
+        bool,
+        typer.Option(
+            "--emulator",
+            help="Serve the emulated fleet `tpufleet emulate up` started (its state dir: --emulator-dir, "
+            "$TPUFLEET_EMULATOR_DIR, the remembered one, or ~/.cache/tpufleet/emulator).",
+        ),
+    ] = False,
+    emulator_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--emulator-dir",
+            envvar="TPUFLEET_EMULATOR_DIR",
+            metavar="STATE_DIR",
+            help="The emulated fleet's state dir (implies --emulator).",
+            show_default=False,
+        ),
+    ] = None,
     db: Annotated[
         str | None, typer.Option("--db", help="SQLAlchemy URL (default: SQLite in the state dir).")
     ] = None,
@@ -79,14 +120,33 @@ def serve_cmd(
         typer.Option("--state-dir", help="Database, admin token, checkpoints (default ~/.tpufleet)."),
     ] = None,
 ) -> None:
-    """Run the control plane: store, scheduling loop, Ray executor and REST API (/api/v1, /healthz)."""
-    from tpufleet.api.server import ControlPlane, ray_cluster
+    """Run the control plane: store, scheduling loop, Ray executor and REST API (/api/v1, /healthz).
 
-    cluster = ray_cluster(ray_address)
+    Records its URL and admin token path in the CLI context (`tpufleet context`), so client
+    commands on this machine need neither --server nor --token."""
+    from tpufleet.api.server import ControlPlane, ray_cluster
+    from tpufleet.cli import context
+    from tpufleet.cli.emulate import running_fleet_address
+
+    given = ctx.get_parameter_source("ray_address")
+    if emulator and given is not None and given.name == "COMMANDLINE":
+        raise SpecError("give --ray-address or --emulator, not both")
+    if not ray_address or emulator or emulator_dir:
+        _, ray_address = running_fleet_address(emulator_dir)
+    cluster = ray_cluster(ray_address)  # fails within seconds, naming the address, if nothing is there
     cp = ControlPlane(cluster, state_dir=state_dir, db_url=db)
     note = "created" if cp.admin_token_created else "kept"
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+    context.remember(
+        server=url,
+        server_state_dir=str(cp.state_dir.resolve()),
+        admin_token_path=str(cp.admin_token_path.resolve()),
+        ray_address=ray_address,
+    )
     console_err.print(f"admin token ({note}): {cp.admin_token_path} (mode 0600)", highlight=False)
-    console_err.print(f"tpufleet control plane on http://{host}:{port} (API /api/v1, /docs)", highlight=False)
+    console_err.print(
+        f"tpufleet control plane on {url} for Ray at {ray_address} (API /api/v1, /docs)", highlight=False
+    )
     cp.serve(host, port)
 
 

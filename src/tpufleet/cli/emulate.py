@@ -1,8 +1,9 @@
 """``tpufleet emulate up|status|kill-host|preempt|restore|add|down`` and ``tpufleet doctor``.
 
 The fleet outlives ``emulate up``: its processes run in the background and its state (PIDs,
-ports, the Ray address) lives in ``--state-dir`` (default ``$TPUFLEET_EMULATOR_DIR`` or
-``~/.cache/tpufleet/emulator``), which the other commands read.
+ports, the Ray address) lives in ``--state-dir`` (default ``$TPUFLEET_EMULATOR_DIR``, else the
+directory the last ``emulate up`` recorded in the CLI context, else ``~/.cache/tpufleet/emulator``),
+which the other commands read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from tpufleet.cli import context
 from tpufleet.cli._app import app, console, print_json
 from tpufleet.errors import NotFoundError, SpecError
 
@@ -26,20 +28,33 @@ app.add_typer(emulate_app, name="emulate")
 DEFAULT_STATE_DIR = Path("~/.cache/tpufleet/emulator").expanduser()
 
 StateDir = Annotated[
-    Path,
+    Path | None,
     typer.Option(
         "--state-dir",
         envvar="TPUFLEET_EMULATOR_DIR",
-        help="Where the fleet's state (PIDs, ports, Ray address) and launcher logs live.",
+        help="Where the fleet's state (PIDs, ports, Ray address) and launcher logs live "
+        "(default: the one `emulate up` last recorded, see `tpufleet context`, else "
+        "~/.cache/tpufleet/emulator).",
+        show_default=False,
     ),
 ]
+
+
+def state_dir_of(state_dir: Path | None) -> Path:
+    """--state-dir / $TPUFLEET_EMULATOR_DIR, else the remembered context, else the default."""
+    if state_dir is not None:
+        return state_dir
+    remembered = context.load().emulator_state_dir
+    return Path(remembered) if remembered else DEFAULT_STATE_DIR
+
+
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-def _fleet(state_dir: Path) -> Any:
+def _fleet(state_dir: Path | None) -> Any:
     from tpufleet.emulator import EmulatedFleet
 
-    return EmulatedFleet.attach(state_dir)
+    return EmulatedFleet.attach(state_dir_of(state_dir))
 
 
 def _show(status: dict[str, Any], as_json: bool) -> None:
@@ -61,7 +76,7 @@ def _show(status: dict[str, Any], as_json: bool) -> None:
 def up_cmd(
     slices: Annotated[str, typer.Option(help="Slice types and counts, e.g. v4-16:2,v6e-4.")] = "v4-16:2",
     cpus_per_host: Annotated[int, typer.Option(help="Logical CPUs each host offers Ray.")] = 1,
-    state_dir: StateDir = DEFAULT_STATE_DIR,
+    state_dir: StateDir = None,
     as_json: AsJson = False,
 ) -> None:
     """Start the fleet in the background; return once every host has joined."""
@@ -69,12 +84,14 @@ def up_cmd(
 
     if not slices.strip():
         raise SpecError("--slices is empty; give slice types and counts, e.g. v4-16:2,v6e-4")
-    fleet = EmulatedFleet(slices, cpus_per_host=cpus_per_host, state_dir=state_dir).up()
+    where = state_dir_of(state_dir).resolve()
+    fleet = EmulatedFleet(slices, cpus_per_host=cpus_per_host, state_dir=where).up()
+    context.remember(emulator_state_dir=str(where), ray_address=fleet.ray_address)
     _show(fleet.status(), as_json)
 
 
 @emulate_app.command("status")
-def status_cmd(state_dir: StateDir = DEFAULT_STATE_DIR, as_json: AsJson = False) -> None:
+def status_cmd(state_dir: StateDir = None, as_json: AsJson = False) -> None:
     """Every slice and host of the running fleet, as Ray sees them."""
     _show(_fleet(state_dir).status(), as_json)
 
@@ -84,7 +101,7 @@ def kill_host_cmd(
     slice_name: Annotated[str, typer.Argument(metavar="SLICE", help="e.g. tpu-v4-16-0")],
     worker_id: Annotated[int, typer.Argument(help="The host's TPU_WORKER_ID.")],
     wait: Annotated[bool, typer.Option(help="Return once Ray has declared the node dead.")] = True,
-    state_dir: StateDir = DEFAULT_STATE_DIR,
+    state_dir: StateDir = None,
 ) -> None:
     """SIGKILL every process of one host at once, the way a crashed VM disappears."""
     _fleet(state_dir).kill_host(slice_name, worker_id, wait=wait)
@@ -95,7 +112,7 @@ def kill_host_cmd(
 def preempt_cmd(
     slice_name: Annotated[str, typer.Argument(metavar="SLICE")],
     wait: Annotated[bool, typer.Option(help="Return once Ray has declared the nodes dead.")] = True,
-    state_dir: StateDir = DEFAULT_STATE_DIR,
+    state_dir: StateDir = None,
 ) -> None:
     """Remove every host of a slice at once, as a spot preemption does."""
     _fleet(state_dir).preempt(slice_name, wait=wait)
@@ -105,7 +122,7 @@ def preempt_cmd(
 @emulate_app.command("restore")
 def restore_cmd(
     slice_name: Annotated[str, typer.Argument(metavar="SLICE")],
-    state_dir: StateDir = DEFAULT_STATE_DIR,
+    state_dir: StateDir = None,
 ) -> None:
     """Bring back the missing hosts of a slice with the same name and worker ids."""
     workers = _fleet(state_dir).restore(slice_name)
@@ -116,29 +133,36 @@ def restore_cmd(
 @emulate_app.command("add")
 def add_cmd(
     accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="e.g. v4-16 or v6e-4")],
-    state_dir: StateDir = DEFAULT_STATE_DIR,
+    state_dir: StateDir = None,
 ) -> None:
     """Add one slice; prints its name."""
     console.print(_fleet(state_dir).add(accelerator_type))
 
 
 @emulate_app.command("down")
-def down_cmd(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+def down_cmd(state_dir: StateDir = None) -> None:
     """Stop every process the fleet started, by PID; leaves nothing behind."""
     from tpufleet.emulator import EmulatedFleet
 
-    EmulatedFleet("", state_dir=state_dir).down()
-    console.print(f"emulated fleet in {state_dir} is down")
+    where = state_dir_of(state_dir)
+    EmulatedFleet("", state_dir=where).down()
+    ctx = context.load()
+    if ctx.emulator_state_dir and Path(ctx.emulator_state_dir) == where.resolve():
+        context.forget("ray_address")  # the directory stays remembered for the next `emulate up`
+    console.print(f"emulated fleet in {where} is down")
 
 
-def _doctor_address(ray_address: str | None, state_dir: Path) -> str | None:
+def _doctor_address(ray_address: str | None, state_dir: Path | None) -> str | None:
     """--ray-address, else the emulated fleet in ``state_dir``, else None: ``RAY_ADDRESS``."""
     if ray_address:
         return ray_address
     from tpufleet.emulator import EmulatedFleet
 
+    state_dir = state_dir_of(state_dir)
+
     fleet = EmulatedFleet("", state_dir=state_dir)
     if fleet.head_alive():
+        fleet.authenticate()  # Ray token auth: this process (and its ray.init) uses the fleet's token
         return str(fleet.ray_address)
     if os.environ.get("RAY_ADDRESS"):
         return None  # doctor.check reads it (and names it in errors)
@@ -159,7 +183,7 @@ def doctor_cmd(
         ),
     ] = None,
     probe: Annotated[bool, typer.Option(help="Run one probe task per host (JAX devices, env).")] = True,
-    state_dir: StateDir = DEFAULT_STATE_DIR,
+    state_dir: StateDir = None,
     as_json: AsJson = False,
 ) -> None:
     """Check a Ray cluster's TPU slices; exit 1 when anything is wrong."""
@@ -179,3 +203,18 @@ def doctor_cmd(
         console.print("[green]healthy[/]" if report.healthy else f"[red]{len(report.findings)} finding(s)[/]")
     if not report.healthy:
         raise typer.Exit(1)
+
+
+def running_fleet_address(state_dir: Path | None) -> tuple[Path, str]:
+    """``(state dir, Ray address)`` of the emulated fleet running from ``state_dir`` (default: the
+    remembered or default one), for ``tpufleet serve``; a NotFoundError naming the directory if none."""
+    from tpufleet.emulator import EmulatedFleet
+
+    where = state_dir_of(state_dir)
+    fleet = EmulatedFleet("", state_dir=where)
+    if not fleet.head_alive():
+        raise NotFoundError(
+            f"no emulated fleet runs from {where}; start one with `tpufleet emulate up` "
+            "or give --ray-address HOST:PORT"
+        )
+    return where, str(fleet.ray_address)
