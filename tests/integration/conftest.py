@@ -11,6 +11,11 @@ Fixtures (names are stable; other test modules rely on them):
 - ``ray_client`` (session): this process connected to the fleet with ``ray.init`` (once); yields
   the ``RayContext``. Tests must release what they reserve (placement groups, detached actors).
 
+The fleet runs with Ray token authentication: ``fleet`` sets ``RAY_AUTH_MODE`` and
+``RAY_AUTH_TOKEN_PATH`` (``fleet.client_env()``) in this process's environment, so ``ray.init``
+here and every subprocess a test starts (``tpufleet`` CLI calls, scripts) connect. A test that
+wants an unauthenticated client removes them from the child's environment.
+
 Set ``TPUFLEET_TEST_FLEET_DIR`` to the state dir of a fleet you started yourself
 (``tpufleet emulate up --slices v4-16:2,v6e-4 --cpus-per-host 2 --state-dir DIR``) to reuse it
 across runs while iterating; it is then left running.
@@ -34,10 +39,10 @@ CPUS_PER_HOST = 2
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatedFleet]:
     reuse = os.environ.get("TPUFLEET_TEST_FLEET_DIR")
     if reuse:
-        yield EmulatedFleet.attach(reuse)
+        yield EmulatedFleet.attach(reuse).authenticate()
         return
     state_dir = tmp_path_factory.mktemp("fleet")
-    f = EmulatedFleet(FLEET_SLICES, cpus_per_host=CPUS_PER_HOST, state_dir=state_dir).up()
+    f = EmulatedFleet(FLEET_SLICES, cpus_per_host=CPUS_PER_HOST, state_dir=state_dir).up()  # authenticates
     try:
         yield f
     finally:
@@ -48,6 +53,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatedFleet]:
 def ray_client(fleet: EmulatedFleet) -> Iterator[Any]:
     import ray
 
+    fleet.authenticate()  # a no-op unless a test switched this process to another fleet's token
     ctx = ray.init(address=fleet.ray_address, logging_level="ERROR")
     try:
         yield ctx

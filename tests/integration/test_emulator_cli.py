@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,11 @@ pytestmark = pytest.mark.integration
 
 
 def tpufleet(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it: without this process's Ray auth variables, so every command
+    proves it finds the fleet's token from --state-dir alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     return subprocess.run(
-        [sys.executable, "-m", "tpufleet", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "tpufleet", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 

@@ -52,6 +52,8 @@ def test_the_callers_host_cluster_and_jax_variables_do_not_leak_into_a_host() ->
         "RAY_ADDRESS": "a:1",
         "JAX_PLATFORMS": "tpu",
         "MEGASCALE_X": "1",
+        "RAY_AUTH_TOKEN": "the caller's own cluster",
+        "RAY_AUTH_TOKEN_PATH": "/elsewhere",
     }
     assert plan.clean_base_env(caller) == {"PATH": "/bin", "RAY_USAGE_STATS_ENABLED": "0"}
 

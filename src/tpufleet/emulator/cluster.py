@@ -10,6 +10,12 @@ fleet started by one process (``tpufleet emulate up``) is inspected, broken and 
         fleet.kill_host("tpu-v4-16-0", 1)   # SIGKILL, like a VM vanishing
         fleet.restore("tpu-v4-16-0")        # same slice name and worker id, new Ray node
 
+Ray token authentication is on (see ``auth.py``): ``up`` writes a random token to
+``<state_dir>/ray-auth-token`` (0600) and every Ray process of the fleet reads it from there. The
+process that runs ``up`` (or calls :meth:`EmulatedFleet.authenticate`) has ``RAY_AUTH_MODE`` and
+``RAY_AUTH_TOKEN_PATH`` set in ``os.environ``, so its ``ray.init`` and every subprocess it starts
+connect; anyone else exports :meth:`EmulatedFleet.client_env` first.
+
 Failure detection: the head's GCS health-checks raylets every second and declares a node dead
 after three failed checks (Ray's defaults are 3 s and 5), so a killed host is noticed in seconds.
 """
@@ -29,7 +35,7 @@ from typing import Any
 
 from tpufleet import catalog
 from tpufleet.catalog import SliceType
-from tpufleet.emulator import plan, procs
+from tpufleet.emulator import auth, plan, procs
 from tpufleet.emulator import state as store
 from tpufleet.emulator.raynodes import read_nodes
 from tpufleet.emulator.state import FleetState, HostRecord, SliceRecord
@@ -108,6 +114,23 @@ class EmulatedFleet:
         return self._load().ray_address
 
     @property
+    def auth_token_path(self) -> Path:
+        """The file (0600) holding the Ray auth token of the running fleet."""
+        return (self.state_dir / auth.TOKEN_FILE).absolute()
+
+    def client_env(self) -> dict[str, str]:
+        """The variables a client process needs before ``ray.init(address=fleet.ray_address)``:
+        ``{"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": <auth_token_path>}``."""
+        return auth.client_env(self.auth_token_path)
+
+    def authenticate(self) -> EmulatedFleet:
+        """Set :meth:`client_env` in this process (for its ``ray.init`` and its subprocesses);
+        see :func:`tpufleet.emulator.auth.activate`. ``up`` does this already."""
+        self._load()
+        auth.activate(self.auth_token_path)
+        return self
+
+    @property
     def slice_names(self) -> list[str]:
         return [s.name for s in self._load().slices]
 
@@ -137,7 +160,10 @@ class EmulatedFleet:
     def status(self) -> dict[str, Any]:
         """``{ray_address, state_dir, slices: [{name, accelerator_type, topology, hosts: [...]}]}``."""
         st = self._load()
-        nodes = read_nodes(st.ray_address) if st.head and procs.members(st.head) else []
+        nodes = []
+        if st.head and procs.members(st.head):
+            auth.activate(self.auth_token_path)
+            nodes = read_nodes(st.ray_address)
         found: dict[Key, dict[str, Any]] = {}
         node: dict[str, Any] | None
         for node in nodes:
@@ -171,7 +197,11 @@ class EmulatedFleet:
 
     def _launch_host(self, st: FleetState, rec: SliceRecord, worker: int) -> tuple[Popen[bytes], Path]:
         stype = catalog.slice_type(rec.accelerator_type)
-        env = plan.clean_base_env(os.environ) | plan.host_envs(rec.name, stype, st.address)[worker]
+        env = (
+            plan.clean_base_env(os.environ)
+            | plan.host_envs(rec.name, stype, st.address)[worker]
+            | auth.server_env(self.auth_token_path)
+        )
         temp_dir = f"{st.temp_dir}/h{st.next_host_seq}"
         st.next_host_seq += 1
         argv = plan.host_argv(
@@ -208,18 +238,36 @@ class EmulatedFleet:
                 procs.kill_sessions(old.sessions())
                 shutil.rmtree(old.temp_dir, ignore_errors=True)
             st = self._new_state()
+            auth.write_token(self.auth_token_path, self._token_for_new_fleet())
             launchers = [self._launch_head(st)]
             for stype, count in self._spec:
                 for name in plan.next_slice_names([s.name for s in st.slices], stype.accelerator_type, count):
                     launchers += self._launch_slice(st, stype, name)
             store.save(self.state_dir, st)
             try:
+                auth.activate(self.auth_token_path)  # this process talks to the fleet from now on
                 self._await(st, launchers, [(s.name, h.worker_id) for s in st.slices for h in s.hosts])
             except BaseException:
                 procs.kill_sessions(st.sessions())
                 store.remove(self.state_dir)
+                self._drop_token()
                 raise
         return self
+
+    @staticmethod
+    def _token_for_new_fleet() -> str:
+        """A new random token, unless this process is connected to Ray with a token already: Ray
+        holds one token per process, so a fleet started from there shares it (or the caller could
+        not talk to both)."""
+        import ray
+
+        if ray.is_initialized() and (token := auth.active_token()):
+            return token
+        return auth.new_token()
+
+    def _drop_token(self) -> None:
+        auth.deactivate(self.auth_token_path)
+        self.auth_token_path.unlink(missing_ok=True)
 
     def _new_state(self) -> FleetState:
         import ray.util
@@ -249,7 +297,8 @@ class EmulatedFleet:
             st.object_store_bytes,
         )
         log = self.state_dir / "logs" / "head.log"
-        proc, st.head = procs.spawn(argv, plan.clean_base_env(os.environ) | HEAD_ENV, log)
+        env = plan.clean_base_env(os.environ) | HEAD_ENV | auth.server_env(self.auth_token_path)
+        proc, st.head = procs.spawn(argv, env, log)
         return proc, log
 
     def _await(self, st: FleetState, launchers: Sequence[tuple[Popen[bytes], Path]], keys: list[Key]) -> None:
@@ -270,6 +319,7 @@ class EmulatedFleet:
             time.sleep(0.2)
 
     def _alive_keys(self, st: FleetState) -> set[Key]:
+        auth.activate(self.auth_token_path)
         try:
             nodes = read_nodes(st.ray_address)
         except ClusterError:
@@ -350,12 +400,14 @@ class EmulatedFleet:
         with store.locked(self.state_dir):
             st = store.load(self.state_dir)
             if st is None:
+                self._drop_token()
                 return
             left = procs.kill_sessions(st.sessions(), grace_s=grace_s)
             if left:
                 raise ClusterError(f"processes {left} of the emulated fleet would not die")
             shutil.rmtree(st.temp_dir, ignore_errors=True)
             store.remove(self.state_dir)
+            self._drop_token()
         if self._owns_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 

@@ -9,8 +9,8 @@ API, isolated here; when the calling process is already connected to that cluste
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from functools import cache
 from typing import Any
 
 from tpufleet.errors import ClusterError
@@ -25,8 +25,17 @@ def _reachable(address: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-@cache
+# Ray reports a refused token only in a log line, so every failed read names the likely cause.
+_AUTH_HINT = (
+    "(If the cluster uses Ray token auth, this process needs its token: set RAY_AUTH_MODE=token and "
+    "RAY_AUTH_TOKEN_PATH=<token file>; an emulated fleet's is <state dir>/ray-auth-token.)"
+)
+_states: dict[str, Any] = {}  # GCS address -> GlobalState, connected with this process's token
+
+
 def _global_state(address: str) -> Any:
+    if address in _states:
+        return _states[address]
     import importlib
 
     ray_state: Any = importlib.import_module("ray._private.state")
@@ -36,7 +45,16 @@ def _global_state(address: str) -> Any:
         address, None, allow_cluster_id_nil=True, fetch_cluster_id_if_nil=False
     )
     state._initialize_global_state(options)
+    _states[address] = state
     return state
+
+
+def forget() -> None:
+    """Drop every GCS connection made so far: this process's Ray auth token changed."""
+    while _states:
+        _, state = _states.popitem()
+        with contextlib.suppress(Exception):  # a GCS that is gone
+            state.disconnect()
 
 
 def _connected_address() -> str | None:
@@ -69,4 +87,6 @@ def read_nodes(address: str | None = None) -> list[dict[str, Any]]:
     try:
         return list(_global_state(address).node_table())
     except Exception as err:  # Ray raises RaySystemError and friends
-        raise ClusterError(f"could not read the node table of {address}: {err}", retry_after=5.0) from err
+        raise ClusterError(
+            f"could not read the node table of {address}: {err} {_AUTH_HINT}", retry_after=5.0
+        ) from err
