@@ -24,6 +24,7 @@ class Api:
 
     def call(self, method: str, path: str, token: str | None, **kw: object):  # type: ignore[no-untyped-def]
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers.update(kw.pop("headers", None) or {})  # type: ignore[call-overload]
         return self.http.request(method, "/api/v1" + path, headers=headers, **kw)  # type: ignore[arg-type]
 
     def tenant(self, name: str, **quota: int) -> str:

@@ -159,14 +159,16 @@ def create_app(
     """The API over ``store``. ``status`` is the loop's health (``cycles``, ``stalled``,
     ``last_error``, ``cycle_ms_last``, ``cycle_ms_p50``; missing keys read as their defaults):
     ``/healthz`` shows only whether it cycles, ``GET /api/v1/status`` (admin) all of it. ``limits``:
-    the caps on what callers send (default: the store's)."""
+    the caps on what callers send, set on the store too (default: the store's)."""
     app = FastAPI(
         title="tpufleet",
         version=tpufleet.__version__,
         description="A multi-tenant queue that places SPMD jobs on whole TPU slices.",
         openapi_url="/openapi.json",
     )
-    app.state.limits = limits or store.limits
+    if limits is not None:
+        store.limits = limits  # one set of caps for the API and the store (package checks, queued cap)
+    app.state.limits = store.limits
     app.state.store, app.state.on_change = store, on_change
     app.state.status = lambda: {**STATUS_DEFAULTS, **(status() or {})}
     app.add_middleware(BodyLimit, limits=app.state.limits, upload_path=f"{API}/packages")
@@ -233,7 +235,7 @@ def list_slices(me: Who, store: Db) -> list[dict[str, Any]]:
     return rows
 
 
-@router.post("/slices/{name}/drain", tags=["slices"], responses=_errs(403, 404))
+@router.post("/slices/{name}/drain", tags=["slices"], responses=_errs(403, 404, 422))
 def drain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Place no new job on the slice (admin); its current holder runs to the end."""
     auth.require_admin(me)
@@ -242,7 +244,7 @@ def drain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     return out
 
 
-@router.post("/slices/{name}/undrain", tags=["slices"], responses=_errs(403, 404))
+@router.post("/slices/{name}/undrain", tags=["slices"], responses=_errs(403, 404, 422))
 def undrain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     auth.require_admin(me)
     out = store.set_draining(name, False).to_dict()

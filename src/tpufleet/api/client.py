@@ -159,12 +159,14 @@ class Client:
             params["after"] = after
         return dict(self.request("GET", f"{API}/jobs", params=params or None))
 
-    def jobs(self, states: Sequence[str] = (), *, limit: int | None = None) -> list[dict[str, Any]]:
+    def jobs(
+        self, states: Sequence[str] = (), *, limit: int | None = None, page_size: int = PAGE_MAX
+    ) -> list[dict[str, Any]]:
         """Every job (following ``next`` page after page), or the first ``limit``."""
         out: list[dict[str, Any]] = []
         after = None
         while limit is None or len(out) < limit:
-            size = PAGE_MAX if limit is None else min(PAGE_MAX, limit - len(out))
+            size = page_size if limit is None else min(page_size, limit - len(out))
             page = self.jobs_page(size, after, states)
             out.extend(page["items"])
             after = page["next"]
