@@ -114,7 +114,7 @@ def serve_cmd(
         str | None, typer.Option("--db", help="SQLAlchemy URL (default: SQLite in the state dir).")
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8600,
+    port: Annotated[int, typer.Option(envvar="TPUFLEET_PORT", help="Port to listen on.")] = 8600,
     state_dir: Annotated[
         Path | None,
         typer.Option("--state-dir", help="Database, admin token, checkpoints (default ~/.tpufleet)."),

@@ -159,7 +159,6 @@ def _doctor_address(ray_address: str | None, state_dir: Path | None) -> str | No
     from tpufleet.emulator import EmulatedFleet
 
     state_dir = state_dir_of(state_dir)
-
     fleet = EmulatedFleet("", state_dir=state_dir)
     if fleet.head_alive():
         fleet.authenticate()  # Ray token auth: this process (and its ray.init) uses the fleet's token
@@ -217,4 +216,5 @@ def running_fleet_address(state_dir: Path | None) -> tuple[Path, str]:
             f"no emulated fleet runs from {where}; start one with `tpufleet emulate up` "
             "or give --ray-address HOST:PORT"
         )
+    fleet.authenticate()  # Ray token auth: this process's ray.init uses the fleet's token
     return where, str(fleet.ray_address)
