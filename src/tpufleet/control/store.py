@@ -299,10 +299,10 @@ class Store:
     def counts(self) -> dict[str, Any]:
         """Queued and running jobs, and slices by state (``GET /api/v1/status``)."""
         with self.tx() as s:
-            jobs = dict(s.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).tuples().all())
-            slices = dict(
-                s.execute(select(SliceRow.state, func.count()).group_by(SliceRow.state)).tuples().all()
-            )
+            jobs = {st: n for st, n in s.execute(select(JobRow.state, func.count()).group_by(JobRow.state))}
+            slices = {
+                st: n for st, n in s.execute(select(SliceRow.state, func.count()).group_by(SliceRow.state))
+            }
         return {
             "queued": jobs.get(r.QUEUED, 0),
             "running": sum(jobs.get(st, 0) for st in r.ACTIVE),
