@@ -158,10 +158,12 @@ def test_the_readme_and_docs_run_as_written(tmp_path: Path) -> None:
                 )
                 _wait_for_server(background[-1], env, where)
                 continue
+            started = time.monotonic()
             run = subprocess.run(
                 ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
             )
             assert run.returncode == 0, f"{where} exited {run.returncode}:\n{run.stdout}\n{run.stderr}"
+            print(f"{where}: {time.monotonic() - started:.1f} s")  # shown with -s or on failure
             outputs.append(run.stdout)
     finally:
         _stop(background)
