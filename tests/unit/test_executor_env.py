@@ -17,7 +17,9 @@ def _slice(name: str, *addresses: str) -> SliceInfo:
 
 
 def _spec(*slices: SliceInfo) -> AttemptSpec:
-    return AttemptSpec("job-1", 2, tuple(s.name for s in slices), "v4-16", ("run",), {"A": "1"}, None, "/ck")
+    return AttemptSpec(
+        "job-1", 2, tuple(s.name for s in slices), "v4-16", ("run",), {"A": "1"}, checkpoint_dir="/ck"
+    )
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def test_one_slice_job_runs_with_the_host_contract_and_succeeds(world: World) ->
     job_id = world.submit(world.tenant("a", v4=8), env={"LR": "0.1"})
     run_to_running(world, job_id)
     procs = world.cluster.processes(job_id)
-    ckpt = world.state_dir / "checkpoints" / job_id
+    ckpt = world.state_dir / "checkpoints" / "a" / job_id  # <job root>/<tenant>/<job>
     assert [(p.slice, p.worker_id) for p in procs] == [("tpu-v4-16-0", 0), ("tpu-v4-16-0", 1)]
     for p in procs:
         assert p.env["TPU_NAME"] == "tpu-v4-16-0" and p.env["TPU_WORKER_ID"] == str(p.worker_id)
@@ -76,7 +76,7 @@ def test_one_slice_job_runs_with_the_host_contract_and_succeeds(world: World) ->
         assert (p.env["TPUFLEET_JOB_ID"], p.env["TPUFLEET_ATTEMPT"]) == (job_id, "1")
         assert p.env["TPUFLEET_CHECKPOINT_DIR"] == str(ckpt) and p.env["LR"] == "0.1"
         assert not [k for k in p.env if k.startswith("MEGASCALE_")]
-    assert ckpt.is_dir()
+    assert not ckpt.exists()  # made on the hosts, never by the control plane on its own disk
     assert world.slices()["tpu-v4-16-0"] == ("HELD", job_id)
     world.cluster.exit(job_id, 0)
     world.cycle()
@@ -148,7 +148,7 @@ def test_a_lost_host_quarantines_the_slice_and_the_job_resumes_elsewhere(world: 
     assert (job.state, job.attempt, job.slices) == ("STARTING", 2, ("tpu-v4-16-1",))
     assert world.slices()["tpu-v4-16-0"] == ("BROKEN", None)
     ckpt = {p.env["TPUFLEET_CHECKPOINT_DIR"] for p in world.cluster.processes(job_id)}
-    assert ckpt == {str(world.state_dir / "checkpoints" / job_id)}  # same dir: resume from checkpoint
+    assert ckpt == {str(world.state_dir / "checkpoints" / "a" / job_id)}  # same dir: resume from checkpoint
 
 
 def test_a_borrower_is_preempted_with_a_grace_period_and_requeued_without_using_a_retry(

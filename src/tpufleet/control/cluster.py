@@ -46,7 +46,13 @@ class SliceInfo:
 
 @dataclass(frozen=True)
 class AttemptSpec:
-    """Everything needed to run one attempt of a job on the slices the policy chose."""
+    """Everything needed to run one attempt of a job on the slices the policy chose.
+
+    Where the job's files go on a host: ``job_root/<tenant>/<job>`` is TPUFLEET_CHECKPOINT_DIR
+    (``jobfiles.run_paths``); ``hide`` names paths of the control plane a jailed job must not see.
+    The code comes either as ``package`` (the zip the tenant uploaded, unpacked on every host as the
+    working directory) or as ``working_dir_url`` (an operator-allowed URL, fetched by Ray's
+    runtime_env); never as a path of the control plane's disk."""
 
     job_id: str
     attempt: int
@@ -54,8 +60,12 @@ class AttemptSpec:
     accelerator_type: str
     command: tuple[str, ...]  # run on every host, SPMD style
     env: dict[str, str] = field(default_factory=dict)  # the user's env; the contract is added on top
-    working_dir: str | None = None  # shipped with Ray's runtime_env
+    tenant: str = "default"
+    job_root: str = ""
     checkpoint_dir: str = ""  # TPUFLEET_CHECKPOINT_DIR, stable across attempts of the job
+    package: bytes | None = field(default=None, repr=False)
+    working_dir_url: str | None = None
+    hide: tuple[str, ...] = ()
 
 
 class HostState(StrEnum):

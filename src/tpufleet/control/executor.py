@@ -6,7 +6,13 @@ command on every host. With the warm pool on (the default), ``inventory()`` keep
 idle runners on every free intact slice, releases broken ones and re-reserves restored ones, so
 ``launch`` on a pooled slice is one actor call per host and returns in milliseconds. The service
 may take a slice out of the pool (``release``, e.g. for ``DRAINING``) and put it back (``warm``).
-A job with a ``working_dir`` gets its own runners (``runtime_env``), which costs an actor start.
+A job whose code is an uploaded package gets it through Ray's object store (``ray.put`` once per
+attempt; every host's runner unpacks it in the job's jail). A job whose ``working_dir`` is an
+operator-allowed URL gets its own runners (``runtime_env``), which costs an actor start.
+
+Hosts heal: the runners of every free slice are pinged now and then, and a runner that died (a
+job may kill its own runner) is replaced before the slice is offered again; until the new one
+answers, ``inventory`` reports the slice as not intact, so it is ``BROKEN`` with the reason.
 
 Per-attempt ports: on real hardware every host has its own address and ``MEGASCALE_PORT`` is 8081.
 When the attempt's hosts share an address (the emulator: every host is this machine) a free port is
@@ -22,7 +28,8 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -112,23 +119,28 @@ class RayCluster:
 
     # -- inventory and the pool -------------------------------------------------------------
     def inventory(self) -> list[SliceInfo]:
+        """Every slice; a free one whose runner died (and is being replaced) is not intact."""
         slices = slices_from_nodes(_nodes())
         with self._lock:
             self._slices = {s.name: s for s in slices}
             if self.warm_pool:
-                self._sync_pool(slices)
+                slices = self._sync_pool(slices)
         return slices
 
-    def _sync_pool(self, slices: list[SliceInfo]) -> None:
+    def _sync_pool(self, slices: list[SliceInfo]) -> list[SliceInfo]:
         if not self._recovered:
             self.running_attempts()
+        out, now = [], time.monotonic()
         for s in slices:
-            if s.name in self._held:
-                continue
-            if s.intact and s.name not in self._cold:
-                self._pool.reserve(s)
-            elif self._pool.get(s.name) is not None:
-                self._pool.release(s.name)
+            if s.name not in self._held:
+                if s.intact and s.name not in self._cold:
+                    self._pool.reserve(s)
+                    problem = self._pool.check(s.name, now)
+                    s = replace(s, problems=(*s.problems, problem)) if problem else s
+                elif self._pool.get(s.name) is not None:
+                    self._pool.release(s.name)
+            out.append(s)
+        return out
 
     def warm(self, names: list[str]) -> None:
         """Put slices (back) into the warm pool; they are reserved on the next ``inventory()``."""
@@ -172,20 +184,19 @@ class RayCluster:
             if key in self._attempts and not self._attempts[key].ended:
                 return  # idempotent
             infos = [self._claimable(name, spec) for name in spec.slices]
-            rec = _Attempt(spec.job_id, spec.attempt, spec.slices, [], job_runners=bool(spec.working_dir))
+            url = spec.working_dir_url
+            rec = _Attempt(spec.job_id, spec.attempt, spec.slices, [], job_runners=bool(url))
             for name, info in zip(spec.slices, infos, strict=True):
                 res = self._pool.get(name) or self._pool.reserve(info)
-                runners = (
-                    self._pool.job_runners(name, spec.job_id, spec.attempt, spec.working_dir)
-                    if spec.working_dir
-                    else res.runners
-                )
+                runners = self._pool.job_runners(name, spec.job_id, spec.attempt, url) if url else res.runners
                 rec.hosts += [_Host(name, w, r, info.hosts[w].node_id) for w, r in enumerate(runners)]
                 self._held[name] = key
             self._attempts[key] = rec
         layout = [(h.slice, h.worker_id) for h in rec.hosts]
+        package = ray.put(spec.package) if spec.package is not None else None
+        rec.extra["package"] = package  # kept until the attempt ends: the hosts fetch it from here
         for host, payload in zip(rec.hosts, _payloads(spec, infos, layout), strict=True):
-            host.started = host.runner.start.remote(payload)
+            host.started = host.runner.start.remote({**payload, "package": package})
 
     def _claimable(self, name: str, spec: AttemptSpec) -> SliceInfo:
         info = self._slice(name)
@@ -203,6 +214,13 @@ class RayCluster:
     # -- observe ------------------------------------------------------------------------------
     def poll(self, job_id: str, attempt: int) -> AttemptStatus:
         rec = self._record(job_id, attempt)
+        if rec.ended:  # what each host's stop answered: its exit code, or LOST
+            gone = HostStatus("", 0, HostState.LOST)
+            return AttemptStatus(
+                job_id,
+                attempt,
+                tuple(h.last or replace(gone, slice=h.slice, worker_id=h.worker_id) for h in rec.hosts),
+            )
         # Runners are threaded actors, so a status call may run before the start call it follows.
         # Only a host whose start had returned before we asked can answer "never heard of it".
         starts = [h.started for h in rec.hosts if h.started is not None]
@@ -299,17 +317,25 @@ class RayCluster:
         except NotFoundError:
             return
         refs = [h.runner.stop.remote(job_id, attempt, grace_s) for h in rec.hosts]
-        ray.wait(refs, num_returns=len(refs), timeout=grace_s + _CALL_TIMEOUT_S)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s + _CALL_TIMEOUT_S)
+        dead: dict[str, list[int]] = {}
+        for host, ref in zip(rec.hosts, refs, strict=True):
+            if ref in ready and _died(ref):
+                dead.setdefault(host.slice, []).append(host.worker_id)
+            host.last = _stopped(host, ref if ref in ready else None)
         if rec.job_runners:
             for h in rec.hosts:
                 kill_actor(h.runner)
         live = {n["NodeID"] for n in _nodes() if n.get("Alive")}
         with self._lock:
             rec.ended = True
+            rec.extra.pop("package", None)
             for name in rec.slices:
                 if self._held.get(name) == (job_id, attempt):
                     del self._held[name]
                 self._return_to_pool(name, live)
+                if not rec.job_runners and dead.get(name) and self._pool.get(name) is not None:
+                    self._pool.replace_runners(name, dead[name], "died during the last job")
 
     def _return_to_pool(self, name: str, live: set[str]) -> None:
         """Keep an intact slice's reservation (and pool runners) for the next job, or release it.
@@ -370,6 +396,31 @@ class RayCluster:
             self._held[name] = key
 
 
+def _stopped(host: _Host, ref: Any) -> HostStatus:
+    """A host's final state from the answer to its stop (the exit code), or LOST without one."""
+    lost = HostStatus(host.slice, host.worker_id, HostState.LOST)
+    if ref is None:
+        return lost
+    try:
+        code = ray.get(ref, timeout=0)
+    except (RayError, GetTimeoutError):
+        return lost
+    if code is None:
+        return host.last if host.last and host.last.state is HostState.EXITED else lost
+    return HostStatus(host.slice, host.worker_id, HostState.EXITED, int(code))
+
+
+def _died(ref: Any) -> bool:
+    """Whether the call behind ``ref`` failed because its runner actor is dead."""
+    try:
+        ray.get(ref, timeout=0)
+    except RayActorError:
+        return True
+    except (RayError, GetTimeoutError):
+        return False
+    return False
+
+
 def _payloads(
     spec: AttemptSpec, infos: list[SliceInfo], layout: list[tuple[str, int]]
 ) -> list[dict[str, Any]]:
@@ -390,6 +441,9 @@ def _payloads(
                 {
                     "job_id": spec.job_id,
                     "attempt": spec.attempt,
+                    "tenant": spec.tenant,
+                    "job_root": spec.job_root,
+                    "hide": list(spec.hide),
                     "layout": layout,
                     "command": list(spec.command),
                     "user_env": dict(spec.env),

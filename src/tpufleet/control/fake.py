@@ -6,7 +6,9 @@ contract as the Ray executor (``tpufleet.contract``), so tests check the environ
 
 Time is counted in polls, never in seconds: a launched attempt's hosts follow its :class:`Script`
 (RUNNING after ``run_after`` polls, EXITED after ``exit_after``), or, without a script, stay where
-they are until a test moves them (``start``, ``exit``, ``write``, ``kill_host``). Thread-safe.
+they are until a test moves them (``start``, ``exit``, ``write``, ``kill_host``). ``fault`` makes
+the next calls of one operation fail or block, as a broken cluster does. Logs are handed out in
+chunks of at most ``log_chunk`` characters, as the runner does. Thread-safe.
 """
 
 from __future__ import annotations
@@ -97,6 +99,26 @@ class FakeCluster:
         self._lock = threading.RLock()
         self.launches: list[AttemptSpec] = []
         self.stops: list[tuple[str, int, float]] = []
+        self.log_chunk = 1 << 20
+        self._faults: dict[tuple[str, str | None], BaseException | Callable[[], object]] = {}
+
+    def fault(
+        self, op: str, what: BaseException | Callable[[], object] | None, job_id: str | None = None
+    ) -> None:
+        """From now on ``op`` ("inventory", "launch", "poll", "stop", "read_logs") raises ``what``
+        (an exception) or calls it first (e.g. ``event.wait``, to hang); only for ``job_id`` when
+        given. ``None`` clears the fault."""
+        if what is None:
+            self._faults.pop((op, job_id), None)
+        else:
+            self._faults[(op, job_id)] = what
+
+    def _check(self, op: str, job_id: str | None = None) -> None:
+        what = self._faults.get((op, job_id)) or self._faults.get((op, None))
+        if isinstance(what, BaseException):
+            raise what
+        if what is not None:
+            what()
 
     @classmethod
     def of(cls, spec: str, script: Callable[[AttemptSpec], Script | None] | None = None) -> FakeCluster:
@@ -109,10 +131,12 @@ class FakeCluster:
 
     # -- ClusterClient -------------------------------------------------------------------------
     def inventory(self) -> list[SliceInfo]:
+        self._check("inventory")
         with self._lock:
             return list(self._slices.values())
 
     def launch(self, spec: AttemptSpec) -> None:
+        self._check("launch", spec.job_id)
         with self._lock:
             key = (spec.job_id, spec.attempt)
             if key in self._attempts and not self._attempts[key].stopped:
@@ -144,6 +168,7 @@ class FakeCluster:
         return info
 
     def poll(self, job_id: str, attempt: int) -> AttemptStatus:
+        self._check("poll", job_id)
         with self._lock:
             att = self._attempts.get((job_id, attempt))
             if att is None:
@@ -167,6 +192,7 @@ class FakeCluster:
                     p.state, p.exit_code = HostState.EXITED, code
 
     def stop(self, job_id: str, attempt: int, grace_s: float = 10.0) -> None:
+        self._check("stop", job_id)
         with self._lock:
             self.stops.append((job_id, attempt, grace_s))
             att = self._attempts.get((job_id, attempt))
@@ -178,11 +204,14 @@ class FakeCluster:
             att.stopped = True
 
     def read_logs(self, job_id: str, attempt: int, slice_name: str, worker_id: int, offset: int) -> LogChunk:
+        self._check("read_logs", job_id)
         with self._lock:
             proc = self._process(job_id, attempt, slice_name, worker_id)
             if proc is None:
                 return LogChunk("", offset, complete=True)
-            return LogChunk(proc.log[offset:], len(proc.log), complete=not proc.alive)
+            data = proc.log[offset : offset + self.log_chunk]
+            end = offset + len(data)
+            return LogChunk(data, end, complete=not proc.alive and end >= len(proc.log))
 
     def running_attempts(self) -> list[tuple[str, int]]:
         with self._lock:

@@ -26,6 +26,7 @@ class Cursor:
     worker_id: int
     offset: int  # in the cluster's stream
     complete: bool
+    truncated: bool = False
 
 
 def open_streams(s: Session, job_id: str, attempt: int, layout: Sequence[tuple[str, int]]) -> None:
@@ -52,20 +53,48 @@ def cursors(s: Session, job_id: str, attempt: int) -> list[Cursor]:
         .where(LogCursorRow.job_id == job_id, LogCursorRow.attempt == attempt)
         .order_by(LogCursorRow.host)
     )
-    return [Cursor(c.host, c.slice, c.worker_id, c.cluster_offset, c.complete) for c in rows]
+    return [_cursor(c) for c in rows]
+
+
+def _cursor(c: LogCursorRow) -> Cursor:
+    return Cursor(c.host, c.slice, c.worker_id, c.cluster_offset, c.complete, bool(c.truncated))
 
 
 def append(
-    s: Session, job_id: str, attempt: int, host: int, data: str, next_offset: int, complete: bool
-) -> None:
+    s: Session,
+    job_id: str,
+    attempt: int,
+    host: int,
+    data: str,
+    next_offset: int,
+    complete: bool,
+    cap: int | None = None,
+) -> Cursor | None:
+    """Store a chunk of one host's output; past ``cap`` characters the stream is cut, marked
+    truncated and complete, and a last line says so. Returns the cursor as it is now."""
     c = s.get(LogCursorRow, (job_id, attempt, host))
     if c is None:
-        return
+        return None
+    if c.truncated:
+        return _cursor(c)
+    if cap is not None and c.stored + len(data) > cap:
+        kept = max(0, cap - c.stored)
+        data = data[:kept] + f"\n[tpufleet: output truncated at {cap} characters (the per-host log cap)]\n"
+        c.truncated, complete = True, True
+        c.note = f"truncated at {cap} characters: the per-host log cap (serve --max-log-mb)"
     if data:
         data = data.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
         s.add(LogChunkRow(job_id=job_id, attempt=attempt, host=host, start=c.stored, data=data))
         c.stored += len(data)
     c.cluster_offset, c.complete = next_offset, complete
+    return _cursor(c)
+
+
+def close(s: Session, job_id: str, attempt: int, host: int, note: str) -> None:
+    """The attempt ended and this host's stream cannot be read to its end: complete, with why."""
+    c = s.get(LogCursorRow, (job_id, attempt, host))
+    if c is not None and not c.complete:
+        c.complete, c.note = True, note
 
 
 def read(s: Session, job: JobRow, *, attempt: int | None, host: int | None, offset: int) -> r.LogRead:
@@ -102,5 +131,12 @@ def _host_log(s: Session, c: LogCursorRow, offset: int) -> r.HostLog:
     if chunks:
         data = data[max(0, offset - chunks[0].start) :]
     return r.HostLog(
-        c.host, c.slice, c.worker_id, data, next_offset=max(offset, c.stored), complete=c.complete
+        c.host,
+        c.slice,
+        c.worker_id,
+        data,
+        next_offset=max(offset, c.stored),
+        complete=c.complete,
+        truncated=bool(c.truncated),
+        note=c.note,
     )

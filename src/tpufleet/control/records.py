@@ -161,6 +161,8 @@ class HostLog:
     data: str
     next_offset: int
     complete: bool
+    truncated: bool = False  # the per-host cap was reached; the rest of the output was not kept
+    note: str | None = None  # why the stored log is not the whole output, when it is not
 
 
 @dataclass(frozen=True)

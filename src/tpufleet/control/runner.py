@@ -137,6 +137,12 @@ class HostRunner:
     def start(self, payload: dict[str, Any]) -> str:
         """Start the attempt's command; ``payload`` has job_id, attempt, layout, command, env, defaults."""
         key = (payload["job_id"], int(payload["attempt"]))
+        package = payload.get("package")
+        if package is not None and not isinstance(package, bytes):
+            try:  # an ObjectRef the executor put in the object store; fetched before taking the lock
+                payload = {**payload, "package": ray.get(package, timeout=300)}
+            except Exception as exc:
+                payload = {**payload, "package": None, "package_error": f"{type(exc).__name__}: {exc}"}
         with self._lock:
             if key in self._runs:
                 return self._runs[key].state()[0]  # idempotent: a retried launch
@@ -175,9 +181,9 @@ class HostRunner:
         jobfiles.prepare_tenant_dir(paths)
         run.scratch = paths.run
         env.update(HOME=str(paths.home), TMPDIR="/tmp", TPUFLEET_CHECKPOINT_DIR=str(paths.checkpoint))
+        if payload.get("package_error"):
+            raise RuntimeError(f"the package could not be fetched: {payload['package_error']}")
         package = payload.get("package")
-        if package is not None and not isinstance(package, bytes):
-            package = ray.get(package)  # an ObjectRef the executor put in the object store
         spec = {
             "tenant": str(paths.tenant),
             "checkpoint": str(paths.checkpoint),

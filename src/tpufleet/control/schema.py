@@ -135,7 +135,9 @@ class EventRow(Base):
 class LogCursorRow(Base):
     """One host's output stream of one attempt: where the cluster's stream was read up to, and how
     many characters the store holds. ``host`` is the host's index within the attempt (slice order,
-    then worker id)."""
+    then worker id). ``complete``: nothing more will be stored. ``truncated``: the stream reached the
+    per-host cap and the rest was not kept; ``note``: why the stored log is not the whole output
+    (the cap, or a host whose output could not be read to the end)."""
 
     __tablename__ = "log_cursors"
 
@@ -147,6 +149,8 @@ class LogCursorRow(Base):
     cluster_offset: Mapped[int] = mapped_column(default=0)
     stored: Mapped[int] = mapped_column(default=0)
     complete: Mapped[bool] = mapped_column(default=False)
+    truncated: Mapped[bool] = mapped_column(default=False)
+    note: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class LogChunkRow(Base):

@@ -8,32 +8,42 @@ One cycle (:meth:`Service.run_once`):
 2. **Decide and write.** ``decide(snapshot)``; admissions, preemptions and wait reasons are
    written to the store before anything is done about them.
 3. **Act.** Admitted jobs are launched (``STARTING``); running ones are polled (``RUNNING`` when
-   every host runs). Any ending (success, a failed or lost host, preemption, cancel) is first
-   written as the job's ``stop_kind``, then ``stop`` ends every process of the attempt, and only
-   then the job moves on (``SUCCEEDED``, ``FAILED``, ``CANCELLED``, or ``QUEUED`` with
-   ``attempt + 1``) and its slices come free.
-4. **Logs.** Every host's new output is copied into the store, so logs outlive the job.
+   every host runs). Any ending (success, a failed or lost host, preemption, cancel, a launch that
+   failed or did not start in time) is first written as the job's ``stop_kind``, then ``stop`` ends
+   every process of the attempt, the final state of every host and the rest of every host's output
+   are collected, and only then the job moves on (``SUCCEEDED``, ``FAILED``, ``CANCELLED``, or
+   ``QUEUED`` with ``attempt + 1``) and its slices come free.
+4. **Logs.** New output of running attempts is copied into the store (within a time budget per
+   cycle), so logs outlive the job. Each host's stored log is capped (``max_log_bytes``): past the
+   cap it is marked truncated, never silently cut.
+
+One job's faults stay with that job: any error while launching, polling or stopping one attempt
+ends that attempt with the error as its reason, and launches and stops (which may take the grace
+period, or unpack a large package) run on a small thread pool so the loop goes on for everyone.
+``stats()`` says whether the loop is cycling (``/healthz``, ``GET /api/v1/status``).
 
 Because every decision is in the store before it is acted on, a control plane killed at any point
 restarts (:meth:`Service.reconcile`), finds its running attempts again through
 ``running_attempts()``, re-issues unfinished stops, stops orphans, and loses no job.
-
-``stop`` may block for the grace period (the Ray executor waits until the processes are gone), so
-stops run on a small thread pool by default and the loop goes on; ``stop_threads=0`` runs them
-inline (deterministic tests).
+``stop_threads=0`` runs launches and stops inline (deterministic tests).
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from tpufleet.control import jobfiles
 from tpufleet.control import records as r
-from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient, HostState
+from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient, HostState, HostStatus
 from tpufleet.control.store import Store
 from tpufleet.control.transitions import ActiveJob, Transitions
 from tpufleet.errors import NotFoundError, TpufleetError
@@ -43,6 +53,7 @@ log = logging.getLogger(__name__)
 
 Decide = Callable[[Snapshot], Sequence[Decision]]
 Key = tuple[str, int]
+MAX_STOP_TRIES = 3  # a stop that keeps failing ends the attempt anyway: the job must not hold its slices
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,14 @@ class ServiceConfig:
     preempt_grace_s: float = 30.0  # SIGTERM (the checkpoint signal) to SIGKILL for a preempted attempt
     cancel_grace_s: float = 10.0
     fail_grace_s: float = 5.0  # for the surviving hosts of a failed attempt
-    stop_threads: int = 4  # 0: stop inline
-    final_log_reads: int = 20  # reads per host to collect the last output of an ended attempt
+    start_timeout_s: float = 600.0  # admitted to every host RUNNING; longer fails the attempt
+    stop_threads: int = 4  # 0: launch and stop inline
+    max_log_bytes: int = 64 << 20  # stored output per host and attempt; past it the log is truncated
+    log_budget_s: float = 0.2  # time per cycle for copying running attempts' output
+    final_log_s: float = 60.0  # time to collect the rest of an ended attempt's output
+    stall_after_s: float = 30.0  # no cycle finished for this long: /healthz says stalled
+    checkpoint_root: str | None = None  # job files on the hosts; default <state-dir>/checkpoints
+    hide: tuple[str, ...] = field(default_factory=tuple)  # more paths a jailed job must not see
 
 
 class Service:
@@ -72,13 +89,19 @@ class Service:
         self.decide = decide or _policy()
         self.state_dir = Path(state_dir)
         self.config = config or ServiceConfig()
+        self.job_root = self.config.checkpoint_root or str(self.state_dir / "checkpoints")
         self.cycles = 0
         self.last_error: str | None = None
         self._reconciled = False
-        self._stops: dict[Key, Future[None]] = {}
+        self._launches: dict[Key, Future[None]] = {}
+        self._stops: dict[Key, Future[AttemptStatus | None]] = {}
+        self._stop_failures: dict[Key, int] = {}
         self._status: dict[Key, AttemptStatus] = {}
         self._released: set[str] = set()
         self._busy = False
+        self._log_turn = 0
+        self._cycle_ms: deque[float] = deque(maxlen=100)
+        self._last_cycle = time.monotonic()
         self._pool = ThreadPoolExecutor(self.config.stop_threads) if self.config.stop_threads else None
         self._wake = threading.Event()
         self._halt = threading.Event()
@@ -86,17 +109,36 @@ class Service:
 
     # -- the cycle ----------------------------------------------------------------------------
     def run_once(self) -> list[Decision]:
+        started = time.monotonic()
         if not self._reconciled:
             self.reconcile()
         self._sync()
         decisions = self._schedule()
         active = self.tr.active_jobs()
         for job in active:
-            self._act(job)
-        self._busy = bool(self._stops) or any(j.state != r.RUNNING or j.stop_kind for j in active)
-        self._pull_logs()
+            self._act_safely(job)
+        self._busy = bool(self._stops or self._launches) or any(
+            j.state != r.RUNNING or j.stop_kind for j in active
+        )
+        self._pull_logs(active)
         self.cycles += 1
+        self._last_cycle = time.monotonic()
+        self._cycle_ms.append((self._last_cycle - started) * 1000)
         return decisions
+
+    def stats(self) -> dict[str, Any]:
+        """The loop's health: cycles, the last cycle's and the median cycle's milliseconds (over the
+        last 100), seconds since a cycle last finished, and whether the loop is stalled."""
+        age = time.monotonic() - self._last_cycle
+        running = self._thread is not None and self._thread.is_alive()
+        return {
+            "cycles": self.cycles,
+            "cycle_ms_last": round(self._cycle_ms[-1], 3) if self._cycle_ms else None,
+            "cycle_ms_p50": round(statistics.median(self._cycle_ms), 3) if self._cycle_ms else None,
+            "last_cycle_age_s": round(age, 3),
+            "stalled": running and age > self.config.stall_after_s,
+            "last_error": self.last_error,
+        }
 
     def reconcile(self) -> None:
         """After a (re)start: adopt launched attempts, fail vanished ones, stop orphans."""
@@ -157,35 +199,84 @@ class Service:
         self.tr.wait_reasons(waits, reasons)
         return decisions
 
+    def _act_safely(self, job: ActiveJob) -> None:
+        """Act on one job; whatever goes wrong ends that job's attempt, never the cycle."""
+        try:
+            self._act(job)
+        except Exception as err:
+            log.exception("job %s attempt %s: acting on it failed", job.id, job.attempt)
+            why = f"the control plane could not handle this attempt ({type(err).__name__}: {err})"
+            if self.tr.begin_stop(job.id, "fail", why[:2000]):
+                self._stops.pop((job.id, job.attempt), None)
+
     def _act(self, job: ActiveJob) -> None:
         if job.stop_kind is not None:
             self._stopping(job)
+        elif self._timed_out(job):
+            timeout = self.config.start_timeout_s
+            why = f"did not start on every host within {timeout:g} s{self._not_started(job)}"
+            if self.tr.begin_stop(job.id, "fail", why):
+                self._stopping(job, "fail")
         elif job.state == r.ADMITTED:
             self._launch(job)
         else:
             self._poll(job)
 
+    def _timed_out(self, job: ActiveJob) -> bool:
+        if job.state == r.RUNNING or job.admitted_at is None:
+            return False
+        return self.store.clock() - job.admitted_at > self.config.start_timeout_s
+
+    def _not_started(self, job: ActiveJob) -> str:
+        status = self._status.get((job.id, job.attempt))
+        hosts = (
+            [f"{h.slice}/{h.worker_id}" for h in status.hosts if h.state is HostState.STARTING]
+            if status
+            else []
+        )
+        return f" (still starting: {', '.join(hosts)})" if hosts else ""
+
     # -- act ----------------------------------------------------------------------------------
     def _launch(self, job: ActiveJob) -> None:
-        ckpt = self.state_dir / "checkpoints" / job.id
-        ckpt.mkdir(parents=True, exist_ok=True)
-        spec = AttemptSpec(
-            job_id=job.id,
-            attempt=job.attempt,
-            slices=job.slices,
-            accelerator_type=job.accelerator_type,
-            command=job.command,
-            env=job.env,
-            working_dir=job.working_dir,
-            checkpoint_dir=str(ckpt),
-        )
-        try:
-            self.cluster.launch(spec)
-        except TpufleetError as err:
-            if self.tr.begin_stop(job.id, "fail", f"launch failed: {err}"):
-                self._stopping(job, "fail")
+        """Launch off the loop (a package may be large); the job turns STARTING once it returned."""
+        key = (job.id, job.attempt)
+        future = self._launches.get(key)
+        if future is None:
+            self._launches[key] = self._submit(self._do_launch, job)
+            future = self._launches[key]
+        if not future.done():
             return
-        self.tr.launched(job.id, job.attempt)
+        del self._launches[key]
+        err = future.exception()
+        if err is None:
+            self.tr.launched(job.id, job.attempt)
+            return
+        what = str(err) if isinstance(err, TpufleetError) else f"{type(err).__name__}: {err}"
+        if not isinstance(err, TpufleetError):
+            log.error("launch of %s attempt %s failed", job.id, job.attempt, exc_info=err)
+        if self.tr.begin_stop(job.id, "fail", f"launch failed: {what}"[:2000]):
+            self._stopping(job, "fail")
+
+    def _do_launch(self, job: ActiveJob) -> None:
+        wd = job.working_dir
+        package = self.store.package(job.tenant, wd) if wd and r.PACKAGE_ID.fullmatch(wd) else None
+        paths = jobfiles.run_paths(self.job_root, job.tenant, job.id, job.attempt, "-")
+        self.cluster.launch(
+            AttemptSpec(
+                job_id=job.id,
+                attempt=job.attempt,
+                slices=job.slices,
+                accelerator_type=job.accelerator_type,
+                command=job.command,
+                env=job.env,
+                tenant=job.tenant,
+                job_root=self.job_root,
+                checkpoint_dir=str(paths.checkpoint),
+                package=package,
+                working_dir_url=wd if wd and package is None else None,
+                hide=(str(self.state_dir.resolve()), *self.config.hide),
+            )
+        )
 
     def _poll(self, job: ActiveJob) -> None:
         key = (job.id, job.attempt)
@@ -193,9 +284,6 @@ class Service:
             status: AttemptStatus | None = self.cluster.poll(job.id, job.attempt)
         except NotFoundError:
             status = None
-        except TpufleetError as err:
-            log.warning("poll of %s attempt %s failed: %s", job.id, job.attempt, err)
-            return
         if status is None or not status.hosts:
             failure: str | None = "its processes are gone (no runners found)"
         else:
@@ -214,6 +302,9 @@ class Service:
         """Issue the stop (once per process lifetime), and finish the attempt when it returned."""
         key = (job.id, job.attempt)
         kind = kind or job.stop_kind
+        if key in self._launches and not self._launches[key].done():
+            return  # stop once the launch returned, so no host starts after its stop
+        self._launches.pop(key, None)
         future = self._stops.get(key)
         if future is None:
             grace = {"preempt": self.config.preempt_grace_s, "cancel": self.config.cancel_grace_s}
@@ -221,19 +312,40 @@ class Service:
         if not future.done():
             return
         del self._stops[key]
-        if future.exception() is not None:
-            log.warning("stop of %s attempt %s failed, retrying: %s", job.id, job.attempt, future.exception())
-            return
-        self._drain_logs(job.id, job.attempt)
-        self.tr.finish(job.id, job.attempt, self._status.pop(key, None))
+        err = future.exception()
+        if err is not None:
+            failures = self._stop_failures[key] = self._stop_failures.get(key, 0) + 1
+            if failures < MAX_STOP_TRIES:
+                log.warning("stop of %s attempt %s failed (try %s), retrying: %s", *key, failures, err)
+                return
+            log.error("stop of %s attempt %s failed %s times; ending it anyway: %s", *key, failures, err)
+        self._stop_failures.pop(key, None)
+        after = future.result() if err is None else None
+        self.tr.finish(job.id, job.attempt, _final(after, self._status.pop(key, None)))
 
-    def _run_stop(self, key: Key, grace_s: float) -> Future[None]:
-        if self._pool is not None:
-            return self._pool.submit(self.cluster.stop, key[0], key[1], grace_s)
-        future: Future[None] = Future()
+    def _run_stop(self, key: Key, grace_s: float) -> Future[AttemptStatus | None]:
+        return self._submit(self._do_stop, key, grace_s)
+
+    def _do_stop(self, key: Key, grace_s: float) -> AttemptStatus | None:
+        """End every process, then read every host's final state and the rest of its output."""
+        self.cluster.stop(key[0], key[1], grace_s)
         try:
-            self.cluster.stop(key[0], key[1], grace_s)
-            future.set_result(None)
+            status: AttemptStatus | None = self.cluster.poll(*key)
+        except Exception as err:  # the final state is a record, not a reason to keep the slices
+            log.warning("final state of %s attempt %s unknown: %s", *key, err)
+            status = None
+        try:
+            self._read_logs(key[0], key[1], deadline=time.monotonic() + self.config.final_log_s, final=True)
+        except Exception:
+            log.exception("collecting the last output of %s attempt %s failed", *key)
+        return status
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        if self._pool is not None:
+            return self._pool.submit(fn, *args)
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args))
         except Exception as err:  # reported through the future, as on the pool
             future.set_exception(err)
         return future
@@ -254,34 +366,54 @@ class Service:
             log.warning("could not update the warm pool for drained slices: %s", err)
 
     # -- logs ---------------------------------------------------------------------------------
-    def _pull_logs(self) -> None:
-        for job in self.tr.active_jobs():
-            if job.state in (r.STARTING, r.RUNNING) and job.stop_kind is None:
-                self._read_logs(job.id, job.attempt, reads=1)
+    def _pull_logs(self, active: list[ActiveJob]) -> None:
+        """Copy new output of running attempts, a few jobs a cycle in turn, within the budget."""
+        jobs = [j for j in active if j.state in (r.STARTING, r.RUNNING) and j.stop_kind is None]
+        if not jobs:
+            return
+        deadline = time.monotonic() + self.config.log_budget_s
+        start = self._log_turn % len(jobs)
+        for job in jobs[start:] + jobs[:start]:
+            if time.monotonic() > deadline:
+                break
+            self._log_turn += 1
+            try:
+                self._read_logs(job.id, job.attempt, deadline=deadline, final=False)
+            except Exception:
+                log.exception("copying the output of %s attempt %s failed", job.id, job.attempt)
 
-    def _drain_logs(self, job_id: str, attempt: int) -> None:
-        self._read_logs(job_id, attempt, reads=self.config.final_log_reads)
-
-    def _read_logs(self, job_id: str, attempt: int, reads: int) -> None:
+    def _read_logs(self, job_id: str, attempt: int, *, deadline: float, final: bool) -> None:
+        """Copy each host's new output into the store; ``final``: until the stream is complete
+        (the processes are gone), the cap, or the deadline, and say what could not be read."""
+        cap = self.config.max_log_bytes
         for cur in self.tr.cursors(job_id, attempt):
-            offset, complete = cur.offset, cur.complete
-            for _ in range(reads if not complete else 0):
+            offset, note = cur.offset, None
+            while not cur.complete and not cur.truncated:
+                if time.monotonic() > deadline:
+                    note = "the rest of this host's output could not be collected in time"
+                    break
                 try:
                     chunk = self.cluster.read_logs(job_id, attempt, cur.slice, cur.worker_id, offset)
                 except TpufleetError as err:
-                    log.info("logs of %s/%s host %s: %s", job_id, attempt, cur.host, err)
+                    note = f"the rest of this host's output could not be read: {err}"
                     break
-                if chunk.data or chunk.complete != complete or chunk.next_offset != offset:
-                    self.tr.append_log(
-                        job_id, attempt, cur.host, chunk.data, chunk.next_offset, chunk.complete
+                moved = bool(chunk.data) or chunk.complete or chunk.next_offset != offset
+                if moved:
+                    cur = self.tr.append_log(
+                        job_id, attempt, cur.host, chunk.data, chunk.next_offset, chunk.complete, cap
                     )
-                offset, complete = chunk.next_offset, chunk.complete
-                if complete or not chunk.data:
+                offset = chunk.next_offset
+                if not chunk.data and not final:
                     break
+                if not moved:
+                    time.sleep(0.05)
+            if final and note and not cur.complete and not cur.truncated:
+                self.tr.close_log(job_id, attempt, cur.host, note)
 
     # -- the loop thread ----------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
+            self._last_cycle = time.monotonic()
             self._thread = threading.Thread(target=self._loop, name="tpufleet-scheduler", daemon=True)
             self._thread.start()
 
@@ -289,7 +421,9 @@ class Service:
         """Run the next cycle now (after a submit or cancel)."""
         self._wake.set()
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; waits at most ``timeout_s`` for a cycle that is under way (a cycle stuck in
+        a call to a cluster that went away is left behind: the thread is a daemon)."""
         self._halt.set()
         self._wake.set()
         if self._thread is not None:
@@ -308,6 +442,18 @@ class Service:
                 log.exception("scheduling cycle failed")
             self._wake.wait(self.config.busy_interval_s if self._busy else self.config.interval_s)
             self._wake.clear()
+
+
+def _final(after_stop: AttemptStatus | None, last: AttemptStatus | None) -> AttemptStatus | None:
+    """Each host's end as recorded: what the cluster said after the stop, where it still knew the
+    host, else the last state seen running (a host that vanished since is LOST)."""
+    if after_stop is None or not after_stop.hosts:
+        if last is None:
+            return None
+        lost = [h if h.state is HostState.EXITED else HostStatus(h.slice, h.worker_id, HostState.LOST)
+                for h in last.hosts]  # fmt: skip
+        return AttemptStatus(last.job_id, last.attempt, tuple(lost))
+    return after_stop
 
 
 def _policy() -> Decide:

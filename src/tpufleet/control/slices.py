@@ -18,11 +18,11 @@ Holding a free slice's chips is the price: to Ray (``get_num_ready_tpu_slices``,
 from __future__ import annotations
 
 import logging
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
 from ray.util.placement_group import (
     PlacementGroup,
     placement_group,
@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 SLICE_LABEL, WORKER_LABEL, POD_TYPE_LABEL = inventory.SLICE_NAME, inventory.WORKER_ID, inventory.POD_TYPE
 PG_PREFIX = "tpufleet:slice:"
+CHECK_EVERY_S = 5.0  # how often the runners of a free slice are pinged
+PING_TIMEOUT_S = 30.0  # a runner that does not answer a ping in this time is replaced
+MAX_REPLACEMENTS = 3  # checks in a row that found a dead runner before the slice says it cannot heal
 HEAD_PREFIX = "tpufleet:head:"
 
 
@@ -60,6 +63,10 @@ class Reservation:
     pg: PlacementGroup
     head: PlacementGroup | None = None  # holds TPU-<type>-head on worker 0, as Ray's own reservation does
     runners: list[Any] = field(default_factory=list)
+    pings: list[Any] = field(default_factory=list)  # ObjectRefs of a health check in flight
+    pinged_at: float = 0.0
+    replaced: int = 0  # health checks in a row that found a dead runner
+    problem: str | None = None  # why the slice must not be offered now (a runner being replaced)
 
     @property
     def nodes(self) -> tuple[str | None, ...]:
@@ -145,14 +152,61 @@ class SlicePool:
             options["runtime_env"] = runtime_env
         return RemoteRunner.options(**options).remote(res.info.name, worker, self.log_root)
 
-    def job_runners(self, name: str, job_id: str, attempt: int, working_dir: str) -> list[Any]:
-        """Runners for one attempt that ships ``working_dir`` with Ray's ``runtime_env``."""
+    def job_runners(self, name: str, job_id: str, attempt: int, url: str) -> list[Any]:
+        """Runners for one attempt whose code Ray's ``runtime_env`` fetches from ``url`` (a URL the
+        operator allowed; never a local path, which would be the control plane's own disk)."""
+        if "://" not in url or url.startswith("file:"):
+            raise ValueError(f"working_dir {url!r} is not a remote URL")
         res = self._res[name]
-        env = _upload_working_dir(working_dir)
+        env = {"working_dir": url}
         return [
             self._runner(res, w, job_runner_name(job_id, attempt, name, w), env)
             for w in range(res.info.expected_hosts)
         ]
+
+    def replace_runners(self, name: str, workers: list[int], why: str) -> None:
+        """New pool runners for hosts ``workers`` of a reserved slice, in place of dead ones; the
+        slice is reported with ``problem`` (so it is not offered) until every runner answers."""
+        res = self._res[name]
+        for worker in workers:
+            kill_actor(res.runners[worker])
+            res.runners[worker] = self._runner(res, worker, pool_runner_name(name, worker))
+            res.runners[worker].sweep.remote()  # kill what the dead runner's runs left behind
+        res.replaced += 1
+        hosts = ", ".join(str(w) for w in workers)
+        if res.replaced > MAX_REPLACEMENTS:
+            res.problem = f"the runner of host {hosts} cannot be replaced ({why})"
+        else:
+            res.problem = f"the runner of host {hosts} {why}; replacing it"
+        res.pings, res.pinged_at = [], 0.0
+
+    def check(self, name: str, now: float) -> str | None:
+        """Health of a pooled slice's runners, without blocking: every ``CHECK_EVERY_S`` each runner
+        is pinged; a runner that died or does not answer within ``PING_TIMEOUT_S`` is replaced.
+        Returns why the slice must not be offered now, or None."""
+        res = self._res[name]
+        if not res.pings:
+            if now - res.pinged_at >= (CHECK_EVERY_S if res.problem is None else 0.5):
+                res.pings, res.pinged_at = [h.ping.remote() for h in res.runners], now
+            return res.problem
+        ready, _ = ray.wait(res.pings, num_returns=len(res.pings), timeout=0)
+        if len(ready) < len(res.pings) and now - res.pinged_at < PING_TIMEOUT_S:
+            return res.problem
+        done, dead = set(ready), []
+        for worker, ref in enumerate(res.pings):
+            try:
+                if ref not in done:
+                    raise TimeoutError(f"no answer in {PING_TIMEOUT_S:.0f} s")
+                ray.get(ref)
+            except (RayError, TimeoutError) as err:
+                log.warning("runner %s/%s is unhealthy: %s", name, worker, err)
+                dead.append(worker)
+        res.pings = []
+        if dead:
+            self.replace_runners(name, dead, "died")
+        else:
+            res.replaced, res.problem = 0, None
+        return res.problem
 
     def release(self, name: str) -> None:
         """Drop a slice's reservation and its pool runners (a broken, draining or given-back slice)."""
@@ -201,18 +255,6 @@ def _new_pg(info: SliceInfo) -> PlacementGroup:
     pg = handle.placement_group
     assert pg is not None
     return pg
-
-
-def _upload_working_dir(working_dir: str) -> dict[str, Any]:
-    """A local directory goes to Ray's GCS the way ``ray.init(runtime_env=...)`` and the job SDK
-    send it (content-addressed, so once per content); a URI (``gcs://``, ``gs://``...) passes as is."""
-    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
-
-    with tempfile.TemporaryDirectory() as scratch:
-        env: dict[str, Any] = upload_working_dir_if_needed(
-            {"working_dir": working_dir}, include_gitignore=True, scratch_dir=scratch, logger=log
-        )
-    return env
 
 
 def _new_head_pg(info: SliceInfo) -> PlacementGroup:

@@ -19,6 +19,7 @@ from tpufleet.control import records as r
 from tpufleet.control.cluster import AttemptStatus, SliceInfo
 from tpufleet.control.schema import AttemptRow, JobRow, SliceRow, TenantRow
 from tpufleet.control.store import Store, slice_state
+from tpufleet.errors import NotFoundError
 from tpufleet.scheduler.model import (
     Admit,
     JobId,
@@ -52,6 +53,8 @@ class ActiveJob:
     command: tuple[str, ...]
     env: dict[str, str]
     working_dir: str | None
+    tenant: str = "default"
+    admitted_at: float | None = None  # the current attempt's admission (the start timeout counts from it)
 
 
 class Transitions:
@@ -261,6 +264,8 @@ class Transitions:
                     tuple(j.command),
                     dict(j.env or {}),
                     j.working_dir,
+                    j.tenant,
+                    j.admitted_at,
                 )
                 for j in rows
             ]
@@ -341,10 +346,24 @@ class Transitions:
             return logs.cursors(s, job_id, attempt)
 
     def append_log(
-        self, job_id: str, attempt: int, host: int, data: str, offset: int, complete: bool
-    ) -> None:
+        self,
+        job_id: str,
+        attempt: int,
+        host: int,
+        data: str,
+        offset: int,
+        complete: bool,
+        cap: int | None = None,
+    ) -> logs.Cursor:
         with self.store.tx() as s:
-            logs.append(s, job_id, attempt, host, data, offset, complete)
+            cur = logs.append(s, job_id, attempt, host, data, offset, complete, cap)
+        if cur is None:
+            raise NotFoundError(f"job {job_id} attempt {attempt} has no log stream {host}")
+        return cur
+
+    def close_log(self, job_id: str, attempt: int, host: int, note: str) -> None:
+        with self.store.tx() as s:
+            logs.close(s, job_id, attempt, host, note)
 
 
 class _Abort(Exception):
