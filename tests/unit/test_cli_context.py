@@ -111,7 +111,6 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
 def test_client_commands_use_the_remembered_server_and_admin_token_path(
     plane: ControlPlane, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert tpufleet(capsys, "tenants")[0] == 1  # nothing remembered: the default URL, nobody there
     context.remember(server=plane.url, admin_token_path=str(plane.admin_token_path))
     code, out, err = tpufleet(capsys, "tenant", "create", "team-a", "--quota", "v4=16", "--json")
     assert code == 0, err
