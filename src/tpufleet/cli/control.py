@@ -9,16 +9,22 @@ the API in-process.
 
 from __future__ import annotations
 
+import shlex
 import time
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
+from rich import box
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from tpufleet.api.client import DEFAULT_SERVER, Client
 from tpufleet.cli._app import app, console, console_err, print_json
+from tpufleet.control.records import DEFAULT_LIMITS, Limits
 from tpufleet.errors import SpecError
 
 ServerOpt = Annotated[
@@ -119,6 +125,21 @@ def serve_cmd(
         Path | None,
         typer.Option("--state-dir", help="Database, admin token, checkpoints (default ~/.tpufleet)."),
     ] = None,
+    allow_working_dir_url: Annotated[
+        list[str],
+        typer.Option(
+            "--allow-working-dir-url",
+            metavar="PREFIX",
+            help="A URL prefix a job's working_dir may name (e.g. https://artifacts.example.com/pkgs/); "
+            "repeatable; none by default (only uploaded packages).",
+        ),
+    ] = [],  # noqa: B006
+    max_queued_per_tenant: Annotated[
+        int, typer.Option("--max-queued-per-tenant", min=1, help="Queued jobs a tenant may have.")
+    ] = DEFAULT_LIMITS.max_queued_per_tenant,
+    max_package_bytes: Annotated[
+        int, typer.Option("--max-package-bytes", min=1, help="Largest working_dir package upload.")
+    ] = DEFAULT_LIMITS.max_package_bytes,
 ) -> None:
     """Run the control plane: store, scheduling loop, Ray executor and REST API (/api/v1, /healthz).
 
@@ -134,7 +155,12 @@ def serve_cmd(
     if not ray_address or emulator or emulator_dir:
         _, ray_address = running_fleet_address(emulator_dir)
     cluster = ray_cluster(ray_address)  # fails within seconds, naming the address, if nothing is there
-    cp = ControlPlane(cluster, state_dir=state_dir, db_url=db)
+    limits = Limits(
+        working_dir_url_prefixes=tuple(_url_prefix(p) for p in allow_working_dir_url),
+        max_queued_per_tenant=max_queued_per_tenant,
+        max_package_bytes=max_package_bytes,
+    )
+    cp = ControlPlane(cluster, state_dir=state_dir, db_url=db, limits=limits)
     note = "created" if cp.admin_token_created else "kept"
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
     context.remember(
@@ -148,6 +174,36 @@ def serve_cmd(
         f"tpufleet control plane on {url} for Ray at {ray_address} (API /api/v1, /docs)", highlight=False
     )
     cp.serve(host, port)
+
+
+def _url_prefix(prefix: str) -> str:
+    scheme, sep, rest = prefix.partition("://")
+    if not sep or not scheme or "/" not in rest or scheme.lower() == "file":
+        raise SpecError(
+            f"{prefix!r}: give a URL prefix with a host and a path, e.g. https://artifacts.example.com/pkgs/",
+            field="--allow-working-dir-url",
+        )
+    return prefix
+
+
+def safe(text: object, *, keep: str = "") -> str:
+    """``text`` with control and format characters (escape sequences, bidi overrides) shown as
+    ``\\x1b``-style escapes, except those in ``keep``: user text never drives the terminal."""
+    out = []
+    for c in str(text):
+        if c not in keep and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _cell(text: object, width: int | None = None) -> Text:
+    """User text for a table cell: escaped, no markup, cut to ``width`` cells with an ellipsis."""
+    cell = Text(safe(text))
+    if width is not None:
+        cell.truncate(width, overflow="ellipsis")
+    return cell
 
 
 @tenant_app.command("create", epilog=ERRORS)
@@ -185,9 +241,8 @@ def tenants_cmd(
         return
     table = Table("name", "quota (chips)", "weight", title=f"tenants ({len(rows)})", title_justify="left")
     for t in rows:
-        table.add_row(
-            t["name"], ", ".join(f"{g}={c}" for g, c in t["quota"].items()) or "-", f"{t['weight']:g}"
-        )
+        quota = ", ".join(f"{g}={c}" for g, c in t["quota"].items()) or "-"
+        table.add_row(_cell(t["name"]), _cell(quota), f"{t['weight']:g}")
     console.print(table)
 
 
@@ -203,19 +258,23 @@ def submit_cmd(
     ] = None,
     name: Annotated[str | None, typer.Option(help="Job name (default: from the command).")] = None,
     env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for every host; repeatable.")] = [],  # noqa: B006
-    working_dir: Annotated[Path | None, typer.Option("--working-dir", help="Shipped to every host.")] = None,
+    working_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--working-dir",
+            help="A local directory, packed (without .git, __pycache__, .venv) and uploaded, or a URL "
+            "the server allows; shipped to every host.",
+        ),
+    ] = None,
     tenant: Annotated[str | None, typer.Option(help="With the admin token: submit for this tenant.")] = None,
     as_json: JsonOpt = False,
     server: ServerOpt = DEFAULT_SERVER,
     token: TokenOpt = None,
 ) -> None:
     """Queue a job: `tpufleet submit --type v4-16 -- python train.py`. Prints the job id."""
-    wd = None
-    if working_dir is not None:
-        if not working_dir.is_dir():
-            raise SpecError(f"{working_dir} is not a directory", field="--working-dir")
-        wd = str(working_dir.resolve())
-    job = _client(ctx, server, token).submit(
+    client = _client(ctx, server, token)
+    wd = _upload_working_dir(client, working_dir, tenant) if working_dir else None
+    job = client.submit(
         command,
         accelerator_type,
         num_slices=num_slices,
@@ -232,40 +291,79 @@ def submit_cmd(
         typer.echo(job["id"])
 
 
+def _upload_working_dir(client: Client, working_dir: str, tenant: str | None) -> str:
+    """A ``scheme://`` URL as it is; a directory packed here (refused over the cap before any
+    upload) and uploaded, its package id."""
+    if "://" in working_dir:
+        return working_dir
+    path = Path(working_dir)
+    if not path.is_dir():
+        raise SpecError(f"{working_dir} is not a directory", field="--working-dir")
+    from rich.progress import Progress
+
+    with Progress(console=console_err, transient=True, disable=not console_err.is_terminal) as bar:
+        task = bar.add_task(f"packing {path}", total=None)
+        data = _pack(path, lambda done, total: bar.update(task, completed=done, total=total))
+        bar.update(task, description=f"uploading {len(data):,} bytes")
+        return client.upload_package(data, tenant=tenant)
+
+
+def _pack(path: Path, progress: Any) -> bytes:
+    from tpufleet.control import packages
+
+    return packages.pack(path, DEFAULT_LIMITS, progress=progress)
+
+
 @app.command("jobs", epilog=ERRORS)
 def jobs_cmd(
-    ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+    ctx: typer.Context,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Show at most N jobs.")] = None,
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
 ) -> None:
-    """List your jobs (every job with the admin token)."""
-    rows = _client(ctx, server, token).jobs()
+    """List your jobs (every job with the admin token), oldest first."""
+    rows = _client(ctx, server, token).jobs(limit=limit)
     if as_json:
         print_json(rows)
         return
+    console.print(jobs_table(rows))
+
+
+JOB_COLUMNS = (  # (title, width): 93 cells and 7 one-cell gaps, 100 columns in all
+    ("id", 8),
+    ("name", 16),
+    ("tenant", 10),
+    ("state", 9),
+    ("type", 13),
+    ("slices", 14),
+    ("att", 3),
+    ("reason", 20),
+)
+
+
+def jobs_table(rows: list[dict[str, Any]]) -> Table:
+    """One line per job, readable at 100 columns: long values end in an ellipsis, and the reason is
+    its code (``tpufleet job ID`` shows the whole message); a queued job holds no slices (``-``)."""
     table = Table(
-        "id",
-        "name",
-        "tenant",
-        "state",
-        "type",
-        "slices",
-        "attempt",
-        "reason",
         title=f"jobs ({len(rows)})",
         title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 0),
     )
+    for title, width in JOB_COLUMNS:
+        table.add_column(title, no_wrap=True, max_width=width)
     for j in rows:
-        held = ",".join(j["slices"]) or f"({j['num_slices']})"
-        table.add_row(
-            j["id"],
-            j["name"],
-            j["tenant"],
-            j["state"],
-            j["accelerator_type"],
-            held,
-            str(j["attempt"]),
-            j["reason"] or "",
+        values = (
+            *(j[k] for k in ("id", "name", "tenant", "state", "accelerator_type")),
+            ",".join(j["slices"]) or "-",
+            j["attempt"],
+            j.get("reason_code") or ("-" if not j["reason"] else "see job"),
         )
-    console.print(table)
+        table.add_row(*(_cell(v, width) for v, (_, width) in zip(values, JOB_COLUMNS, strict=True)))
+    return table
 
 
 @app.command("job", epilog=ERRORS)
@@ -297,16 +395,14 @@ def _show_job(j: dict[str, Any]) -> None:
         ("borrowing", "yes" if j["borrowing"] else "no"),
         ("reason", f"{j['reason_code']}: {j['reason']}" if j["reason"] else "-"),
         ("exit code", "-" if j["exit_code"] is None else str(j["exit_code"])),
-        ("command", " ".join(j["command"])),
+        ("command", shlex.join(j["command"])),
     ]
     for key, value in rows:
-        console.print(f"[bold]{key:>10}[/]  {value}", highlight=False)
+        console.print(f"[bold]{key:>10}[/]  {escape(safe(value))}", highlight=False)
     for a in j.get("attempts", ()):
         msg = f" - {a['message']}" if a["message"] else ""
-        console.print(
-            f"{'':>10}  attempt {a['attempt']}: {a['state']} on {', '.join(a['slices'])}{msg}",
-            highlight=False,
-        )
+        line = f"attempt {a['attempt']}: {a['state']} on {', '.join(a['slices'])}{msg}"
+        console.print(f"{'':>10}  {escape(safe(line))}", highlight=False)
 
 
 @app.command("logs", epilog=ERRORS)
@@ -318,6 +414,9 @@ def logs_cmd(
     ] = None,
     attempt: Annotated[int | None, typer.Option(help="An earlier attempt (default: the latest).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Print the output unchanged (control characters included).")
+    ] = False,
     server: ServerOpt = DEFAULT_SERVER,
     token: TokenOpt = None,
 ) -> None:
@@ -337,8 +436,9 @@ def logs_cmd(
         for h in got["hosts"]:
             offsets[h["host"]] = h["next_offset"]
             prefix = f"[{h['slice']}/{h['worker_id']}] " if many else ""
+            prefix = safe(prefix)
             for line in h["data"].splitlines(keepends=True):
-                typer.echo(prefix + line, nl=False)
+                typer.echo(prefix + (line if raw else safe(line, keep="\n\t")), nl=False, color=raw or None)
         if not follow or got["job_state"] in TERMINAL:  # a finished job's logs are all stored
             return
         time.sleep(0.5)
@@ -366,7 +466,7 @@ def cancel_cmd(
     """Cancel a job: stop every process and free its slices."""
     job = _client(ctx, server, token).cancel(job_id)
     done = job["state"] == "CANCELLED"
-    typer.echo(f"{job['id']} {'cancelled' if done else 'cancelling (was ' + job['state'] + ')'}")
+    typer.echo(safe(f"{job['id']} {'cancelled' if done else 'cancelling (was ' + job['state'] + ')'}"))
 
 
 @app.command("slices", epilog=ERRORS)
@@ -396,15 +496,42 @@ def slices_cmd(
     )
     for s in rows:
         table.add_row(
-            s["name"],
-            s["accelerator_type"],
-            s["topology"],
+            _cell(s["name"]),
+            _cell(s["accelerator_type"]),
+            _cell(s["topology"]),
             str(len(s["hosts"])),
-            s["state"],
-            s["holder"] or "-",
-            "; ".join(s["problems"]),
+            _cell(s["state"]),
+            _cell(s["holder"] or "-"),
+            _cell("; ".join(s["problems"])),
         )
     console.print(table)
+
+
+@app.command("status", epilog=ERRORS)
+def status_cmd(
+    ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+) -> None:
+    """The scheduler's figures (admin token): queued and running jobs, cycles, cycle times, slices."""
+    got = _client(ctx, server, token).status()
+    if as_json:
+        print_json(got)
+        return
+    rows = [
+        ("state", "stalled" if got.get("stalled") else "cycling"),
+        ("queued", str(got.get("queued", 0))),
+        ("running", str(got.get("running", 0))),
+        ("cycles", str(got.get("cycles", 0))),
+        ("cycle", f"last {_ms(got.get('cycle_ms_last'))}, p50 {_ms(got.get('cycle_ms_p50'))}"),
+        ("slices", ", ".join(f"{k} {v}" for k, v in sorted((got.get("slices") or {}).items())) or "-"),
+    ]
+    if got.get("last_error"):
+        rows.append(("last error", str(got["last_error"])))
+    for key, value in rows:
+        console.print(f"[bold]{key:>10}[/]  {escape(safe(value))}", highlight=False)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
 
 
 @slice_app.command("drain")
@@ -413,7 +540,7 @@ def drain_cmd(
 ) -> None:
     """Place no new job on the slice; its current holder runs to the end."""
     s = _client(ctx, server, token).drain(name, True)
-    typer.echo(f"{s['name']} {s['state']}")
+    typer.echo(safe(f"{s['name']} {s['state']}"))
 
 
 @slice_app.command("undrain")
@@ -422,4 +549,4 @@ def undrain_cmd(
 ) -> None:
     """Let the scheduler place jobs on the slice again."""
     s = _client(ctx, server, token).drain(name, False)
-    typer.echo(f"{s['name']} {s['state']}")
+    typer.echo(safe(f"{s['name']} {s['state']}"))
