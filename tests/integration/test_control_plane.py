@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from _executor_helpers import pid_alive, wait_for
 from tpufleet.api.client import Client
 from tpufleet.api.server import ControlPlane
 from tpufleet.control.executor import RayCluster
+from tpufleet.control.records import Limits
 from tpufleet.control.service import ServiceConfig
 from tpufleet.errors import AuthError, ForbiddenError, NotFoundError
 
@@ -31,17 +34,25 @@ pytestmark = pytest.mark.integration
 
 PY = sys.executable
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-CONFIG = ServiceConfig(interval_s=0.2, preempt_grace_s=3.0, cancel_grace_s=1.0, fail_grace_s=1.0)
+CONFIG = ServiceConfig(
+    interval_s=0.2, preempt_grace_s=3.0, cancel_grace_s=1.0, fail_grace_s=1.0, start_timeout_s=30.0
+)
+# A URL prefix the operator allows for working_dir, where nothing answers (port 9, discard).
+DEAD_URL = "http://127.0.0.1:9/"
+LIMITS = Limits(working_dir_url_prefixes=(DEAD_URL,))
 # Prints the host contract (TPU_*, MEGASCALE_*, TPUFLEET_*) as one JSON line.
 PRINT_CONTRACT = (
     "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
     "if k.startswith(('TPU_', 'MEGASCALE_', 'TPUFLEET_'))}), flush=True)"
 )
-# Prints its pid, then waits until the file named by argv[1] exists.
+# Says it runs, then waits until the flag file named by argv[1] exists in its tenant's directory
+# (the only place a jailed job shares with the test: Plane.flag creates it). argv[2] is a token the
+# test finds the job's processes by (from the host's /proc: inside its jail a job has its own pids).
 WAIT_FOR_FILE = (
     "import os, sys, time\n"
+    "flag = os.path.join(os.path.dirname(os.environ['TPUFLEET_CHECKPOINT_DIR']), sys.argv[1])\n"
     "print('PID', os.getpid(), 'attempt', os.environ['TPUFLEET_ATTEMPT'], flush=True)\n"
-    "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+    "while not os.path.exists(flag): time.sleep(0.05)\n"
 )
 LOWER = "LOWER_PRIORITY_THAN_HEAD"
 _names = itertools.count()
@@ -64,11 +75,17 @@ class Plane:
     def slices(self, names: list[str]) -> list[dict[str, Any]]:
         return [s for s in self.admin.slices() if s["name"] in names]
 
+    def flag(self, tenant: str, name: str) -> None:
+        """Create the flag file ``name`` that WAIT_FOR_FILE jobs of ``tenant`` wait for."""
+        (self.cp.state_dir / "checkpoints" / tenant / name).touch()
+
 
 @pytest.fixture(scope="module")
 def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     cluster = RayCluster(fleet.ray_address)
-    cp = ControlPlane(cluster, state_dir=tmp_path_factory.mktemp("control-plane"), config=CONFIG)
+    cp = ControlPlane(
+        cluster, state_dir=tmp_path_factory.mktemp("control-plane"), config=CONFIG, limits=LIMITS
+    )
     try:
         cluster.wait_warm([s.name for s in cluster.inventory() if s.intact], timeout_s=120)
         url = cp.start_http()
@@ -121,8 +138,25 @@ def logged(client: Client, job_id: str, text: str, attempt: int | None = None) -
     return wait_for(f"{text!r} in every host's log of job {job_id}", probe)
 
 
-def pids(hosts: list[dict[str, Any]]) -> list[int]:
-    return [int(h["data"].split("PID", 1)[1].split()[0]) for h in hosts]
+def token() -> str:
+    return f"tok-{uuid.uuid4().hex}"
+
+
+def procs_with(tok: str) -> list[int]:
+    """Host pids of the live job processes whose command line holds ``tok`` (not their jails)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                entry.name.isdigit()
+                and tok.encode() in (entry / "cmdline").read_bytes()
+                and os.path.basename(os.readlink(entry / "exe")) != "bwrap"
+                and pid_alive(int(entry.name))
+            ):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def all_free(plane: Plane, names: list[str]) -> bool:
@@ -132,7 +166,7 @@ def all_free(plane: Plane, names: list[str]) -> bool:
 # -- a one-slice and a two-slice job: the contract on every host ---------------------------------
 @pytest.mark.parametrize("num_slices", [1, 2])
 def test_job_succeeds_with_the_contract_on_every_host(plane: Plane, num_slices: int) -> None:
-    _, client = plane.tenant(v4=16)
+    tenant, client = plane.tenant(v4=16)
     job = client.submit([PY, "-c", PRINT_CONTRACT], "v4-16", num_slices=num_slices, env={"FOO": "1"})
     done = wait_state(client, job["id"], "SUCCEEDED")
     assert (done["attempt"], done["exit_code"], len(done["slices"])) == (1, 0, num_slices)
@@ -145,7 +179,7 @@ def test_job_succeeds_with_the_contract_on_every_host(plane: Plane, num_slices: 
         assert (env["TPU_ACCELERATOR_TYPE"], env["TPU_TOPOLOGY"]) == ("v4-16", "2x2x2")
         assert len(env["TPU_WORKER_HOSTNAMES"].split(",")) == 2
         assert (env["TPUFLEET_JOB_ID"], env["TPUFLEET_ATTEMPT"]) == (job["id"], "1")
-        assert env["TPUFLEET_CHECKPOINT_DIR"] == str(plane.cp.state_dir / "checkpoints" / job["id"])
+        assert env["TPUFLEET_CHECKPOINT_DIR"] == str(plane.cp.state_dir / "checkpoints" / tenant / job["id"])
         if num_slices == 1:
             assert not [k for k in env if k.startswith("MEGASCALE_")]
         else:
@@ -158,14 +192,14 @@ def test_job_succeeds_with_the_contract_on_every_host(plane: Plane, num_slices: 
 
 
 # -- logs ----------------------------------------------------------------------------------------
-def test_logs_are_readable_while_running_and_complete_after(plane: Plane, tmp_path: Path) -> None:
-    _, client = plane.tenant(v4=8)
+def test_logs_are_readable_while_running_and_complete_after(plane: Plane) -> None:
+    tenant, client = plane.tenant(v4=8)
     n = 3000
     code = WAIT_FOR_FILE + f"for i in range({n}): print(os.environ['TPU_WORKER_ID'], 'line', i)\n"
-    job = client.submit([PY, "-c", code, str(tmp_path / "go")], "v4-16")
+    job = client.submit([PY, "-c", code, "go"], "v4-16")
     running = logged(client, job["id"], "PID")
     assert [h["complete"] for h in running] == [False, False]
-    (tmp_path / "go").touch()
+    plane.flag(tenant, "go")
     wait_state(client, job["id"], "SUCCEEDED")
     for h in client.logs(job["id"])["hosts"]:
         lines = h["data"].splitlines()
@@ -176,11 +210,13 @@ def test_logs_are_readable_while_running_and_complete_after(plane: Plane, tmp_pa
 
 
 # -- cancel --------------------------------------------------------------------------------------
-def test_cancel_ends_every_process_and_frees_the_slices(plane: Plane, tmp_path: Path) -> None:
+def test_cancel_ends_every_process_and_frees_the_slices(plane: Plane) -> None:
     _, client = plane.tenant(v4=16)
-    job = client.submit([PY, "-c", WAIT_FOR_FILE, str(tmp_path / "never")], "v4-16", num_slices=2)
+    tok = token()
+    job = client.submit([PY, "-c", WAIT_FOR_FILE, "never", tok], "v4-16", num_slices=2)
     running = wait_state(client, job["id"], "RUNNING")
-    procs = pids(logged(client, job["id"], "PID"))
+    logged(client, job["id"], "PID")
+    procs = procs_with(tok)
     assert len(procs) == 4 and all(pid_alive(p) for p in procs)
     assert [s["holder"] for s in plane.slices(running["slices"])] == [job["id"]] * 2
     client.cancel(job["id"])
@@ -220,9 +256,9 @@ def test_the_api_rejects_other_tenants_and_bad_tokens(plane: Plane) -> None:
 
 
 # -- policy: priority, quota and preemption ------------------------------------------------------
-def test_a_higher_priority_job_is_admitted_first(plane: Plane, tmp_path: Path) -> None:
-    _, client = plane.tenant(v4=48)
-    go, hold = str(tmp_path / "go"), str(tmp_path / "hold")
+def test_a_higher_priority_job_is_admitted_first(plane: Plane) -> None:
+    tenant, client = plane.tenant(v4=48)
+    go, hold = "go", "hold"
     blocker = client.submit([PY, "-c", WAIT_FOR_FILE, go], "v4-16", num_slices=2, name="blocker")
     wait_state(client, blocker["id"], "RUNNING")
     low = client.submit([PY, "-c", WAIT_FOR_FILE, hold], "v4-16", num_slices=2, name="low")
@@ -232,12 +268,12 @@ def test_a_higher_priority_job_is_admitted_first(plane: Plane, tmp_path: Path) -
     )
     assert high["id"] in waiting["reason"] and "priority 10" in waiting["reason"], waiting["reason"]
     assert client.job(high["id"])["state"] == "QUEUED"
-    (tmp_path / "go").touch()
+    plane.flag(tenant, go)
     running = wait_state(client, high["id"], "RUNNING")
     low_now = client.job(low["id"])
     assert low_now["state"] == "QUEUED" and low_now["reason_code"] == "WAITING_FOR_FREE_SLICES"
     assert high["id"] in low_now["reason"], low_now["reason"]
-    (tmp_path / "hold").touch()
+    plane.flag(tenant, hold)
     low_done = wait_state(client, low["id"], "SUCCEEDED")
     assert running["admitted_at"] < low_done["admitted_at"]
     assert client.job(blocker["id"])["finished_at"] <= running["admitted_at"]
@@ -255,16 +291,15 @@ TRAP = (
 )
 
 
-def test_an_in_quota_job_preempts_a_borrower(plane: Plane, tmp_path: Path) -> None:
-    _, a = plane.tenant(v4=8)  # one v4-16 slice in quota
+def test_an_in_quota_job_preempts_a_borrower(plane: Plane) -> None:
+    a_name, a = plane.tenant(v4=8)  # one v4-16 slice in quota
     _, b = plane.tenant()  # no quota: only borrows idle slices
     first = b.submit([PY, "-c", TRAP], "v4-16", max_retries=0, name="borrow-1")
     assert wait_state(b, first["id"], "RUNNING")["borrowing"] is True
     second = b.submit([PY, "-c", TRAP], "v4-16", max_retries=0, name="borrow-2")
     assert wait_state(b, second["id"], "RUNNING")["borrowing"] is True
     logged(b, second["id"], "running attempt 1")  # the SIGTERM handler is in place
-    go = tmp_path / "go"
-    mine = a.submit([PY, "-c", WAIT_FOR_FILE, str(go)], "v4-16", name="in-quota")
+    mine = a.submit([PY, "-c", WAIT_FOR_FILE, "go"], "v4-16", name="in-quota")
     running = wait_state(a, mine["id"], "RUNNING")
     assert running["borrowing"] is False
     # The most recently admitted borrower is the victim: SIGTERM, requeued with attempt + 1.
@@ -281,7 +316,7 @@ def test_an_in_quota_job_preempts_a_borrower(plane: Plane, tmp_path: Path) -> No
         lambda: (j := b.job(second["id"]))["reason_code"] == "QUOTA_EXCEEDED_NO_BORROWING" and j,
     )
     assert "beyond its quota of 0" in waiting["reason"], waiting["reason"]
-    go.touch()  # the in-quota job ends; the borrower takes the idle slice again
+    plane.flag(a_name, "go")  # the in-quota job ends; the borrower takes the idle slice again
     wait_state(a, mine["id"], "SUCCEEDED")
     again = wait_state(b, second["id"], "RUNNING")
     assert again["attempt"] == 2 and again["borrowing"] is True
@@ -299,21 +334,115 @@ def test_a_lost_host_ends_the_attempt_and_the_job_resumes_elsewhere(plane: Plane
         "print('PID', os.getpid(), 'attempt', os.environ['TPUFLEET_ATTEMPT'], flush=True)\n"
         "if os.environ['TPUFLEET_ATTEMPT'] == '1': time.sleep(300)\n"
     )
-    job = client.submit([PY, "-c", code], "v4-16", max_retries=2)
+    tok = token()
+    job = client.submit([PY, "-c", code, tok], "v4-16", max_retries=2)
     running = wait_state(client, job["id"], "RUNNING")
     (victim,) = running["slices"]
-    procs = pids(logged(client, job["id"], "PID"))
+    logged(client, job["id"], "PID")
+    procs = procs_with(tok)
+    assert len(procs) == 2
     fleet.kill_host(victim, 1)
     done = wait_state(client, job["id"], "SUCCEEDED", timeout_s=120)
     first, second = done["attempts"]
     assert (first["state"], done["attempt"], done["failures"]) == ("FAILED", 2, 1)
     assert "lost" in first["message"] or "broken" in first["message"], first
     assert second["slices"] != [victim] and second["state"] == "SUCCEEDED"
-    assert not pid_alive(procs[0])  # host 0 of the lost attempt was stopped too
-    wait_for("the lost host's process to die with it", lambda: not pid_alive(procs[1]), 30)
+    wait_for("every process of the lost attempt to end", lambda: not procs_with(tok), 30)
     (broken,) = plane.slices([victim])
     assert broken["state"] == "BROKEN" and any("worker 1" in p for p in broken["problems"]), broken
     assert "attempt 2" in client.logs(job["id"])["hosts"][0]["data"]
     fleet.restore(victim)
     wait_for("the restored slice to be FREE", lambda: all_free(plane, [victim]), 120, every_s=0.5)
     plane.cluster.wait_warm([victim], timeout_s=120)
+
+
+# -- a hostile tenant (issue 8): what a job sends or does stays with that job ---------------------
+PROBE = """
+import json, os, pathlib, sys
+def can_read(p):
+    try:
+        pathlib.Path(p).read_bytes(); return True
+    except OSError:
+        return False
+print(json.dumps({"files": sorted(os.listdir(".")), "admin": can_read(sys.argv[1]),
+                  "db": can_read(sys.argv[2]), "other": can_read(sys.argv[3]),
+                  "ray_token": any("RAY_AUTH" in k for k in os.environ)}), flush=True)
+"""
+
+
+def test_a_job_runs_its_uploaded_code_and_reaches_no_secret_and_no_other_tenant(
+    plane: Plane, tmp_path: Path
+) -> None:
+    a_name, a = plane.tenant(v4=8)
+    _, b = plane.tenant(v4=8)
+    secret = a.submit([PY, "-c", "import os, pathlib; pathlib.Path(os.environ['TPUFLEET_CHECKPOINT_DIR'], "
+                       "'weights').write_text('a')"], "v4-16")  # fmt: skip
+    wait_state(a, secret["id"], "SUCCEEDED")
+    other = plane.cp.state_dir / "checkpoints" / a_name / secret["id"] / "weights"
+    assert other.read_text() == "a"
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "probe.py").write_text(PROBE)
+    (code / "data.txt").write_text("shipped")
+    package = b.upload_package(code)
+    state = plane.cp.state_dir
+    job = b.submit(
+        [PY, "probe.py", str(state / "admin-token"), str(state / "tpufleet.db"), str(other)],
+        "v4-16",
+        working_dir=package,
+    )
+    done = wait_state(b, job["id"], "SUCCEEDED")
+    seen = json.loads(b.logs(done["id"])["hosts"][0]["data"])
+    assert seen["files"] == ["data.txt", "probe.py"]  # its own code is its working directory
+    assert seen == {**seen, "admin": False, "db": False, "other": False, "ray_token": False}
+
+
+def test_a_working_dir_url_that_cannot_be_fetched_fails_the_attempt_and_frees_the_slice(
+    plane: Plane,
+) -> None:
+    _, client = plane.tenant(v4=8)
+    job = client.submit([PY, "-c", "pass"], "v4-16", working_dir=DEAD_URL + "code.zip", max_retries=0)
+    done = wait_state(client, job["id"], "FAILED", timeout_s=120)
+    assert done["reason_code"] == "FAILED" and "working_dir could not be set up" in done["reason"], done
+    assert all_free(plane, done["slices"])
+
+
+ESCAPE = (  # leaves the job's process group and session, as `setsid sleep 90 &` does
+    "import subprocess, sys\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(90)', sys.argv[1]],"
+    " start_new_session=True)\n"
+    "print('detached', flush=True)\n"
+    "import time; time.sleep(300)\n"
+)
+
+
+def test_cancel_ends_processes_that_left_the_jobs_session(plane: Plane) -> None:
+    _, client = plane.tenant(v4=8)
+    tok = token()
+    job = client.submit([PY, "-c", ESCAPE, tok], "v4-16")
+    wait_state(client, job["id"], "RUNNING")
+    logged(client, job["id"], "detached")
+    assert len(procs_with(tok)) == 4  # the job and its daemon, on each of the two hosts
+    client.cancel(job["id"])
+    wait_state(client, job["id"], "CANCELLED", timeout_s=30)
+    assert procs_with(tok) == []
+
+
+def test_a_slice_whose_runner_died_heals_before_it_is_offered_again(plane: Plane) -> None:
+    import ray
+
+    from tpufleet.control.runner import NAMESPACE, pool_runner_name
+
+    _, client = plane.tenant(v4=8)
+    job = client.submit([PY, "-c", WAIT_FOR_FILE, "never"], "v4-16", max_retries=0)
+    running = wait_state(client, job["id"], "RUNNING")
+    (victim,) = running["slices"]
+    runner = ray.get_actor(pool_runner_name(victim, 1), namespace=NAMESPACE)
+    os.kill(ray.get(runner.ping.remote())["pid"], 9)  # as `kill -9 $PPID` from an unjailed job
+    failed = wait_state(client, job["id"], "FAILED", timeout_s=60)
+    assert "lost" in failed["reason"], failed["reason"]
+    # the slice comes back FREE with a new runner, and the next jobs there run
+    wait_for("the slice to heal", lambda: all_free(plane, [victim]), 60, every_s=0.5)
+    for _ in range(2):
+        again = client.submit([PY, "-c", "print('fine')"], "v4-16", max_retries=0)
+        assert wait_state(client, again["id"], "SUCCEEDED")["attempt"] == 1

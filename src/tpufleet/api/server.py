@@ -109,7 +109,8 @@ class ControlPlane:
         self.url: str | None = None
 
     def status(self) -> dict[str, Any]:
-        return {"cycles": self.service.cycles, "last_error": self.service.last_error}
+        """The scheduling loop's health (``Service.stats``): /healthz and GET /api/v1/status."""
+        return self.service.stats()
 
     def start(self) -> ControlPlane:
         """Start the scheduling loop (a daemon thread)."""

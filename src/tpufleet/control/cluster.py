@@ -81,6 +81,9 @@ class HostStatus:
     worker_id: int
     state: HostState
     exit_code: int | None = None
+    detail: str | None = (
+        None  # why a host is LOST, when the cluster knows (e.g. its code could not be fetched)
+    )
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ class AttemptStatus:
         """Why the attempt failed, or None while it may still succeed (SPMD: one host ends all)."""
         for h in self.hosts:
             if h.state is HostState.LOST:
-                return f"host {h.slice}/{h.worker_id} was lost"
+                return f"host {h.slice}/{h.worker_id} was lost" + (f": {h.detail}" if h.detail else "")
             if h.state is HostState.EXITED and h.exit_code not in (0, None):
                 return f"host {h.slice}/{h.worker_id} exited with code {h.exit_code}"
         return None

@@ -33,7 +33,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import (
+    ActorUnschedulableError,
+    GetTimeoutError,
+    RayActorError,
+    RayError,
+    RuntimeEnvSetupError,
+)
 
 from tpufleet import contract
 from tpufleet.catalog import SliceType, Topology, all_slice_types, generation
@@ -254,6 +260,14 @@ class RayCluster:
             state, code = ray.get(ref)
         except RayActorError:
             return make(HostState.LOST)
+        except (RuntimeEnvSetupError, ActorUnschedulableError) as err:
+            why = (
+                "its working_dir could not be set up"
+                if isinstance(err, RuntimeEnvSetupError)
+                else "no runner"
+            )
+            detail = f"{why}: {' '.join(str(err).split())[-300:]}"
+            return HostStatus(host.slice, host.worker_id, HostState.LOST, None, detail)
         except RayError:
             log.warning("status of %s/%s failed", host.slice, host.worker_id, exc_info=True)
             return None

@@ -69,13 +69,16 @@ def append(
     next_offset: int,
     complete: bool,
     cap: int | None = None,
+    from_offset: int | None = None,
 ) -> Cursor | None:
-    """Store a chunk of one host's output; past ``cap`` characters the stream is cut, marked
-    truncated and complete, and a last line says so. Returns the cursor as it is now."""
-    c = s.get(LogCursorRow, (job_id, attempt, host))
+    """Store a chunk of one host's output read from ``from_offset`` of the cluster's stream; a chunk
+    that does not start where the store's copy ends (another reader stored it first) is ignored.
+    Past ``cap`` characters the stream is cut, marked truncated and complete, and a last line says
+    so. Returns the cursor as it is now."""
+    c = s.get(LogCursorRow, (job_id, attempt, host), with_for_update=True)
     if c is None:
         return None
-    if c.truncated:
+    if c.truncated or (from_offset is not None and c.cluster_offset != from_offset):
         return _cursor(c)
     if cap is not None and c.stored + len(data) > cap:
         kept = max(0, cap - c.stored)

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 Decide = Callable[[Snapshot], Sequence[Decision]]
 Key = tuple[str, int]
+FINAL_IDLE_READS = 20  # empty reads in a row (~1 s) after an attempt ended: its stream will not complete
 MAX_STOP_TRIES = 3  # a stop that keeps failing ends the attempt anyway: the job must not hold its slices
 
 
@@ -368,7 +369,13 @@ class Service:
     # -- logs ---------------------------------------------------------------------------------
     def _pull_logs(self, active: list[ActiveJob]) -> None:
         """Copy new output of running attempts, a few jobs a cycle in turn, within the budget."""
-        jobs = [j for j in active if j.state in (r.STARTING, r.RUNNING) and j.stop_kind is None]
+        jobs = [
+            j
+            for j in active
+            if j.state in (r.STARTING, r.RUNNING)
+            and j.stop_kind is None
+            and (j.id, j.attempt) not in self._stops
+        ]
         if not jobs:
             return
         deadline = time.monotonic() + self.config.log_budget_s
@@ -387,8 +394,13 @@ class Service:
         (the processes are gone), the cap, or the deadline, and say what could not be read."""
         cap = self.config.max_log_bytes
         for cur in self.tr.cursors(job_id, attempt):
-            offset, note = cur.offset, None
+            offset, note, idle = cur.offset, None, 0
             while not cur.complete and not cur.truncated:
+                if idle >= FINAL_IDLE_READS:
+                    note = (
+                        "nothing more could be read from this host (it never started, or its output is gone)"
+                    )
+                    break
                 if time.monotonic() > deadline:
                     note = "the rest of this host's output could not be collected in time"
                     break
@@ -400,13 +412,16 @@ class Service:
                 moved = bool(chunk.data) or chunk.complete or chunk.next_offset != offset
                 if moved:
                     cur = self.tr.append_log(
-                        job_id, attempt, cur.host, chunk.data, chunk.next_offset, chunk.complete, cap
+                        job_id, attempt, cur.host, chunk.data, chunk.next_offset, chunk.complete, cap, offset
                     )
-                offset = chunk.next_offset
+                offset = cur.offset if moved else chunk.next_offset
                 if not chunk.data and not final:
                     break
                 if not moved:
+                    idle += 1
                     time.sleep(0.05)
+                else:
+                    idle = 0
             if final and note and not cur.complete and not cur.truncated:
                 self.tr.close_log(job_id, attempt, cur.host, note)
 

@@ -354,9 +354,10 @@ class Transitions:
         offset: int,
         complete: bool,
         cap: int | None = None,
+        from_offset: int | None = None,
     ) -> logs.Cursor:
         with self.store.tx() as s:
-            cur = logs.append(s, job_id, attempt, host, data, offset, complete, cap)
+            cur = logs.append(s, job_id, attempt, host, data, offset, complete, cap, from_offset)
         if cur is None:
             raise NotFoundError(f"job {job_id} attempt {attempt} has no log stream {host}")
         return cur
