@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,22 @@ def test_bad_input_is_a_tpufleet_error(cli: Cli, args: tuple[str, ...], error: t
 
 def test_a_bad_token_is_an_auth_error(cli: Cli) -> None:
     assert isinstance(cli.fail("jobs", token="tf_bogus"), AuthError)
+
+
+def test_logs_of_a_finished_job_whose_output_was_cut_warn_and_exit_3(cli: Cli) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    job_id = json.loads(cli.run("submit", "--type", "v4-16", "--json", "--", "python", "t.py", token=token))[
+        "id"
+    ]
+    cli.cycle(2)
+    assert cli.run("logs", job_id, token=token).count("step 1") == 2  # running: no warning
+    cluster = cli.cp.cluster
+    assert isinstance(cluster, FakeCluster)
+    cluster.write(job_id, "x" * 2000, worker=1)
+    cli.cp.service.config = replace(cli.cp.service.config, max_log_bytes=1000)  # a tiny per-host cap
+    cluster.exit(job_id, 0)
+    cli.cycle(2)
+    result = cli.invoke("logs", job_id, token=token)
+    assert result.exit_code == 3, result.output
+    assert "warning: the log of tpu-v4-16-0/1 is incomplete: truncated at 1000 characters" in result.stderr
+    assert "step 1 on tpu-v4-16-0/0" in result.stdout

@@ -420,7 +420,11 @@ def logs_cmd(
     server: ServerOpt = DEFAULT_SERVER,
     token: TokenOpt = None,
 ) -> None:
-    """Print a job's output, every host or one (--host), live with --follow."""
+    """Print a job's output, every host or one (--host), live with --follow.
+
+    A finished job whose stored output is not whole (a host's output past the per-host cap, or
+    output that could not be collected from a lost host) gets a warning per host on stderr and
+    exit code 3."""
     client = _client(ctx, server, token)
     offsets: dict[int, int] = {}  # host -> characters printed
     shown: int | None = None
@@ -440,8 +444,22 @@ def logs_cmd(
             for line in h["data"].splitlines(keepends=True):
                 typer.echo(prefix + (line if raw else safe(line, keep="\n\t")), nl=False, color=raw or None)
         if not follow or got["job_state"] in TERMINAL:  # a finished job's logs are all stored
+            _warn_incomplete(got)
             return
         time.sleep(0.5)
+
+
+def _warn_incomplete(got: dict[str, Any]) -> None:
+    """Say so (stderr, exit 3) when a finished job's stored log is not its whole output."""
+    notes = [h for h in got["hosts"] if h.get("note") or h.get("truncated")]
+    if got["job_state"] not in TERMINAL or not notes:
+        return
+    for h in notes:
+        why = safe(h.get("note") or "truncated")
+        console_err.print(
+            f"warning: the log of {safe(h['slice'])}/{h['worker_id']} is incomplete: {why}", highlight=False
+        )
+    raise typer.Exit(3)
 
 
 def _read_logs(
