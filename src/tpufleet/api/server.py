@@ -118,12 +118,16 @@ class ControlPlane:
         return self
 
     def serve(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> None:
-        """Run the loop and the API until SIGINT/SIGTERM (blocking; uvicorn handles the signals)."""
+        """Run the loop and the API until SIGINT/SIGTERM (blocking; uvicorn handles the signals).
+        Shutting down waits at most a few seconds for a cycle under way, whatever state Ray is in."""
         self.start()
         try:
-            uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning")).run()
+            config = uvicorn.Config(
+                self.app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3
+            )
+            uvicorn.Server(config).run()
         finally:
-            self.close()
+            self.close(loop_timeout_s=3.0)
 
     def start_http(self, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0) -> str:
         """Start the loop and serve the API from a thread (``port=0``: a free port); returns the URL."""
@@ -148,12 +152,12 @@ class ControlPlane:
         self.url = f"http://{host}:{sock.getsockname()[1]}"
         return self.url
 
-    def close(self) -> None:
+    def close(self, loop_timeout_s: float = 10.0) -> None:
         if self._http is not None and self._http_thread is not None:
             self._http.should_exit = True
             self._http_thread.join(timeout=30)
             self._http = self._http_thread = None
-        self.service.close()
+        self.service.close(timeout_s=loop_timeout_s)
         self.store.close()
 
     def __enter__(self) -> ControlPlane:

@@ -9,7 +9,9 @@ the API in-process.
 
 from __future__ import annotations
 
+import os
 import shlex
+import sys
 import time
 import unicodedata
 from pathlib import Path
@@ -140,6 +142,30 @@ def serve_cmd(
     max_package_bytes: Annotated[
         int, typer.Option("--max-package-bytes", min=1, help="Largest working_dir package upload.")
     ] = DEFAULT_LIMITS.max_package_bytes,
+    checkpoint_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoint-root",
+            help="Where jobs' files live on the hosts: <root>/<tenant>/<job> is TPUFLEET_CHECKPOINT_DIR "
+            "(default <state-dir>/checkpoints; on real clusters a shared filesystem).",
+        ),
+    ] = None,
+    max_log_mb: Annotated[
+        float,
+        typer.Option(
+            "--max-log-mb",
+            min=0.001,
+            help="Stored output per host and attempt; past it a log is truncated and says so.",
+        ),
+    ] = 64.0,
+    start_timeout: Annotated[
+        float,
+        typer.Option(
+            "--start-timeout",
+            min=1,
+            help="Seconds from admission to every host running; longer fails the attempt.",
+        ),
+    ] = 600.0,
 ) -> None:
     """Run the control plane: store, scheduling loop, Ray executor and REST API (/api/v1, /healthz).
 
@@ -148,6 +174,7 @@ def serve_cmd(
     from tpufleet.api.server import ControlPlane, ray_cluster
     from tpufleet.cli import context
     from tpufleet.cli.emulate import running_fleet_address
+    from tpufleet.control.service import ServiceConfig
 
     given = ctx.get_parameter_source("ray_address")
     if emulator and given is not None and given.name == "COMMANDLINE":
@@ -160,7 +187,12 @@ def serve_cmd(
         max_queued_per_tenant=max_queued_per_tenant,
         max_package_bytes=max_package_bytes,
     )
-    cp = ControlPlane(cluster, state_dir=state_dir, db_url=db, limits=limits)
+    config = ServiceConfig(
+        checkpoint_root=str(checkpoint_root.resolve()) if checkpoint_root else None,
+        max_log_bytes=int(max_log_mb * (1 << 20)),
+        start_timeout_s=start_timeout,
+    )
+    cp = ControlPlane(cluster, state_dir=state_dir, db_url=db, limits=limits, config=config)
     note = "created" if cp.admin_token_created else "kept"
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
     context.remember(
@@ -174,6 +206,11 @@ def serve_cmd(
         f"tpufleet control plane on {url} for Ray at {ray_address} (API /api/v1, /docs)", highlight=False
     )
     cp.serve(host, port)
+    # Ray's exit handler (ray.shutdown) can hang for minutes when the cluster is gone; everything of
+    # ours is closed and committed by now, so leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _url_prefix(prefix: str) -> str:
