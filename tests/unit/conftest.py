@@ -176,6 +176,6 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def store(db_url: str, clock: FakeClock, ids: Ids) -> Iterator[Store]:
-    s = Store(db_url, clock=clock, new_id=ids)
+    s = Store.open(db_url, clock=clock, new_id=ids)
     yield s
     s.close()

@@ -36,7 +36,7 @@ def _zip_bytes(ctx: object, value: object) -> bytes:
 
 def _fleet(path: Path) -> tuple[Store, dict[str, str]]:
     """A store with a tenant, a queued job and a slice, and an admin and a tenant token."""
-    store = Store(f"sqlite:///{path}")
+    store = Store.open(f"sqlite:///{path}")
     _, tenant = store.create_tenant("team-a", {"v4": 16})
     store.submit("team-a", JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16"))
     with store.tx() as s:

@@ -355,14 +355,14 @@ def test_the_sqlite_file_and_its_wal_are_private(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     old = os.umask(0o022)
     try:
-        store = Store(f"sqlite:///{path}")
+        store = Store.open(f"sqlite:///{path}")
         store.create_tenant("team-a", {"v4": 8})  # a write, so the -wal file exists
         modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
         store.close()
         assert "fleet.db-wal" in modes
         assert modes == dict.fromkeys(modes, 0o600)
         path.chmod(0o644)  # a file made world-readable by an older version is tightened on start
-        Store(f"sqlite:///{path}").close()
+        Store.open(f"sqlite:///{path}").close()
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     finally:
         os.umask(old)

@@ -109,7 +109,7 @@ def test_submit_for_unknown_tenant_stores_nothing(store: Store) -> None:
 
 def test_job_id_collisions_draw_a_new_id(db_url: str) -> None:
     ids = iter(["aaaaaaaa", "aaaaaaaa", "bbbbbbbb"])
-    store = Store(db_url, new_id=lambda: next(ids))
+    store = Store.open(db_url, new_id=lambda: next(ids))
     try:
         store.create_tenant("t", {"v4": 8})
         assert [store.submit("t", req()).id for _ in range(2)] == ["aaaaaaaa", "bbbbbbbb"]
@@ -210,11 +210,11 @@ def test_logs_are_stored_per_host_and_read_from_an_offset(store: Store) -> None:
 
 
 def test_a_second_store_on_the_same_database_sees_everything(db_url: str) -> None:
-    first = Store(db_url)
+    first = Store.open(db_url)
     first.create_tenant("t", {"v4": 8})
     job = first.submit("t", req())
     first.close()
-    second = Store(db_url)
+    second = Store.open(db_url)
     try:
         assert second.job(job.id).state == "QUEUED" and [t.name for t in second.tenants()] == ["t"]
     finally:

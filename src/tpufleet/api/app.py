@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import text
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.concurrency import run_in_threadpool
@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tpufleet
 from tpufleet.api import auth
-from tpufleet.api.limits import BodyLimit
+from tpufleet.api.limits import MAX_BATCH_BODY_BYTES, MAX_BATCH_JOBS, BodyLimit
 from tpufleet.control.records import (
     ACTIVE,
     DEFAULT_MAX_RETRIES,
@@ -102,6 +102,20 @@ class JobSubmit(BaseModel):
     tenant: str | None = Field(None, description="only with the admin token: the tenant to submit for")
 
 
+class JobBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    jobs: list[dict[str, Any]] = Field(
+        min_length=1,
+        max_length=MAX_BATCH_JOBS,
+        description=f"1 to {MAX_BATCH_JOBS:,} job bodies, each with the fields of POST /api/v1/jobs; "
+        f"the request body at most {MAX_BATCH_BODY_BYTES // (1 << 20)} MiB",
+    )
+
+
+class BatchOut(BaseModel):
+    ids: list[str] = Field(description="the new jobs' ids, in the order of the batch")
+
+
 class JobPage(BaseModel):
     items: list[dict[str, Any]]
     next: str | None = Field(description="pass as ?after= for the next page; null on the last page")
@@ -171,7 +185,9 @@ def create_app(
     app.state.limits = store.limits
     app.state.store, app.state.on_change = store, on_change
     app.state.status = lambda: {**STATUS_DEFAULTS, **(status() or {})}
-    app.add_middleware(BodyLimit, limits=app.state.limits, upload_path=f"{API}/packages")
+    app.add_middleware(
+        BodyLimit, limits=app.state.limits, upload_path=f"{API}/packages", batch_path=f"{API}/jobs/batch"
+    )
     _errors(app)
 
     @app.get("/healthz", tags=["health"], response_model=Health, responses={503: {"model": Health}})
@@ -294,6 +310,48 @@ def submit(body: JobSubmit, me: Who, store: Db, request: Request) -> dict[str, A
     job = store.submit(tenant, JobRequest.build(**fields, limits=request.app.state.limits))
     _changed(request)
     return job.to_dict()
+
+
+@router.post(
+    "/jobs/batch",
+    status_code=201,
+    tags=["jobs"],
+    response_model=BatchOut,
+    responses=_errs(400, 403, 404, 409, 413, 422),
+)
+def submit_batch(body: JobBatch, me: Who, store: Db, request: Request) -> dict[str, Any]:
+    """Queue many jobs at once, all or none: every item is validated first (one bad item is a 400
+    naming it, e.g. ``jobs[3].num_slices: ...``, and nothing is stored), then all are stored in one
+    transaction. The per-tenant queued cap applies to the batch as a whole (409)."""
+    limits = request.app.state.limits
+    owners: list[str] = []
+    requests: list[JobRequest] = []
+    for i, item in enumerate(body.jobs):
+        try:
+            job = JobSubmit.model_validate(item)
+            owners.append(auth.submit_tenant(me, job.tenant))
+            requests.append(JobRequest.build(**job.model_dump(exclude={"tenant"}), limits=limits))
+        except ValidationError as err:
+            raise SpecError(f"jobs[{i}]{_first_problem(err)}") from None
+        except TpufleetError as err:
+            raise _at_item(err, i) from None
+    ids = store.submit_many(owners, requests)
+    _changed(request)
+    return {"ids": ids}
+
+
+def _first_problem(err: ValidationError) -> str:
+    """``.num_slices: Input should be a valid integer`` (or ``[0]`` for a list item)."""
+    e = err.errors()[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.get("loc", ()))
+    return f"{where}: {e.get('msg', 'invalid')}"
+
+
+def _at_item(err: TpufleetError, index: int) -> TpufleetError:
+    """The same error, its message prefixed with the item: ``jobs[3].num_slices: ...``."""
+    if isinstance(err, SpecError):
+        return SpecError(f"jobs[{index}]{'.' if err.field else ': '}{err}")
+    return type(err)(f"jobs[{index}]: {err}")
 
 
 @router.get("/jobs", tags=["jobs"], response_model=JobPage, responses=_errs(400, 422))

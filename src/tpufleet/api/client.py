@@ -131,6 +131,13 @@ class Client:
             body["max_retries"] = max_retries
         return dict(self.request("POST", f"{API}/jobs", json=body))
 
+    def submit_batch(self, bodies: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Queue many jobs in one request, all or none (``POST /api/v1/jobs/batch``): each body has
+        the fields of :meth:`submit` (``command``, ``accelerator_type``, ...); returns their ids in
+        order. One bad body raises the server's error, which names it (``jobs[3].num_slices: ...``)."""
+        body = {"jobs": [dict(b) for b in bodies]}
+        return [str(i) for i in self.request("POST", f"{API}/jobs/batch", json=body)["ids"]]
+
     def upload_package(
         self,
         source: str | Path | bytes,

@@ -2,8 +2,9 @@
 
 A pure ASGI middleware: a ``Content-Length`` over the cap is refused before any byte of the body
 is read; a body without one (chunked) is counted while it streams and refused as soon as it passes
-the cap. The cap is ``Limits.max_body_bytes`` (JSON bodies) or, on the package upload route,
-``Limits.max_package_bytes``.
+the cap. The cap is ``Limits.max_body_bytes`` (JSON bodies), on the package upload route
+``Limits.max_package_bytes``, and on the batch submission route ``MAX_BATCH_BODY_BYTES`` (up to
+``MAX_BATCH_JOBS`` job bodies in one request).
 """
 
 from __future__ import annotations
@@ -13,21 +14,38 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tpufleet.control.records import Limits
+from tpufleet.control.records import Limits, MiB
+
+MAX_BATCH_JOBS = 10_000  # job bodies in one POST /api/v1/jobs/batch
+MAX_BATCH_BODY_BYTES = 32 * MiB  # its body: about 3 KiB a job at the full count
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, *, limits: Limits, upload_path: str) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limits: Limits,
+        upload_path: str,
+        batch_path: str | None = None,
+        batch_bytes: int = MAX_BATCH_BODY_BYTES,
+    ) -> None:
         self.app = app
         self.limits = limits
         self.upload_path = upload_path
+        self.batch_path = batch_path
+        self.batch_bytes = batch_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        upload = scope["path"].rstrip("/") == self.upload_path
-        cap = self.limits.max_package_bytes if upload else self.limits.max_body_bytes
+        path = scope["path"].rstrip("/")
+        cap = self.limits.max_body_bytes
+        if path == self.upload_path:
+            cap = self.limits.max_package_bytes
+        elif path == self.batch_path:
+            cap = max(self.batch_bytes, cap)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             if not declared.isdigit():

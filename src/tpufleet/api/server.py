@@ -99,7 +99,7 @@ class ControlPlane:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.db_url = db_url or f"sqlite:///{self.state_dir / 'tpufleet.db'}"
         self.cluster = cluster
-        self.store = Store(self.db_url, clock=clock, new_id=new_id, limits=limits)
+        self.store = Store.open(self.db_url, clock=clock, new_id=new_id, limits=limits)
         self.service = Service(self.store, cluster, state_dir=self.state_dir, decide=decide, config=config)
         self.admin_token_path = self.state_dir / ADMIN_TOKEN_FILE
         self.admin_token, self.admin_token_created = ensure_admin_token(self.store, self.admin_token_path)

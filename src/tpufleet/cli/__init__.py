@@ -2,8 +2,8 @@
 
 Each command family lives in its own module and registers itself on ``app``:
 ``catalog`` (TPU facts), ``emulate``/``doctor`` (local fleet), ``render``/``lint``/``up``/``down``/``attach``
-(configs), and the control-plane client and server commands. ``main`` turns every
-:class:`~tpufleet.errors.TpufleetError` into a one- or two-line message and its exit code.
+(configs), the control-plane client and server commands, and ``db`` (schema migrations). ``main``
+turns every :class:`~tpufleet.errors.TpufleetError` into a one- or two-line message and its exit code.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tpufleet.cli import catalog as _catalog  # noqa: F401  isort: skip
 from tpufleet.cli import emulate as _emulate  # noqa: F401  isort: skip
 from tpufleet.cli import config as _config  # noqa: F401  isort: skip
 from tpufleet.cli import control as _control  # noqa: F401  isort: skip
+from tpufleet.cli import db as _db  # noqa: F401  isort: skip
 from tpufleet.cli import demo as _demo  # noqa: F401  isort: skip
 
 __all__ = ["app", "main"]

@@ -9,7 +9,9 @@ the API in-process.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -26,8 +28,9 @@ from rich.text import Text
 
 from tpufleet.api.client import DEFAULT_SERVER, Client
 from tpufleet.cli._app import app, console, console_err, print_json
+from tpufleet.control.cluster import ClusterClient
 from tpufleet.control.records import DEFAULT_LIMITS, Limits
-from tpufleet.errors import SpecError
+from tpufleet.errors import InputError, SpecError, TpufleetError
 
 ServerOpt = Annotated[
     str, typer.Option("--server", envvar="TPUFLEET_SERVER", help="Control plane URL.", show_default=True)
@@ -166,22 +169,52 @@ def serve_cmd(
             help="Seconds from admission to every host running; longer fails the attempt.",
         ),
     ] = 600.0,
+    sandbox: Annotated[
+        str | None,
+        typer.Option(
+            "--sandbox",
+            metavar="SLICES",
+            help="Run over an in-memory fleet instead of Ray, e.g. v4-16:64,v4-32:16: nothing is "
+            "executed, every host of a job runs --job-seconds and exits 0 (a job's env may set "
+            "TPUFLEET_SANDBOX_SECONDS, TPUFLEET_SANDBOX_EXIT). Its own state dir by default "
+            "(<state-dir>/sandbox). Not with --ray-address or --emulator.",
+            show_default=False,
+        ),
+    ] = None,
+    job_seconds: Annotated[
+        float,
+        typer.Option("--job-seconds", min=0, help="With --sandbox: how long every host of a job runs."),
+    ] = 1.0,
 ) -> None:
     """Run the control plane: store, scheduling loop, Ray executor and REST API (/api/v1, /healthz).
 
-    Records its URL and admin token path in the CLI context (`tpufleet context`), so client
-    commands on this machine need neither --server nor --token."""
-    from tpufleet.api.server import ControlPlane, ray_cluster
+    With --sandbox SLICES, the same control plane over an in-memory fleet (no Ray): try quotas and
+    priorities, or load-test the loop. Records its URL and admin token path in the CLI context
+    (`tpufleet context`), so client commands on this machine need neither --server nor --token."""
+    from tpufleet.api.server import ControlPlane, default_state_dir
     from tpufleet.cli import context
-    from tpufleet.cli.emulate import running_fleet_address
     from tpufleet.control.service import ServiceConfig
 
-    given = ctx.get_parameter_source("ray_address")
-    if emulator and given is not None and given.name == "COMMANDLINE":
+    given = {
+        name
+        for name in ("ray_address", "emulator", "emulator_dir")
+        if (src := ctx.get_parameter_source(name)) is not None and src.name == "COMMANDLINE"
+    }
+    if sandbox is not None and given:
+        raise SpecError("--sandbox runs without Ray: give --sandbox or --ray-address/--emulator, not both")
+    if sandbox is None and ctx.get_parameter_source("job_seconds").name == "COMMANDLINE":  # type: ignore[union-attr]
+        raise SpecError("--job-seconds goes with --sandbox SLICES")
+    if emulator and "ray_address" in given:
         raise SpecError("give --ray-address or --emulator, not both")
-    if not ray_address or emulator or emulator_dir:
-        _, ray_address = running_fleet_address(emulator_dir)
-    cluster = ray_cluster(ray_address)  # fails within seconds, naming the address, if nothing is there
+    if sandbox is not None:
+        from tpufleet.control.sandbox import SandboxCluster
+
+        cluster: ClusterClient = SandboxCluster.of(sandbox, job_seconds=job_seconds)
+        state_dir = state_dir or default_state_dir() / "sandbox"  # never the real fleet's database
+        where = f"a sandbox fleet ({sandbox}; jobs run {job_seconds:g} s, nothing is executed)"
+    else:
+        ray_address, cluster = _ray(ray_address, emulator, emulator_dir)
+        where = f"Ray at {ray_address}"
     limits = Limits(
         working_dir_url_prefixes=tuple(_url_prefix(p) for p in allow_working_dir_url),
         max_queued_per_tenant=max_queued_per_tenant,
@@ -199,18 +232,26 @@ def serve_cmd(
         server=url,
         server_state_dir=str(cp.state_dir.resolve()),
         admin_token_path=str(cp.admin_token_path.resolve()),
-        ray_address=ray_address,
+        ray_address=None if sandbox else ray_address,
     )
     console_err.print(f"admin token ({note}): {cp.admin_token_path} (mode 0600)", highlight=False)
-    console_err.print(
-        f"tpufleet control plane on {url} for Ray at {ray_address} (API /api/v1, /docs)", highlight=False
-    )
+    console_err.print(f"tpufleet control plane on {url} for {where} (API /api/v1, /docs)", highlight=False)
     cp.serve(host, port)
     # Ray's exit handler (ray.shutdown) can hang for minutes when the cluster is gone; everything of
     # ours is closed and committed by now, so leave without it.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _ray(address: str | None, emulator: bool, emulator_dir: Path | None) -> tuple[str, ClusterClient]:
+    """The Ray address to serve (the local emulated fleet's unless given) and its executor."""
+    from tpufleet.api.server import ray_cluster
+    from tpufleet.cli.emulate import running_fleet_address
+
+    if not address or emulator or emulator_dir:
+        _, address = running_fleet_address(emulator_dir)
+    return address, ray_cluster(address)  # fails within seconds, naming the address, if nothing is there
 
 
 def _url_prefix(prefix: str) -> str:
@@ -286,8 +327,12 @@ def tenants_cmd(
 @app.command("submit", epilog=ERRORS)
 def submit_cmd(
     ctx: typer.Context,
-    command: Annotated[list[str], typer.Argument(help="The command run on every host, after --.")],
-    accelerator_type: Annotated[str, typer.Option("--type", help="Slice type, e.g. v4-16, v6e-16.")],
+    command: Annotated[
+        list[str] | None, typer.Argument(help="The command run on every host, after --.", show_default=False)
+    ] = None,
+    accelerator_type: Annotated[
+        str | None, typer.Option("--type", help="Slice type, e.g. v4-16, v6e-16.", show_default=False)
+    ] = None,
     num_slices: Annotated[int, typer.Option("--num-slices", help="Slices (multi-slice when > 1).")] = 1,
     priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
     max_retries: Annotated[
@@ -304,11 +349,35 @@ def submit_cmd(
         ),
     ] = None,
     tenant: Annotated[str | None, typer.Option(help="With the admin token: submit for this tenant.")] = None,
+    batch: Annotated[
+        Path | None,
+        typer.Option(
+            "--batch",
+            metavar="FILE.jsonl",
+            help="Queue many jobs at once, all or none: one JSON job body per line, the fields of "
+            'POST /api/v1/jobs (e.g. {"command": ["python", "t.py"], "accelerator_type": "v4-16"}); '
+            'at most 10,000 lines. Prints one id per line ({"ids": [...]} with --json).',
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     server: ServerOpt = DEFAULT_SERVER,
     token: TokenOpt = None,
 ) -> None:
-    """Queue a job: `tpufleet submit --type v4-16 -- python train.py`. Prints the job id."""
+    """Queue a job: `tpufleet submit --type v4-16 -- python train.py`. Prints the job id.
+
+    Many jobs: `tpufleet submit --batch jobs.jsonl`; a bad line exits 2 naming the line."""
+    if batch is not None:
+        flags = (command, accelerator_type, name, working_dir, max_retries, env)
+        if any(flags) or (num_slices, priority) != (1, 0):
+            raise SpecError("give --batch FILE.jsonl (job fields on each line) or one job's flags, not both")
+        _submit_batch(_client(ctx, server, token), batch, tenant, as_json)
+        return
+    if not command or not accelerator_type:
+        raise SpecError(
+            "give the slice type and the command, e.g. tpufleet submit --type v4-16 -- python train.py "
+            "(or --batch FILE.jsonl)"
+        )
     client = _client(ctx, server, token)
     wd = _upload_working_dir(client, working_dir, tenant) if working_dir else None
     job = client.submit(
@@ -326,6 +395,56 @@ def submit_cmd(
         print_json({"id": job["id"]})
     else:
         typer.echo(job["id"])
+
+
+def _submit_batch(client: Client, path: Path, tenant: str | None, as_json: bool) -> None:
+    """Read the JSONL file, send it as one batch, print the ids; errors name the file and line."""
+    from tpufleet.api.limits import MAX_BATCH_JOBS
+
+    bodies, lines = read_batch(path, tenant)
+    if len(bodies) > MAX_BATCH_JOBS:
+        raise SpecError(f"{len(bodies):,} jobs; at most {MAX_BATCH_JOBS:,} in one batch", file=str(path))
+    try:
+        ids = client.submit_batch(bodies)
+    except TpufleetError as err:
+        found = re.match(r"jobs\[(\d+)\][.:]? ?(.*)", str(err))
+        if found is None or int(found.group(1)) >= len(lines):
+            raise
+        line, rest = lines[int(found.group(1))], found.group(2)
+        if isinstance(err, SpecError):
+            raise SpecError(rest, file=str(path), line=line) from None
+        raise type(err)(f"{path}:{line}: {rest}") from None
+    if as_json:
+        print_json({"ids": ids})
+    else:
+        typer.echo("\n".join(ids))
+
+
+def read_batch(path: Path, tenant: str | None = None) -> tuple[list[dict[str, Any]], list[int]]:
+    """The job bodies of a JSONL file (blank lines skipped) and the line number of each; ``tenant``
+    fills in bodies that name none. A line that is not a JSON object is a SpecError naming it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: cannot read it ({err})") from None
+    bodies: list[dict[str, Any]] = []
+    lines: list[int] = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            body = json.loads(raw)
+        except ValueError as err:
+            raise SpecError(f"not JSON ({err})", file=str(path), line=n) from None
+        if not isinstance(body, dict):
+            raise SpecError("each line is one job body, a JSON object", file=str(path), line=n)
+        if tenant and "tenant" not in body:
+            body["tenant"] = tenant
+        bodies.append(body)
+        lines.append(n)
+    if not bodies:
+        raise SpecError("no jobs in the file (one JSON job body per line)", file=str(path))
+    return bodies, lines
 
 
 def _upload_working_dir(client: Client, working_dir: str, tenant: str | None) -> str:

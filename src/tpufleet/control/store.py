@@ -13,11 +13,11 @@ import hashlib
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, make_url, select, update
+from sqlalchemy import Engine, create_engine, event, func, insert, make_url, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -221,6 +221,92 @@ class Store:
             self.add_event(s, f"submitted by {tenant}: {' '.join(req.command)}", job_id=job_id, kind="submit")
             return job_record(row)
 
+    def submit_many(self, tenant: str | Sequence[str], requests: Sequence[r.JobRequest]) -> list[str]:
+        """Queue ``requests`` all or none, in ONE transaction with bulk inserts (jobs and events);
+        returns their ids in order. ``tenant``: one tenant for all, or one per request. The queued
+        cap applies to each tenant's part of the batch as a whole. Ids are drawn together and
+        checked in one query; a collision with a concurrent submit retries the whole batch."""
+        owners = [tenant] * len(requests) if isinstance(tenant, str) else list(tenant)
+        if len(owners) != len(requests):
+            raise ValueError(f"{len(owners)} tenants for {len(requests)} requests")
+        for name in dict.fromkeys(owners):
+            self.tenant(name)
+        for _ in range(5):
+            try:
+                return self._insert_jobs(owners, requests) if requests else []
+            except IntegrityError:  # an id taken by a concurrent submit; draw the batch again
+                continue
+        raise ConflictError("could not allocate unique job ids; try again")
+
+    def _insert_jobs(self, owners: list[str], requests: Sequence[r.JobRequest]) -> list[str]:
+        now = self.clock()
+        with self.tx() as s:
+            self._check_batch(s, owners, requests)
+            ids = self._fresh_ids(s, len(requests))
+            rows = [
+                {
+                    **_job_values(req),
+                    "id": job_id,
+                    "tenant": owner,
+                    "submitted_at": now,
+                    "updated_at": now,
+                }
+                for job_id, owner, req in zip(ids, owners, requests, strict=True)
+            ]
+            s.execute(insert(JobRow), rows)
+            events = [
+                {
+                    "job_id": job_id,
+                    "slice": None,
+                    "at": now,
+                    "kind": "submit",
+                    "message": f"submitted by {owner}: {' '.join(req.command)}",
+                }
+                for job_id, owner, req in zip(ids, owners, requests, strict=True)
+            ]
+            s.execute(insert(EventRow), events)
+        return ids
+
+    def _fresh_ids(self, s: Session, n: int) -> list[str]:
+        """``n`` distinct new ids, none of them stored: drawn together, checked a chunk per query."""
+        ids: list[str] = []
+        seen: set[str] = set()
+        while len(ids) < n:
+            drawn = [i for i in (self.new_id() for _ in range(n - len(ids))) if i not in seen]
+            drawn = list(dict.fromkeys(drawn))
+            taken: set[str] = set()
+            for at in range(0, len(drawn), 5000):
+                chunk = drawn[at : at + 5000]
+                taken.update(s.scalars(select(JobRow.id).where(JobRow.id.in_(chunk))))
+            for job_id in drawn:
+                seen.add(job_id)
+                if job_id not in taken:
+                    ids.append(job_id)
+        return ids
+
+    def _check_batch(self, s: Session, owners: list[str], requests: Sequence[r.JobRequest]) -> None:
+        """The queued cap per tenant for the batch as a whole, and every package it names."""
+        cap = self.limits.max_queued_per_tenant
+        adding: dict[str, int] = {}
+        for owner in owners:
+            adding[owner] = adding.get(owner, 0) + 1
+        counted = s.execute(
+            select(JobRow.tenant, func.count())
+            .where(JobRow.tenant.in_(adding), JobRow.state == r.QUEUED)
+            .group_by(JobRow.tenant)
+        )
+        queued: dict[str, int] = {t: n for t, n in counted}
+        for owner, n in adding.items():
+            have = queued.get(owner, 0)
+            if have + n > cap:
+                raise ConflictError(
+                    f"tenant {owner} has {have:,} queued jobs and the batch adds {n:,}: over the cap "
+                    f"(serve --max-queued-per-tenant {cap}); submit fewer, or wait for some to start"
+                )
+        named = {(o, q.working_dir) for o, q in zip(owners, requests, strict=True) if q.working_dir}
+        for owner, wd in sorted(named):
+            self._check_package(s, owner, wd)
+
     def _check_can_queue(self, s: Session, tenant: str, req: r.JobRequest) -> None:
         """The per-tenant cap on queued jobs, and a working_dir package this tenant uploaded."""
         cap = self.limits.max_queued_per_tenant
@@ -232,8 +318,12 @@ class Store:
                 f"tenant {tenant} already has {queued:,} queued jobs, the cap (serve --max-queued-per-tenant "
                 f"{cap}); wait for some to start or cancel some"
             )
-        wd = req.working_dir
-        if wd is not None and r.PACKAGE_ID.fullmatch(wd):
+        if req.working_dir is not None:
+            self._check_package(s, tenant, req.working_dir)
+
+    def _check_package(self, s: Session, tenant: str, wd: str) -> None:
+        """A working_dir that is a package id must name a package ``tenant`` uploaded."""
+        if r.PACKAGE_ID.fullmatch(wd):
             key = (tenant, wd.removeprefix("sha256:"))
             if (
                 s.scalar(
@@ -435,6 +525,28 @@ def slice_state(row: SliceRow) -> str:
     if row.draining:
         return r.DRAINING
     return r.HELD if row.holder else r.FREE
+
+
+def _job_values(req: r.JobRequest) -> dict[str, Any]:
+    """The columns of a newly queued job from its request (bulk inserts)."""
+    return {
+        "name": req.name,
+        "command": list(req.command),
+        "accelerator_type": req.accelerator_type,
+        "num_slices": req.num_slices,
+        "priority": req.priority,
+        "max_retries": req.max_retries,
+        "env": dict(req.env),
+        "working_dir": req.working_dir,
+        "state": r.QUEUED,
+        "attempt": 1,
+        "failures": 0,
+        "slices": [],
+        "borrowing": False,
+        "preempting": False,
+        "head_of_line": False,
+        "cancel_requested": False,
+    }
 
 
 def job_record(j: JobRow, attempts: tuple[r.AttemptRecord, ...] = ()) -> r.JobRecord:
