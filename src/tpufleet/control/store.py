@@ -22,11 +22,10 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from tpufleet.control import logs, packages
+from tpufleet.control import logs, migrations, packages
 from tpufleet.control import records as r
 from tpufleet.control.schema import (
     AttemptRow,
-    Base,
     EventRow,
     JobRow,
     PackageRow,
@@ -62,16 +61,20 @@ def token_hash(token: str) -> str:
 
 def make_engine(url: str) -> Engine:
     """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys, so the API thread
-    and the scheduling loop can write concurrently."""
+    and the scheduling loop can write concurrently. No I/O: the database is first touched when a
+    connection is made, and a SQLite file is created mode 0600 right before that."""
     if url.startswith("sqlite"):
         memory = url in ("sqlite://", "sqlite:///:memory:")
-        if not memory:
-            _private_file(make_url(url).database or "")
+        path = "" if memory else make_url(url).database or ""
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
             poolclass=StaticPool if memory else None,
         )
+
+        @event.listens_for(engine, "do_connect")
+        def _private(_dialect: Any, _record: Any, _cargs: Any, _cparams: Any) -> None:
+            _private_file(path)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -99,7 +102,11 @@ def _private_file(path: str) -> None:
 
 
 class Store:
-    """Tenants, tokens, jobs and slices as the API sees them. Thread-safe (one session per call)."""
+    """Tenants, tokens, jobs and slices as the API sees them. Thread-safe (one session per call).
+
+    The constructor does no I/O: ``Store(url)`` builds an engine that connects on first use and
+    assumes the schema is there. :meth:`open` is the usual way in: it checks (and by default
+    upgrades) the schema first, so a store it returns is ready."""
 
     def __init__(
         self,
@@ -113,12 +120,56 @@ class Store:
         self.clock = clock
         self.new_id = new_id
         self.limits = limits
-        try:
-            self.engine = make_engine(url)
-            Base.metadata.create_all(self.engine)
-        except OperationalError as err:
-            raise ClusterError(f"cannot open the database {_safe_url(url)}: {err.orig}") from err
+        self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def open(
+        cls,
+        url: str,
+        *,
+        upgrade: bool = True,
+        clock: Clock = time.time,
+        new_id: Callable[[], str] = new_job_id,
+        limits: r.Limits = r.DEFAULT_LIMITS,
+    ) -> Store:
+        """A store on ``url`` whose schema is the one this code needs: created when the database
+        is empty, upgraded when older (``upgrade=False``: refused instead, naming
+        ``tpufleet db upgrade``). A ``SchemaError`` for a newer or foreign schema, a
+        ``ClusterError`` when the database cannot be reached."""
+        store = cls(url, clock=clock, new_id=new_id, limits=limits)
+        try:
+            if upgrade:
+                store.upgrade()
+            else:
+                store.check_schema()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def upgrade(self) -> migrations.Migration:
+        """Bring the schema to this code's head revision (see ``control/migrations``)."""
+        with self._reaching():
+            return migrations.upgrade(self.engine, _safe_url(self.url))
+
+    def schema_revision(self) -> str | None:
+        """The schema revision recorded in the database (None: none, e.g. an empty database)."""
+        with self._reaching(), self.engine.connect() as conn:
+            return migrations.current(conn)
+
+    def check_schema(self) -> None:
+        """Raise ``SchemaError`` unless the database is at this code's head revision."""
+        with self._reaching(), self.engine.connect() as conn:
+            migrations.check(conn, _safe_url(self.url))
+
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        try:
+            yield
+        except OperationalError as err:
+            why = "; ".join(line.strip() for line in str(err.orig).splitlines() if line.strip())
+            raise ClusterError(f"cannot open the database {_safe_url(self.url)}: {why}") from err
 
     @contextmanager
     def tx(self) -> Iterator[Session]:
