@@ -6,12 +6,16 @@ import itertools
 import json
 import os
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from tpufleet.control.cluster import AttemptSpec, AttemptStatus, HostState, SliceInfo
 from tpufleet.control.executor import RayCluster
+from tpufleet.control.jobfiles import run_paths
 
 T = TypeVar("T")
 _ids = itertools.count()
@@ -37,18 +41,53 @@ def v4_slices(cluster: RayCluster, n: int) -> list[SliceInfo]:
     return found[:n]
 
 
+# Where the runners put jobs' files (<root>/<tenant>/<job>); a jailed job sees only its tenant's part.
+JOB_ROOT = tempfile.mkdtemp(prefix="tpufleet-test-jobs-")
+TENANT = "itest"
+
+
 def spec(slices: list[SliceInfo], code: str, **kw: object) -> AttemptSpec:
-    job = f"t{os.getpid()}-{next(_ids)}"
+    job = str(kw.pop("job_id", f"t{os.getpid()}-{next(_ids)}"))
+    attempt = int(kw.pop("attempt", 1))  # type: ignore[call-overload]
     command = (sys.executable, "-c", code)
     return AttemptSpec(
-        job_id=str(kw.pop("job_id", job)),
-        attempt=int(kw.pop("attempt", 1)),  # type: ignore[call-overload]
+        job_id=job,
+        attempt=attempt,
         slices=tuple(s.name for s in slices),
         accelerator_type=slices[0].accelerator_type,
         command=command,
-        checkpoint_dir=f"/tmp/tpufleet-test-ckpt/{job}",
+        tenant=TENANT,
+        job_root=JOB_ROOT,
+        checkpoint_dir=str(run_paths(JOB_ROOT, TENANT, job, attempt, "-").checkpoint),
         **kw,  # type: ignore[arg-type]
     )
+
+
+def flag(name: str) -> Path:
+    """A file in the test tenant's directory: the one place a jailed job shares with the test."""
+    return Path(JOB_ROOT) / TENANT / name
+
+
+def token() -> str:
+    return f"tok-{uuid.uuid4().hex}"
+
+
+def procs_with(tok: str) -> list[int]:
+    """Host pids of the live job processes whose command line holds ``tok`` (not their jails:
+    inside its jail a job has its own pids, so tests find its processes from the host's /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                entry.name.isdigit()
+                and tok.encode() in (entry / "cmdline").read_bytes()
+                and os.path.basename(os.readlink(entry / "exe")) != "bwrap"
+                and pid_alive(int(entry.name))
+            ):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def finished(cluster: RayCluster, s: AttemptSpec) -> AttemptStatus | None:

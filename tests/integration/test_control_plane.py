@@ -12,7 +12,6 @@ import itertools
 import json
 import os
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _executor_helpers import pid_alive, wait_for
+from _executor_helpers import pid_alive, procs_with, token, wait_for
 
 from tpufleet.api.client import Client
 from tpufleet.api.server import ControlPlane
@@ -138,27 +137,6 @@ def logged(client: Client, job_id: str, text: str, attempt: int | None = None) -
     return wait_for(f"{text!r} in every host's log of job {job_id}", probe)
 
 
-def token() -> str:
-    return f"tok-{uuid.uuid4().hex}"
-
-
-def procs_with(tok: str) -> list[int]:
-    """Host pids of the live job processes whose command line holds ``tok`` (not their jails)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if (
-                entry.name.isdigit()
-                and tok.encode() in (entry / "cmdline").read_bytes()
-                and os.path.basename(os.readlink(entry / "exe")) != "bwrap"
-                and pid_alive(int(entry.name))
-            ):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def all_free(plane: Plane, names: list[str]) -> bool:
     return all(s["state"] == "FREE" and s["holder"] is None for s in plane.slices(names))
 
@@ -240,8 +218,8 @@ def test_the_api_rejects_other_tenants_and_bad_tokens(plane: Plane) -> None:
     with pytest.raises(ForbiddenError):
         b.create_tenant("sneaky", {"v4": 64})
     assert jid not in {j["id"] for j in b.jobs()}
-    for token in ("tf_not-a-token", None):
-        with Client(plane.url, token) as stranger, pytest.raises(AuthError):
+    for bad in ("tf_not-a-token", None):
+        with Client(plane.url, bad) as stranger, pytest.raises(AuthError):
             stranger.jobs()
     with httpx.Client(base_url=plane.url) as raw:
         assert (
@@ -345,6 +323,8 @@ def test_a_lost_host_ends_the_attempt_and_the_job_resumes_elsewhere(plane: Plane
     done = wait_state(client, job["id"], "SUCCEEDED", timeout_s=120)
     first, second = done["attempts"]
     assert (first["state"], done["attempt"], done["failures"]) == ("FAILED", 2, 1)
+    hosts = {h["worker_id"]: h["state"] for h in first["exit_codes"]}
+    assert hosts[1] == "LOST", first  # the killed host is recorded as lost, not as running
     assert "lost" in first["message"] or "broken" in first["message"], first
     assert second["slices"] != [victim] and second["state"] == "SUCCEEDED"
     wait_for("every process of the lost attempt to end", lambda: not procs_with(tok), 30)

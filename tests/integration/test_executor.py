@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from _executor_helpers import PRINT_ENV, env_of, finished, full_log, pid_alive, spec, v4_slices, wait_for
+from _executor_helpers import (
+    PRINT_ENV,
+    env_of,
+    finished,
+    flag,
+    full_log,
+    pid_alive,
+    procs_with,
+    spec,
+    token,
+    v4_slices,
+    wait_for,
+)
 
 from tpufleet.control.cluster import AttemptStatus, HostState
 from tpufleet.control.executor import RayCluster
@@ -90,22 +101,22 @@ def _record(seen: list[AttemptStatus], status: AttemptStatus) -> AttemptStatus |
 def test_stop_ends_every_process_and_frees_the_slice(cluster: RayCluster) -> None:
     slices = v4_slices(cluster, 1)
     # The process and a child both ignore SIGTERM, so only the SIGKILL of the group ends them.
+    tok = token()
     code = (
-        "import os, signal, subprocess, sys, time\n"
+        "import signal, subprocess, sys, time\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
-        "print('PIDS', os.getpid(), child.pid, flush=True)\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {tok!r}])\n"
+        "print('PIDS', flush=True)\n"
         "time.sleep(300)"
     )
-    s = spec(slices, code)
+    s = spec(slices, code + f"  # {tok}")
     cluster.launch(s)
-    pids = []
     for w in range(slices[0].expected_hosts):
-        log = wait_for("the pids", lambda w=w: "PIDS" in (t := _peek(cluster, s, slices[0].name, w)) and t)
-        pids += [int(p) for p in log.split("PIDS", 1)[1].split()[:2]]
-    assert all(pid_alive(p) for p in pids)
+        wait_for("the processes", lambda w=w: "PIDS" in _peek(cluster, s, slices[0].name, w))
+    pids = procs_with(tok)
+    assert len(pids) == 2 * slices[0].expected_hosts and all(pid_alive(p) for p in pids)
     cluster.stop(s.job_id, s.attempt, grace_s=0.5)
-    assert [p for p in pids if pid_alive(p)] == []
+    assert [p for p in pids if pid_alive(p)] == [] and procs_with(tok) == []
     assert s.job_id not in {job for job, _ in cluster.running_attempts()}
     again = spec(slices, "print('again')")  # the slice is free again, straight from the pool
     cluster.launch(again)
@@ -118,9 +129,9 @@ def _peek(cluster: RayCluster, s: object, slice_name: str, worker: int) -> str:
     return cluster.read_logs(s.job_id, s.attempt, slice_name, worker, 0).data  # type: ignore[attr-defined]
 
 
-def test_logs_are_complete_and_readable_while_running(cluster: RayCluster, tmp_path: Path) -> None:
+def test_logs_are_complete_and_readable_while_running(cluster: RayCluster) -> None:
     slices = v4_slices(cluster, 1)
-    go = tmp_path / "go"
+    go = flag(token())
     code = (
         "import os, sys, time\n"
         "print('start', flush=True)\n"

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
-from _executor_helpers import finished, full_log, pid_alive, spec, v4_slices, wait_for
+from _executor_helpers import (
+    JOB_ROOT,
+    TENANT,
+    finished,
+    full_log,
+    pid_alive,
+    procs_with,
+    spec,
+    token,
+    v4_slices,
+    wait_for,
+)
 
 from tpufleet.control.cluster import AttemptSpec, HostState
 from tpufleet.control.executor import RayCluster
@@ -21,7 +33,7 @@ from tpufleet.control.runner import NAMESPACE, pool_runner_name
 pytestmark = pytest.mark.integration
 
 
-SLEEP_WITH_PID = "import os, time; print('PID', os.getpid(), flush=True); time.sleep(300)"
+SLEEP = "import time; print('PID', flush=True); time.sleep(300)"  # a jailed job has its own pids
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +52,11 @@ def _stop_leftovers(cluster: RayCluster) -> Iterator[None]:
         cluster.stop(job_id, attempt, grace_s=1)
 
 
-def _pid(cluster: RayCluster, s: AttemptSpec, slice_name: str, worker: int) -> int:
+def _running(cluster: RayCluster, s: AttemptSpec, slice_name: str, worker: int) -> None:
     def probe() -> str:
         return cluster.read_logs(s.job_id, s.attempt, slice_name, worker, 0).data
 
-    text = wait_for("the pid", lambda: "PID" in (t := probe()) and t)
-    return int(text.split("PID", 1)[1].split()[0])
+    wait_for("the process", lambda: "PID" in probe())
 
 
 def _our_actor_names() -> set[str]:
@@ -55,6 +66,7 @@ def _our_actor_names() -> set[str]:
 def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluster) -> None:
     victim = v4_slices(cluster, 1)[0]
     job = f"restart-{os.getpid()}"
+    tok = token()
     script = textwrap.dedent(
         f"""
         import time
@@ -62,8 +74,9 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluste
         from tpufleet.control.executor import RayCluster
         c = RayCluster({ray.get_runtime_context().gcs_address!r})
         c.inventory()
-        cmd = ({sys.executable!r}, "-c", {SLEEP_WITH_PID!r})
-        c.launch(AttemptSpec({job!r}, 3, ({victim.name!r},), "v4-16", cmd))
+        cmd = ({sys.executable!r}, "-c", {SLEEP!r}, {tok!r})
+        where = dict(tenant={TENANT!r}, job_root={JOB_ROOT!r})
+        c.launch(AttemptSpec({job!r}, 3, ({victim.name!r},), "v4-16", cmd, **where))
         while not c.poll({job!r}, 3).all_running:
             time.sleep(0.05)
         """
@@ -76,8 +89,10 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluste
         (victim.name, w, HostState.RUNNING) for w in range(victim.expected_hosts)
     ]
     s = AttemptSpec(job, 3, (victim.name,), "v4-16", ())
-    pids = [_pid(fresh, s, victim.name, w) for w in range(victim.expected_hosts)]
-    assert all(pid_alive(p) for p in pids)
+    for w in range(victim.expected_hosts):
+        _running(fresh, s, victim.name, w)
+    pids = procs_with(tok)
+    assert len(pids) == victim.expected_hosts and all(pid_alive(p) for p in pids)
     fresh.stop(job, 3, grace_s=1)
     assert not any(pid_alive(p) for p in pids)
     assert (job, 3) not in RayCluster().running_attempts()
@@ -90,9 +105,12 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluste
 
 def test_a_killed_host_is_lost_and_its_slice_broken_until_restored(cluster: RayCluster, fleet: Any) -> None:
     victim = v4_slices(cluster, 2)[1]
-    s = spec([victim], SLEEP_WITH_PID)
+    tok = token()
+    s = spec([victim], SLEEP + f"  # {tok}")
     cluster.launch(s)
-    pids = [_pid(cluster, s, victim.name, w) for w in range(victim.expected_hosts)]
+    for w in range(victim.expected_hosts):
+        _running(cluster, s, victim.name, w)
+    assert len(procs_with(tok)) == 2
     fleet.kill_host(victim.name, 1)
     try:
         status = wait_for(
@@ -103,9 +121,9 @@ def test_a_killed_host_is_lost_and_its_slice_broken_until_restored(cluster: RayC
         assert status.failure == f"host {victim.name}/1 was lost"
         broken = next(x for x in cluster.inventory() if x.name == victim.name)
         assert not broken.intact and any("worker 1" in p for p in broken.problems), broken
-        wait_for("the lost host's process to die with it", lambda: not pid_alive(pids[1]), 30)
+        wait_for("the lost host's process to die with it", lambda: len(procs_with(tok)) == 1, 30)
         cluster.stop(s.job_id, s.attempt, grace_s=1)
-        assert not pid_alive(pids[0])
+        assert procs_with(tok) == []
     finally:
         fleet.restore(victim.name)
     wait_for("the slice to be intact again", lambda: _intact(cluster, victim.name), 120, every_s=0.5)
@@ -120,19 +138,20 @@ def _intact(cluster: RayCluster, name: str) -> bool:
     return any(x.name == name and x.intact for x in cluster.inventory())
 
 
-def test_working_dir_and_cold_slice(cluster: RayCluster, tmp_path: Path) -> None:
+def test_an_uploaded_package_on_a_cold_slice(cluster: RayCluster) -> None:
     victim = v4_slices(cluster, 1)[0]
     cluster.release([victim.name])  # out of the pool: launch reserves it on the spot
-    (tmp_path / "hello.py").write_text("import os\nprint('hello from', os.environ['TPU_WORKER_ID'])\n")
-    s = spec([victim], "", working_dir=str(tmp_path))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("hello.py", "import os\nprint('hello from', os.environ['TPU_WORKER_ID'], os.getcwd())\n")
+    s = spec([victim], "", package=buf.getvalue())
     s = AttemptSpec(**{**s.__dict__, "command": (sys.executable, "hello.py")})
     cluster.launch(s)
     status = wait_for("the job", lambda: finished(cluster, s), 120)
     assert status.succeeded, [full_log(cluster, s, victim.name, w) for w in range(victim.expected_hosts)]
-    job_runners = {n for n in _our_actor_names() if n.startswith(f"tpufleet:{s.job_id}:")}
-    assert len(job_runners) == victim.expected_hosts
+    assert not {n for n in _our_actor_names() if n.startswith(f"tpufleet:{s.job_id}:")}  # pool runners
     cluster.stop(s.job_id, s.attempt)
-    assert not {n for n in _our_actor_names() if n.startswith(f"tpufleet:{s.job_id}:")}
-    for w in range(victim.expected_hosts):  # logs outlive the attempt's runners
-        assert full_log(cluster, s, victim.name, w).strip() == f"hello from {w}"
+    for w in range(victim.expected_hosts):  # logs outlive the attempt
+        said = full_log(cluster, s, victim.name, w).split()
+        assert said[:3] == ["hello", "from", str(w)] and said[3].endswith(f"/{victim.name}-{w}/wd")
     cluster.warm([victim.name])

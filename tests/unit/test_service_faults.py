@@ -167,3 +167,34 @@ def test_a_stuck_loop_is_reported_stalled(store: Store, tmp_path: Path) -> None:
     finally:
         gate.set()
         service.close()
+
+
+def test_a_slow_launch_delays_no_other_tenant(store: Store, tmp_path: Path) -> None:
+    """A launch that takes long (a large package on its way to the hosts) runs off the loop."""
+    from tpufleet.control.fake import FakeCluster
+
+    cluster = FakeCluster.of("v4-16:2")
+    world = World(store, tmp_path)
+    world.cluster = cluster
+    world.service = Service(store, cluster, state_dir=tmp_path, config=replace(CONFIG, stop_threads=2))
+    bad, good = two_tenants(world)
+    gate = threading.Event()
+    cluster.fault("launch", gate.wait, job_id=bad)
+    try:
+        deadline = time.monotonic() + 10
+        while world.job(good).state != "STARTING":
+            world.cycle()
+            assert time.monotonic() < deadline
+        assert world.job(bad).state == "ADMITTED"  # its launch is still under way
+        cluster.start(good)
+        world.cycle()
+        assert world.job(good).state == "RUNNING"
+    finally:
+        gate.set()
+    cluster.fault("launch", None, job_id=bad)
+    deadline = time.monotonic() + 10
+    while world.job(bad).state == "ADMITTED":
+        world.cycle()
+        assert time.monotonic() < deadline
+    assert world.job(bad).state == "STARTING"
+    world.service.close()

@@ -31,6 +31,7 @@ from tpufleet.cli._app import app, console, console_err, print_json
 from tpufleet.control.cluster import ClusterClient
 from tpufleet.control.records import DEFAULT_LIMITS, Limits
 from tpufleet.errors import InputError, SpecError, TpufleetError
+from tpufleet.scheduler.lifecycle import TERMINAL_STATES
 
 ServerOpt = Annotated[
     str, typer.Option("--server", envvar="TPUFLEET_SERVER", help="Control plane URL.", show_default=True)
@@ -42,7 +43,7 @@ TokenOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+TERMINAL = tuple(TERMINAL_STATES)  # the lifecycle's, as plain strings for comparisons with JSON
 ERRORS = "Errors: bad input exits 2 with one line; an unreachable server exits 1."
 
 tenant_app = typer.Typer(help="Manage tenants (admin token).", no_args_is_help=True)

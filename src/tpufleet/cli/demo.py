@@ -32,9 +32,10 @@ from rich.table import Table
 
 from tpufleet.cli._app import app, console
 from tpufleet.errors import InputError
+from tpufleet.scheduler.lifecycle import TERMINAL_STATES
 
 DEMO_SLICES = "v4-16:2,v6e-16:1"
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+TERMINAL = tuple(TERMINAL_STATES)  # the lifecycle's, as plain strings for comparisons with JSON
 STATE_STYLE = {
     "QUEUED": "yellow", "ADMITTED": "cyan", "STARTING": "cyan", "RUNNING": "bold green",
     "SUCCEEDED": "green", "FAILED": "bold red", "CANCELLED": "dim",

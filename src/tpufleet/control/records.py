@@ -15,13 +15,15 @@ from typing import Any
 
 from tpufleet import catalog
 from tpufleet.errors import SpecError
+from tpufleet.scheduler.lifecycle import JobState, SliceState
 
 # Job and slice states as stored (the names of scheduler.model's JobState / SliceState members).
-QUEUED, ADMITTED, STARTING, RUNNING = "QUEUED", "ADMITTED", "STARTING", "RUNNING"
-SUCCEEDED, FAILED, CANCELLED = "SUCCEEDED", "FAILED", "CANCELLED"
+# Job and slice states: the lifecycle's enums (scheduler/lifecycle.py), named here for the store's queries.
+QUEUED, ADMITTED, STARTING, RUNNING = JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING
+SUCCEEDED, FAILED, CANCELLED = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED
 ACTIVE = (ADMITTED, STARTING, RUNNING)  # holding slices
 TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
-FREE, HELD, BROKEN, DRAINING = "FREE", "HELD", "BROKEN", "DRAINING"
+FREE, HELD, BROKEN, DRAINING = SliceState.FREE, SliceState.HELD, SliceState.BROKEN, SliceState.DRAINING
 
 TENANT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

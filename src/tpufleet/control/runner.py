@@ -173,6 +173,8 @@ class HostRunner:
         return contain.cgroup_name(self.slice_name, self.worker_id) + "."
 
     def _launch(self, run: _Run, payload: dict[str, Any]) -> None:
+        if not os.path.isabs(str(payload.get("job_root") or "")):
+            raise ValueError(f"the attempt names no absolute job root (got {payload.get('job_root')!r})")
         env = self._env(payload)
         host = f"{self.slice_name}-{self.worker_id}"
         paths = jobfiles.run_paths(

@@ -47,6 +47,7 @@ from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient, 
 from tpufleet.control.store import Store
 from tpufleet.control.transitions import ActiveJob, Transitions
 from tpufleet.errors import NotFoundError, TpufleetError
+from tpufleet.scheduler.lifecycle import StopKind
 from tpufleet.scheduler.model import Admit, Decision, Preempt, Snapshot, Wait
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,9 @@ class Service:
             if job.state == r.ADMITTED and key in running:
                 self._adopt_launch(job)
             elif job.state in (r.STARTING, r.RUNNING) and key not in running:
-                self.tr.begin_stop(job.id, "fail", "its processes were gone when the control plane restarted")
+                self.tr.begin_stop(
+                    job.id, StopKind.FAIL, "its processes were gone when the control plane restarted"
+                )
         for job_id, attempt in sorted(running - {(j.id, j.attempt) for j in active}):
             log.warning("stopping orphan attempt %s of job %s", attempt, job_id)
             self._run_stop((job_id, attempt), self.config.cancel_grace_s)
@@ -168,7 +171,7 @@ class Service:
             lost = True
         if lost:
             message = "the control plane restarted while launching this attempt; requeued"
-            self.tr.begin_stop(job.id, "interrupted", message)
+            self.tr.begin_stop(job.id, StopKind.INTERRUPTED, message)
         else:
             self.tr.launched(job.id, job.attempt)
 
@@ -178,11 +181,11 @@ class Service:
         broken = {s.name: s for s in slices if s.state == r.BROKEN}
         for job in self.tr.active_jobs():
             if job.cancel_requested:
-                self.tr.begin_stop(job.id, "cancel", "cancelled by request")
+                self.tr.begin_stop(job.id, StopKind.CANCEL, "cancelled by request")
             for name in job.slices:
                 if name in broken:
                     problems = "; ".join(broken[name].problems)
-                    self.tr.begin_stop(job.id, "fail", f"slice {name} is broken ({problems})")
+                    self.tr.begin_stop(job.id, StopKind.FAIL, f"slice {name} is broken ({problems})")
         self._pool_draining(slices)
 
     def _schedule(self) -> list[Decision]:
@@ -207,7 +210,7 @@ class Service:
         except Exception as err:
             log.exception("job %s attempt %s: acting on it failed", job.id, job.attempt)
             why = f"the control plane could not handle this attempt ({type(err).__name__}: {err})"
-            if self.tr.begin_stop(job.id, "fail", why[:2000]):
+            if self.tr.begin_stop(job.id, StopKind.FAIL, why[:2000]):
                 self._stops.pop((job.id, job.attempt), None)
 
     def _act(self, job: ActiveJob) -> None:
@@ -216,8 +219,8 @@ class Service:
         elif self._timed_out(job):
             timeout = self.config.start_timeout_s
             why = f"did not start on every host within {timeout:g} s{self._not_started(job)}"
-            if self.tr.begin_stop(job.id, "fail", why):
-                self._stopping(job, "fail")
+            if self.tr.begin_stop(job.id, StopKind.FAIL, why):
+                self._stopping(job, StopKind.FAIL)
         elif job.state == r.ADMITTED:
             self._launch(job)
         else:
@@ -255,8 +258,8 @@ class Service:
         what = str(err) if isinstance(err, TpufleetError) else f"{type(err).__name__}: {err}"
         if not isinstance(err, TpufleetError):
             log.error("launch of %s attempt %s failed", job.id, job.attempt, exc_info=err)
-        if self.tr.begin_stop(job.id, "fail", f"launch failed: {what}"[:2000]):
-            self._stopping(job, "fail")
+        if self.tr.begin_stop(job.id, StopKind.FAIL, f"launch failed: {what}"[:2000]):
+            self._stopping(job, StopKind.FAIL)
 
     def _do_launch(self, job: ActiveJob) -> None:
         wd = job.working_dir
@@ -291,15 +294,15 @@ class Service:
             self._status[key] = status
             failure = status.failure
         if failure is not None:
-            if self.tr.begin_stop(job.id, "fail", failure):
-                self._stopping(job, "fail")
+            if self.tr.begin_stop(job.id, StopKind.FAIL, failure):
+                self._stopping(job, StopKind.FAIL)
         elif status is not None and status.succeeded:
-            if self.tr.begin_stop(job.id, "success", "every host exited with code 0"):
-                self._stopping(job, "success")
+            if self.tr.begin_stop(job.id, StopKind.SUCCESS, "every host exited with code 0"):
+                self._stopping(job, StopKind.SUCCESS)
         elif status is not None and status.all_running and job.state == r.STARTING:
             self.tr.running(job.id, job.attempt)
 
-    def _stopping(self, job: ActiveJob, kind: str | None = None) -> None:
+    def _stopping(self, job: ActiveJob, kind: StopKind | None = None) -> None:
         """Issue the stop (once per process lifetime), and finish the attempt when it returned."""
         key = (job.id, job.attempt)
         kind = kind or job.stop_kind
@@ -308,8 +311,12 @@ class Service:
         self._launches.pop(key, None)
         future = self._stops.get(key)
         if future is None:
-            grace = {"preempt": self.config.preempt_grace_s, "cancel": self.config.cancel_grace_s}
-            future = self._stops[key] = self._run_stop(key, grace.get(kind or "", self.config.fail_grace_s))
+            grace = {
+                StopKind.PREEMPT: self.config.preempt_grace_s,
+                StopKind.CANCEL: self.config.cancel_grace_s,
+            }
+            wait = grace.get(kind, self.config.fail_grace_s) if kind else self.config.fail_grace_s
+            future = self._stops[key] = self._run_stop(key, wait)
         if not future.done():
             return
         del self._stops[key]

@@ -41,6 +41,7 @@ from tpufleet.errors import (
     closest,
     suggest,
 )
+from tpufleet.scheduler import lifecycle as lc
 
 Clock = Callable[[], float]
 
@@ -483,29 +484,32 @@ class Store:
         return data
 
     def request_cancel(self, job_id: str, tenant: str | None = None) -> r.JobRecord:
-        """Cancel a job: a queued one at once; a running one is marked and the loop stops every
-        process and frees its slices (the decision is written before it is acted on)."""
-        now = self.clock()
-        with self.tx() as s:
-            row = self._job_row(s, job_id, tenant)
-            if row.state in (r.SUCCEEDED, r.FAILED):
-                raise ConflictError(f"job {job_id} already ended ({row.state}); nothing to cancel")
-            if row.state != r.CANCELLED and not row.cancel_requested:
-                s.execute(
+        """Cancel a job (``lifecycle.request_cancel``): a queued one at once; an active one is marked
+        and the loop stops every process and frees its slices (the decision is written before it is
+        acted on). A compare-and-set on the state: a change the loop made meanwhile is read again."""
+        for _ in range(10):
+            now = self.clock()
+            with self.tx() as s:
+                row = self._job_row(s, job_id, tenant)
+                before = life_of(row)
+                try:
+                    after = lc.request_cancel(before)
+                except lc.IllegalTransition as err:
+                    raise ConflictError(f"job {job_id}: {err}") from err
+                if after == before:
+                    return job_record(row)
+                done = {"finished_at": now} if after.terminal else {}
+                changed = s.execute(
                     update(JobRow)
-                    .where(JobRow.seq == row.seq, JobRow.state == r.QUEUED)
-                    .values(state=r.CANCELLED, cancel_requested=True, finished_at=now, updated_at=now)
+                    .where(JobRow.seq == row.seq, JobRow.state == row.state)
+                    .values(**columns(after), **done, updated_at=now)
                     .execution_options(synchronize_session=False)
                 )
-                s.execute(
-                    update(JobRow)
-                    .where(JobRow.seq == row.seq, JobRow.state.in_(r.ACTIVE))
-                    .values(cancel_requested=True, updated_at=now)
-                    .execution_options(synchronize_session=False)
-                )
-                self.add_event(s, "cancel requested", job_id=job_id, kind="cancel")
-            s.refresh(row)
-            return job_record(row)
+                if getattr(changed, "rowcount", 0):
+                    self.add_event(s, "cancel requested", job_id=job_id, kind="cancel")
+                    s.refresh(row)
+                    return job_record(row)
+        raise ConflictError(f"job {job_id} kept changing state; try the cancel again")
 
     def events(self, job_id: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
         query = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
@@ -567,6 +571,37 @@ class Store:
 def _key_like(value: str) -> bool:
     """Could ``value`` be a stored id or name? (No NUL, which PostgreSQL refuses in text, and short.)"""
     return isinstance(value, str) and 0 < len(value) <= 128 and "\0" not in value
+
+
+def life_of(job: JobRow) -> lc.Life:
+    """The lifecycle's view of a stored job."""
+    return lc.Life(
+        state=lc.JobState(job.state),
+        attempt=job.attempt,
+        failures=job.failures,
+        max_retries=job.max_retries,
+        stop_kind=lc.StopKind(job.stop_kind) if job.stop_kind else None,
+        stop_message=job.stop_message,
+        cancel_requested=job.cancel_requested,
+        preempting=job.preempting,
+        reason_code=job.reason_code,
+        reason_message=job.reason_message,
+    )
+
+
+def columns(life: lc.Life) -> dict[str, Any]:
+    """The job columns a ``Life`` stands for (what the store writes for a transition)."""
+    return {
+        "state": str(life.state),
+        "attempt": life.attempt,
+        "failures": life.failures,
+        "stop_kind": str(life.stop_kind) if life.stop_kind else None,
+        "stop_message": life.stop_message,
+        "cancel_requested": life.cancel_requested,
+        "preempting": life.preempting,
+        "reason_code": life.reason_code,
+        "reason_message": life.reason_message,
+    }
 
 
 def slice_state(row: SliceRow) -> str:

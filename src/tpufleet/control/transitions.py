@@ -18,8 +18,9 @@ from tpufleet.control import logs
 from tpufleet.control import records as r
 from tpufleet.control.cluster import AttemptStatus, SliceInfo
 from tpufleet.control.schema import AttemptRow, JobRow, SliceRow, TenantRow
-from tpufleet.control.store import Store, slice_state
+from tpufleet.control.store import Store, columns, life_of, slice_state
 from tpufleet.errors import NotFoundError
+from tpufleet.scheduler import lifecycle as lc
 from tpufleet.scheduler.model import (
     Admit,
     JobId,
@@ -47,7 +48,7 @@ class ActiveJob:
     attempt: int
     state: str
     slices: tuple[str, ...]
-    stop_kind: str | None
+    stop_kind: lc.StopKind | None
     cancel_requested: bool
     accelerator_type: str
     command: tuple[str, ...]
@@ -161,7 +162,11 @@ class Transitions:
         with self.store.tx() as s:
             admit_seq = (s.scalar(select(func.max(JobRow.admit_seq))) or 0) + 1
             job = s.scalar(select(JobRow).where(JobRow.id == d.job))
-            if job is None or job.state != r.QUEUED or job.cancel_requested:
+            if job is None:
+                return False
+            try:
+                life = lc.admit(life_of(job))
+            except lc.IllegalTransition:
                 return False
             taken = _rowcount(
                 s.execute(
@@ -175,16 +180,12 @@ class Transitions:
                 s,
                 job.seq,
                 (r.QUEUED,),
-                state=r.ADMITTED,
+                **columns(life),
                 slices=list(d.slices),
                 borrowing=d.borrowing,
                 admit_seq=admit_seq,
                 head_of_line=False,
                 admitted_at=now,
-                reason_code=None,
-                reason_message=None,
-                stop_kind=None,
-                stop_message=None,
                 exit_code=None,
                 updated_at=now,
             )
@@ -195,7 +196,7 @@ class Transitions:
                     job_id=d.job,
                     attempt=job.attempt,
                     slices=list(d.slices),
-                    state=r.ADMITTED,
+                    state=lc.AttemptState.ADMITTED,
                     exit_codes=[],
                     admitted_at=now,
                 )
@@ -228,24 +229,22 @@ class Transitions:
         return len(changes)
 
     def preempt(self, d: Preempt) -> bool:
-        return self.begin_stop(d.job, "preempt", f"preempted for job {d.for_job}: {d.reason}")
+        return self.begin_stop(d.job, lc.StopKind.PREEMPT, f"preempted for job {d.for_job}: {d.reason}")
 
-    def begin_stop(self, job_id: str, kind: str, message: str) -> bool:
-        """Decide to end the current attempt: ``success`` (every host exited 0), ``preempt``,
-        ``cancel`` or ``fail``. A cancel overrides a preemption or failure under way; otherwise
-        the first decision stands."""
+    def begin_stop(self, job_id: str, kind: lc.StopKind, message: str) -> bool:
+        """Decide to end the current attempt (``lifecycle.request_stop``: the first decision stands,
+        a cancel overrides a preemption or failure under way). False when it changes nothing."""
         with self.store.tx() as s:
             job = s.scalar(select(JobRow).where(JobRow.id == job_id))
-            if job is None or job.state not in r.ACTIVE:
+            if job is None:
                 return False
-            if job.stop_kind is not None and not (kind == "cancel" and job.stop_kind in ("preempt", "fail")):
+            try:
+                life = lc.request_stop(life_of(job), kind, message)
+            except lc.IllegalTransition:
                 return False
-            job.stop_kind, job.stop_message = kind, message
-            job.preempting = kind == "preempt" or job.preempting
-            if kind != "success":
-                job.reason_code, job.reason_message = _STOP_CODES[kind], message
-            job.updated_at = self.clock()
-            self.store.add_event(s, f"attempt {job.attempt}: {message}", job_id=job_id, kind=kind)
+            if life is None or not _cas(s, job.seq, r.ACTIVE, **columns(life), updated_at=self.clock()):
+                return False
+            self.store.add_event(s, f"attempt {job.attempt}: {message}", job_id=job_id, kind=str(kind))
             return True
 
     # -- attempt transitions -----------------------------------------------------------------
@@ -258,7 +257,7 @@ class Transitions:
                     j.attempt,
                     j.state,
                     tuple(j.slices or ()),
-                    j.stop_kind,
+                    lc.StopKind(j.stop_kind) if j.stop_kind else None,
                     j.cancel_requested,
                     j.accelerator_type,
                     tuple(j.command),
@@ -301,25 +300,26 @@ class Transitions:
                 )
 
     def finish(self, job_id: str, attempt: int, status: AttemptStatus | None) -> str | None:
-        """End the current attempt after its processes ended: SUCCEEDED, or what its stop_kind
-        says. Frees the job's slices. Returns the job's new state."""
+        """End the current attempt after its processes ended (``lifecycle.end_attempt``: SUCCEEDED,
+        or what its stop kind says). Frees the job's slices. Returns the job's new state."""
         now = self.clock()
         with self.store.tx() as s:
             job = s.scalar(select(JobRow).where(JobRow.id == job_id, JobRow.attempt == attempt))
-            if job is None or job.state not in r.ACTIVE:
+            if job is None:
                 return None
-            kind, message = job.stop_kind, job.stop_message
-            outcome, values = _outcome(job, kind, message, now)
+            message = job.stop_message
+            try:
+                life, recorded = lc.end_attempt(life_of(job))
+            except lc.IllegalTransition:
+                return None
             _cas(
                 s,
                 job.seq,
                 r.ACTIVE,
-                **values,
-                slices=[] if values["state"] == r.QUEUED else job.slices,
-                stop_kind=None,
-                stop_message=None,
-                preempting=False,
+                **columns(life),
+                slices=[] if life.state == r.QUEUED else job.slices,
                 borrowing=False,
+                finished_at=now if life.terminal else None,
                 exit_code=_exit_code(status),
                 updated_at=now,
             )
@@ -330,15 +330,15 @@ class Transitions:
                 s,
                 job_id,
                 attempt,
-                state=outcome,
+                state=recorded,
                 message=message,
                 ended_at=now,
                 exit_codes=_host_codes(status),
             )
             self.store.add_event(
-                s, f"attempt {attempt} {outcome.lower()}; job {values['state']}", job_id=job_id, kind="end"
+                s, f"attempt {attempt} {recorded.lower()}; job {life.state}", job_id=job_id, kind="end"
             )
-            return str(values["state"])
+            return str(life.state)
 
     # -- logs ----------------------------------------------------------------------------------
     def cursors(self, job_id: str, attempt: int) -> list[logs.Cursor]:
@@ -371,14 +371,6 @@ class _Abort(Exception):
     """Raised inside a transaction to roll it back."""
 
 
-_STOP_CODES = {
-    "preempt": "PREEMPTED",
-    "interrupted": "REQUEUED",
-    "cancel": "CANCELLING",
-    "fail": "ATTEMPT_FAILED",
-}
-
-
 def _jid(holder: str | None) -> JobId | None:
     return JobId(holder) if holder else None
 
@@ -403,48 +395,6 @@ def _attempt_row(s: Session, job_id: str, attempt: int, **values: Any) -> None:
     if row is not None:
         for key, value in values.items():
             setattr(row, key, value)
-
-
-def _outcome(job: JobRow, kind: str | None, message: str | None, now: float) -> tuple[str, dict[str, Any]]:
-    """(the attempt's outcome, the job's new columns) for an attempt that ended."""
-    if kind in (None, "success"):
-        return r.SUCCEEDED, {
-            "state": r.SUCCEEDED,
-            "finished_at": now,
-            "reason_code": None,
-            "reason_message": None,
-        }
-    if kind == "cancel":
-        return r.CANCELLED, {
-            "state": r.CANCELLED,
-            "finished_at": now,
-            "reason_code": "CANCELLED",
-            "reason_message": "cancelled by request",
-        }
-    if kind in ("preempt", "interrupted"):  # not the job's fault: requeue without using a retry
-        return _STOP_CODES[kind], {
-            "state": r.QUEUED,
-            "attempt": job.attempt + 1,
-            "reason_code": _STOP_CODES[kind],
-            "reason_message": f"requeued after attempt {job.attempt}: {message}",
-        }
-    failures = job.failures + 1
-    if failures > job.max_retries:
-        return r.FAILED, {
-            "state": r.FAILED,
-            "failures": failures,
-            "finished_at": now,
-            "reason_code": "FAILED",
-            "reason_message": f"attempt {job.attempt} failed ({message}); "
-            f"no retries left (max_retries={job.max_retries})",
-        }
-    return r.FAILED, {
-        "state": r.QUEUED,
-        "attempt": job.attempt + 1,
-        "failures": failures,
-        "reason_code": "RETRYING",
-        "reason_message": f"attempt {job.attempt} failed ({message}); retry {failures} of {job.max_retries}",
-    }
 
 
 def _exit_code(status: AttemptStatus | None) -> int | None:

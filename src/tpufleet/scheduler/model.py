@@ -19,6 +19,7 @@ from typing import NewType, TypeAlias
 
 from tpufleet.catalog import SliceType, slice_type
 from tpufleet.errors import SpecError
+from tpufleet.scheduler.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState, SliceState
 
 __all__ = [
     "ACTIVE_STATES",
@@ -45,28 +46,6 @@ __all__ = [
 JobId = NewType("JobId", str)
 TenantName = NewType("TenantName", str)
 SliceName = NewType("SliceName", str)
-
-
-class JobState(StrEnum):
-    QUEUED = "QUEUED"
-    ADMITTED = "ADMITTED"
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-#: States in which a job holds slices and counts towards its tenant's usage.
-ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING})
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-
-
-class SliceState(StrEnum):
-    FREE = "FREE"
-    HELD = "HELD"
-    BROKEN = "BROKEN"
-    DRAINING = "DRAINING"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ a ``Snapshot``, calls the policy once and applies its decisions:
   (it resumes from its checkpoint), so it needs ``duration`` minus what it ran;
 - ``Wait``: the reason is recorded on the job, and ``head_of_line`` is kept for the next snapshot.
 
+A job's state moves only through ``lifecycle``'s functions (admit, request_stop, end_attempt), the
+same ones the control plane's store applies.
+
 Used by the unit tests (starvation, fair share over time) and by ``bench/policy.py``.
 """
 
@@ -20,6 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from tpufleet.catalog import parse_slice_list
+from tpufleet.scheduler import lifecycle
+from tpufleet.scheduler.lifecycle import Life
 from tpufleet.scheduler.model import (
     Admit,
     Decision,
@@ -78,6 +83,7 @@ class JobRecord:
     preemptions: int = 0
     release_at: int | None = None
     reasons: list[NotFit] = field(default_factory=list)  # the reason of every Wait, in order
+    life: Life = field(default_factory=lambda: Life(JobState.QUEUED))  # moved by the lifecycle's functions
 
     @property
     def first_admitted(self) -> int | None:
@@ -164,20 +170,21 @@ class Simulation:
         for rec in list(self._live.values()):
             view = rec.view
             if view.state == JobState.RUNNING and rec.release_at is not None and rec.release_at <= self.now:
-                self._release(rec, JobState.QUEUED)
+                self._release(rec)  # the preempted attempt ended: requeued, no retry used
             elif view.state == JobState.RUNNING and self._done(rec):
                 rec.finished = self.now
-                self._release(rec, JobState.SUCCEEDED)
+                self._release(rec)  # every host exited 0: succeeded
                 del self._live[rec.job.id]
 
     def _done(self, rec: JobRecord) -> bool:
         return not rec.view.preempting and rec.started is not None and rec.started + rec.remaining <= self.now
 
-    def _release(self, rec: JobRecord, state: JobState) -> None:
+    def _release(self, rec: JobRecord) -> None:
         for name in rec.view.slices:
             self.slices[name] = replace(self.slices[name], state=SliceState.FREE, holder=None)
+        rec.life, _ = lifecycle.end_attempt(rec.life)
         rec.view = replace(
-            rec.view, state=state, slices=(), borrowing=False, preempting=False, admit_seq=None
+            rec.view, state=rec.life.state, slices=(), borrowing=False, preempting=False, admit_seq=None
         )
         rec.started = rec.release_at = None
 
@@ -201,9 +208,10 @@ class Simulation:
         self._admissions += 1
         for name in decision.slices:
             self.slices[name] = replace(self.slices[name], state=SliceState.HELD, holder=rec.view.id)
+        rec.life = lifecycle.running(lifecycle.launched(lifecycle.admit(rec.life)))
         rec.view = replace(
             rec.view,
-            state=JobState.RUNNING,
+            state=rec.life.state,
             slices=decision.slices,
             borrowing=decision.borrowing,
             admit_seq=self._admissions,
@@ -218,7 +226,8 @@ class Simulation:
         rec.started = self.now  # not counted as progress: the job checkpointed at the signal
         rec.preemptions += 1
         rec.release_at = self.now + self.grace
-        rec.view = replace(rec.view, preempting=True)
+        rec.life = lifecycle.request_stop(rec.life, lifecycle.StopKind.PREEMPT, "preempted") or rec.life
+        rec.view = replace(rec.view, preempting=rec.life.preempting)
 
     def _next_event(self) -> int | None:
         times: list[int] = []

@@ -1,0 +1,252 @@
+"""The job lifecycle: states, stop kinds and the legal transitions, as pure functions.
+
+One home for what a job may do next, shared by the store (which applies the results with a
+compare-and-set on the state), the service (which only routes events), the API and CLI (which
+validate and show states) and the simulator (which drives the same functions on a fake clock)::
+
+    QUEUED ─admit─▶ ADMITTED ─launched─▶ STARTING ─running─▶ RUNNING
+       │                  └──────────────┴──── request_stop(kind) ──┘   (the decision is written)
+       │                                           │
+       │                                     end_attempt (after every process ended)
+       │                                           ▼
+       │         success ▶ SUCCEEDED   cancel ▶ CANCELLED   fail ▶ QUEUED (attempt + 1) or FAILED
+       │         preempt / interrupted ▶ QUEUED (attempt + 1, no retry used)
+       └─request_cancel─▶ CANCELLED
+
+A :class:`Life` is the part of a job the lifecycle reads and writes; every function returns the
+next ``Life`` (and what an ended attempt is recorded as) or raises :class:`IllegalTransition`.
+Nothing here reads a clock, does I/O or imports Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+__all__ = [
+    "ACTIVE_STATES",
+    "TERMINAL_STATES",
+    "AttemptState",
+    "IllegalTransition",
+    "JobState",
+    "Life",
+    "ReasonCode",
+    "SliceState",
+    "StopKind",
+    "admit",
+    "end_attempt",
+    "launched",
+    "request_cancel",
+    "request_stop",
+    "running",
+]
+
+
+class JobState(StrEnum):
+    QUEUED = "QUEUED"
+    ADMITTED = "ADMITTED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+#: States in which a job holds slices and counts towards its tenant's usage.
+ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING})
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class SliceState(StrEnum):
+    FREE = "FREE"
+    HELD = "HELD"
+    BROKEN = "BROKEN"
+    DRAINING = "DRAINING"
+
+
+class StopKind(StrEnum):
+    """Why the current attempt is being ended; decides what happens once it has."""
+
+    SUCCESS = "success"  # every host exited 0
+    PREEMPT = "preempt"  # the policy needs its slices: requeued, no retry used
+    INTERRUPTED = "interrupted"  # a control-plane restart cut its launch short: requeued, no retry used
+    CANCEL = "cancel"  # a user asked
+    FAIL = "fail"  # a host failed or was lost, the launch failed or timed out: a retry, if any is left
+
+
+class AttemptState(StrEnum):
+    """An attempt while it runs, then how it ended (the ``attempts`` table's ``state``)."""
+
+    ADMITTED = "ADMITTED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    PREEMPTED = "PREEMPTED"
+    REQUEUED = "REQUEUED"  # ended by a control-plane restart during its launch
+    CANCELLED = "CANCELLED"
+
+
+class ReasonCode(StrEnum):
+    """Reason codes the lifecycle puts on a job (the policy's wait reasons are ``NotFitCode``)."""
+
+    PREEMPTED = "PREEMPTED"
+    REQUEUED = "REQUEUED"
+    CANCELLING = "CANCELLING"
+    ATTEMPT_FAILED = "ATTEMPT_FAILED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    RETRYING = "RETRYING"
+
+
+class IllegalTransition(Exception):
+    """The event does not apply to a job in this state (the caller decides what that means)."""
+
+
+@dataclass(frozen=True)
+class Life:
+    """The part of a job the lifecycle reads and writes."""
+
+    state: JobState
+    attempt: int = 1
+    failures: int = 0  # failed attempts, counted against max_retries
+    max_retries: int = 2
+    stop_kind: StopKind | None = None  # set while the current attempt is being ended
+    stop_message: str | None = None
+    cancel_requested: bool = False
+    preempting: bool = False
+    reason_code: str | None = None
+    reason_message: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+def _need(life: Life, *states: JobState, event: str) -> None:
+    if life.state not in states:
+        raise IllegalTransition(f"{event} does not apply to a {life.state} job")
+
+
+def admit(life: Life) -> Life:
+    """QUEUED -> ADMITTED: the policy placed the current attempt; any old reason is cleared."""
+    _need(life, JobState.QUEUED, event="admit")
+    if life.cancel_requested:
+        raise IllegalTransition("admit does not apply to a job whose cancel was requested")
+    return replace(
+        life,
+        state=JobState.ADMITTED,
+        stop_kind=None,
+        stop_message=None,
+        reason_code=None,
+        reason_message=None,
+    )
+
+
+def launched(life: Life) -> Life:
+    """ADMITTED -> STARTING: every host was asked to start."""
+    _need(life, JobState.ADMITTED, event="launched")
+    return replace(life, state=JobState.STARTING)
+
+
+def running(life: Life) -> Life:
+    """STARTING -> RUNNING: every host runs."""
+    _need(life, JobState.STARTING, event="running")
+    return replace(life, state=JobState.RUNNING)
+
+
+_STOP_REASONS = {
+    StopKind.PREEMPT: ReasonCode.PREEMPTED,
+    StopKind.INTERRUPTED: ReasonCode.REQUEUED,
+    StopKind.CANCEL: ReasonCode.CANCELLING,
+    StopKind.FAIL: ReasonCode.ATTEMPT_FAILED,
+}
+
+
+def request_stop(life: Life, kind: StopKind, message: str) -> Life | None:
+    """Decide to end the current attempt. The first decision stands, except that a cancel
+    overrides a preemption or a failure under way; returns None when this one does not change it."""
+    _need(life, *ACTIVE_STATES, event=f"stop ({kind})")
+    overrides = kind is StopKind.CANCEL and life.stop_kind in (StopKind.PREEMPT, StopKind.FAIL)
+    if life.stop_kind is not None and not overrides:
+        return None
+    reason = _STOP_REASONS.get(kind)
+    return replace(
+        life,
+        stop_kind=kind,
+        stop_message=message,
+        preempting=life.preempting or kind is StopKind.PREEMPT,
+        reason_code=str(reason) if reason else life.reason_code,
+        reason_message=message if reason else life.reason_message,
+    )
+
+
+def request_cancel(life: Life) -> Life:
+    """A user's cancel: a queued job ends at once; an active one is marked (the loop stops it)."""
+    if life.state in (JobState.SUCCEEDED, JobState.FAILED):
+        raise IllegalTransition(f"the job already ended ({life.state}); nothing to cancel")
+    if life.state is JobState.CANCELLED or life.cancel_requested:
+        return life
+    if life.state is JobState.QUEUED:
+        return replace(
+            life,
+            state=JobState.CANCELLED,
+            cancel_requested=True,
+            reason_code=str(ReasonCode.CANCELLED),
+            reason_message="cancelled by request",
+        )
+    return replace(life, cancel_requested=True)
+
+
+def end_attempt(life: Life) -> tuple[Life, AttemptState]:
+    """After every process of the current attempt ended: the job's next state, and how the
+    attempt is recorded. No stop kind means the attempt succeeded."""
+    _need(life, *ACTIVE_STATES, event="end_attempt")
+    kind, message = life.stop_kind, life.stop_message
+    done = replace(life, stop_kind=None, stop_message=None, preempting=False)
+    if kind in (None, StopKind.SUCCESS):
+        return replace(
+            done, state=JobState.SUCCEEDED, reason_code=None, reason_message=None
+        ), AttemptState.SUCCEEDED
+    if kind is StopKind.CANCEL:
+        cancelled = replace(
+            done,
+            state=JobState.CANCELLED,
+            reason_code=str(ReasonCode.CANCELLED),
+            reason_message="cancelled by request",
+        )
+        return cancelled, AttemptState.CANCELLED
+    if kind in (StopKind.PREEMPT, StopKind.INTERRUPTED):  # not the job's fault: no retry used
+        code = _STOP_REASONS[kind]
+        requeued = replace(
+            done,
+            state=JobState.QUEUED,
+            attempt=life.attempt + 1,
+            reason_code=str(code),
+            reason_message=f"requeued after attempt {life.attempt}: {message}",
+        )
+        return requeued, AttemptState.PREEMPTED if kind is StopKind.PREEMPT else AttemptState.REQUEUED
+    failures = life.failures + 1
+    if failures > life.max_retries:
+        failed = replace(
+            done,
+            state=JobState.FAILED,
+            failures=failures,
+            reason_code=str(ReasonCode.FAILED),
+            reason_message=f"attempt {life.attempt} failed ({message}); "
+            f"no retries left (max_retries={life.max_retries})",
+        )
+        return failed, AttemptState.FAILED
+    retry = replace(
+        done,
+        state=JobState.QUEUED,
+        attempt=life.attempt + 1,
+        failures=failures,
+        reason_code=str(ReasonCode.RETRYING),
+        reason_message=f"attempt {life.attempt} failed ({message}); retry {failures} of {life.max_retries}",
+    )
+    return retry, AttemptState.FAILED
