@@ -1,7 +1,7 @@
 """The control plane's tables (SQLAlchemy 2, declarative). SQLite and PostgreSQL alike.
 
-The schema is created on start with ``metadata.create_all``; migrations (Alembic) are future work,
-so a column added later needs a migration or a fresh database.
+The schema is versioned with Alembic (``control/migrations``): a change here needs a new revision
+there, and ``tests/unit/test_migrations.py`` fails, naming the missing operations, until it has one.
 
 Timestamps are float seconds since the epoch from the injected clock. ``jobs.seq`` is the
 submission order (an autoincrementing primary key); ``jobs.id`` is the short readable id users see.
