@@ -292,9 +292,15 @@ class RayCluster:
     def read_logs(self, job_id: str, attempt: int, slice_name: str, worker_id: int, offset: int) -> LogChunk:
         host = self._find_host(job_id, attempt, slice_name, worker_id)
         try:
+            out = None
             if host is not None:
-                out = ray.get(host.runner.read_log.remote(job_id, attempt, offset), timeout=_CALL_TIMEOUT_S)
-            else:
+                try:
+                    out = ray.get(
+                        host.runner.read_log.remote(job_id, attempt, offset), timeout=_CALL_TIMEOUT_S
+                    )
+                except RayActorError:  # its runner is gone (a released slice): the log is still on disk
+                    out = None
+            if out is None:
                 out = self._read_log_elsewhere(job_id, attempt, slice_name, worker_id, offset)
         except (RayError, GetTimeoutError) as exc:
             raise ClusterError(
