@@ -4,6 +4,7 @@ two tenants all succeed exactly once through the whole control plane."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -144,8 +145,9 @@ def sandbox_plane(tmp_path: Path) -> Iterator[ControlPlane]:
 
 
 def test_a_batch_of_mixed_shapes_from_two_tenants_all_succeed_exactly_once(
-    sandbox_plane: ControlPlane,
+    sandbox_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.setenv("TPUFLEET_CONFIG", str(tmp_path / "config.json"))
     cp = sandbox_plane
     http = TestClient(cp.app)
     admin = {"Authorization": f"Bearer {cp.admin_token}"}
@@ -185,6 +187,11 @@ def test_a_batch_of_mixed_shapes_from_two_tenants_all_succeed_exactly_once(
     assert status["cycles"] > 0 and status["queued"] == status["running"] == 0
     assert status["cycle_ms_last"] > 0 and status["cycle_ms_p50"] > 0
     assert status["slices"] == {"FREE": 16}
+    shown = CliRunner().invoke(
+        app, ["status", "--json", "--token", cp.admin_token, "--server", "http://testserver"], obj=http
+    )
+    assert shown.exit_code == 0, shown.output
+    assert {"cycles", "cycle_ms_last", "cycle_ms_p50"} <= set(json.loads(shown.stdout))
     http.close()
 
 
