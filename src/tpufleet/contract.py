@@ -69,3 +69,36 @@ def job_env(job_id: str, attempt: int, checkpoint_dir: str) -> dict[str, str]:
         "TPUFLEET_ATTEMPT": str(attempt),
         "TPUFLEET_CHECKPOINT_DIR": checkpoint_dir,
     }
+
+
+def attempt_envs(
+    job_id: str,
+    attempt: int,
+    checkpoint_dir: str,
+    slices: Sequence[tuple[str, SliceType, Sequence[str]]],
+    *,
+    megascale_port: int = MEGASCALE_PORT,
+    extra: dict[str, str] | None = None,
+) -> list[tuple[dict[str, str], dict[str, str]]]:
+    """Every host of an attempt, slice by slice then worker by worker: (the host's contract, the
+    attempt's own variables). ``slices`` are (name, type, host addresses in worker order), in
+    MEGASCALE_SLICE_ID order; host 0 of slice 0 coordinates. The one place both clusters (the Ray
+    executor and the in-memory ones) build a host's environment."""
+    coordinator = slices[0][2][0] if slices and slices[0][2] else ""
+    common = {**job_env(job_id, attempt, checkpoint_dir), **(extra or {})}
+    out = []
+    for slice_id, (name, st, hostnames) in enumerate(slices):
+        ms = megascale_env(coordinator, len(slices), slice_id, port=megascale_port)
+        for worker in range(st.hosts):
+            out.append((host_env(name, st, worker, hostnames), {**common, **ms}))
+    return out
+
+
+def process_env(
+    base: dict[str, str], user_env: dict[str, str], host: dict[str, str], attempt: dict[str, str]
+) -> dict[str, str]:
+    """A job process's environment: the host's own (``base``), then the user's variables, then the
+    host contract (the host's own values where it has them: a real TPU VM knows best), then the
+    attempt's variables, which nothing overrides."""
+    own = {k: base[k] for k in HOST_VARS if base.get(k)}
+    return {**base, **user_env, **host, **own, **attempt}

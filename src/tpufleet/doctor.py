@@ -20,9 +20,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpufleet import catalog
-from tpufleet.control.cluster import SliceInfo
-from tpufleet.errors import ClusterError, SpecError
+from tpufleet.errors import ClusterError
+from tpufleet.fleet import SliceInfo
 from tpufleet.inventory import discover, resolve_address
 
 __all__ = ["Finding", "Probe", "Report", "check", "findings_for"]
@@ -99,19 +98,12 @@ def _probe_findings(info: SliceInfo, probe: Probe) -> list[str]:
     env_worker = probe.env.get("TPU_WORKER_ID")
     if env_worker is not None and env_worker != str(probe.worker_id):
         out.append(f"{where}: TPU_WORKER_ID is {env_worker} but Ray labels the node worker {probe.worker_id}")
-    chips = _chips_per_host(info)
+    chips = info.chips_per_host
     if probe.devices == 0:
         out.append(f"{where}: JAX sees no devices")
     elif probe.devices < chips:  # more is fine: a tpu7x chip is two JAX devices
         out.append(f"{where}: JAX sees {probe.devices} devices, the host has {chips} chips")
     return out
-
-
-def _chips_per_host(info: SliceInfo) -> int:
-    try:
-        return catalog.Topology.parse(info.topology).chips // max(1, info.expected_hosts)
-    except SpecError:
-        return 0  # the node table check already reports the topology
 
 
 def findings_for(slices: Sequence[SliceInfo], probes: Sequence[Probe]) -> list[Finding]:

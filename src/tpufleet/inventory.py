@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tpufleet import catalog
-from tpufleet.control.cluster import HostInfo, SliceInfo
 from tpufleet.errors import InputError, SpecError
+from tpufleet.fleet import HostInfo, SliceInfo
 
 SLICE_NAME = "ray.io/tpu-slice-name"
 WORKER_ID = "ray.io/tpu-worker-id"

@@ -83,7 +83,8 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluste
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)  # that control plane is gone now
     fresh = RayCluster()
-    assert (job, 3) in fresh.running_attempts()
+    assert (job, 3) in fresh.running_attempts()  # a pure read...
+    assert (job, 3) in fresh.adopt()  # ...and the explicit take-over that lets poll reach it
     status = fresh.poll(job, 3)
     assert [(h.slice, h.worker_id, h.state) for h in status.hosts] == [
         (victim.name, w, HostState.RUNNING) for w in range(victim.expected_hosts)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tpufleet.control.cluster import AttemptSpec, HostInfo, SliceInfo
-from tpufleet.control.executor import _payloads
+from tpufleet.control.executor import _requests
 from tpufleet.inventory import slices_from_nodes
 
 
@@ -33,11 +33,11 @@ def _spec(*slices: SliceInfo) -> AttemptSpec:
 )
 def test_every_host_gets_the_contract(slices: list[SliceInfo], megascale_port: str | None) -> None:
     layout = [(s.name, h.worker_id) for s in slices for h in s.hosts]
-    payloads = _payloads(_spec(*slices), slices, layout)
-    assert all((p["layout"], p["command"], p["user_env"]) == (layout, ["run"], {"A": "1"}) for p in payloads)
+    payloads = _requests(_spec(*slices), slices, layout)
+    assert all((p.layout, p.command, p.user_env) == (tuple(layout), ("run",), {"A": "1"}) for p in payloads)
     assert len(payloads) == len(layout)
-    ports = {p["env"].get("MEGASCALE_PORT") for p in payloads}
-    jax_ports = {p["env"]["TPUFLEET_JAX_COORDINATOR_PORT"] for p in payloads}
+    ports = {p.env.get("MEGASCALE_PORT") for p in payloads}
+    jax_ports = {p.env["TPUFLEET_JAX_COORDINATOR_PORT"] for p in payloads}
     assert len(ports) == 1 and len(jax_ports) == 1
     port = ports.pop()
     if megascale_port == "free":
@@ -45,12 +45,12 @@ def test_every_host_gets_the_contract(slices: list[SliceInfo], megascale_port: s
     else:
         assert port == megascale_port
     for p, (slice_name, worker) in zip(payloads, layout, strict=True):
-        env: dict[str, Any] = p["env"]
+        env: dict[str, Any] = p.env
         assert env["TPUFLEET_JOB_ID"] == "job-1" and env["TPUFLEET_ATTEMPT"] == "2"
         assert env["TPUFLEET_CHECKPOINT_DIR"] == "/ck"
         info = next(s for s in slices if s.name == slice_name)
-        assert p["defaults"]["TPU_NAME"] == slice_name and p["defaults"]["TPU_WORKER_ID"] == str(worker)
-        assert p["defaults"]["TPU_WORKER_HOSTNAMES"] == ",".join(h.address or "" for h in info.hosts)
+        assert p.contract["TPU_NAME"] == slice_name and p.contract["TPU_WORKER_ID"] == str(worker)
+        assert p.contract["TPU_WORKER_HOSTNAMES"] == ",".join(h.address or "" for h in info.hosts)
         if len(slices) > 1:
             assert env["MEGASCALE_COORDINATOR_ADDRESS"] == slices[0].hosts[0].address
             assert env["MEGASCALE_SLICE_ID"] == str(slices.index(info))
@@ -83,7 +83,7 @@ def test_slices_discovered_from_node_labels_feed_the_contract(
     (info,) = slices_from_nodes([head, *nodes])
     assert info.intact and info.expected_hosts == hosts
     spec = AttemptSpec("j", 1, ("s",), info.accelerator_type, ("run",))
-    payloads = _payloads(spec, [info], [("s", w) for w in range(hosts)])
-    assert [p["defaults"]["TPU_WORKER_ID"] for p in payloads] == [str(w) for w in range(hosts)]
-    assert {p["defaults"]["TPU_ACCELERATOR_TYPE"] for p in payloads} == {accelerator_type}
-    assert {p["defaults"]["TPU_TOPOLOGY"] for p in payloads} == {topology}
+    payloads = _requests(spec, [info], [("s", w) for w in range(hosts)])
+    assert [p.contract["TPU_WORKER_ID"] for p in payloads] == [str(w) for w in range(hosts)]
+    assert {p.contract["TPU_ACCELERATOR_TYPE"] for p in payloads} == {accelerator_type}
+    assert {p.contract["TPU_TOPOLOGY"] for p in payloads} == {topology}

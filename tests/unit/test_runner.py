@@ -10,27 +10,40 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tpufleet.control import contain
-from tpufleet.control.runner import HostRunner, _decode, log_path
+from tpufleet.control.runner import HostRunner, RunRequest, _decode, log_path
 
 JOB_ROOT: Path = Path("/nonexistent")  # set per test by the runner fixture
 
 
-def _payload(job: str, code: str, **env: str) -> dict[str, object]:
-    return {
-        "tenant": "team-a",
-        "job_root": str(JOB_ROOT),
-        "job_id": job,
-        "attempt": 1,
-        "layout": [("s", 0), ("s", 1)],
-        "command": [sys.executable, "-c", code],
-        "user_env": {"FOO": "bar", "TPU_NAME": "user-value"},
-        "env": {"TPUFLEET_JOB_ID": job, **env},
-        "defaults": {"TPU_NAME": "from-labels", "TPU_WORKER_ID": "1"},
-    }
+class _Payload(dict[str, Any]):
+    """A RunRequest being built: tests set fields like a dict, ``start`` gets the dataclass."""
+
+
+def _payload(job: str, code: str, **env: str) -> _Payload:
+    return _Payload(
+        tenant="team-a",
+        job_root=str(JOB_ROOT),
+        job_id=job,
+        attempt=1,
+        layout=(("s", 0), ("s", 1)),
+        command=(sys.executable, "-c", code),
+        user_env={"FOO": "bar", "TPU_NAME": "user-value"},
+        env={"TPUFLEET_JOB_ID": job, **env},
+        contract={"TPU_NAME": "from-labels", "TPU_WORKER_ID": "1"},
+    )
+
+
+def _start(runner: HostRunner, payload: _Payload) -> str:
+    fields = {**payload}
+    for key in ("layout", "command", "hide"):
+        if key in fields:
+            fields[key] = tuple(fields[key])
+    return runner.start(RunRequest(**fields))
 
 
 def _wait(runner: HostRunner, job: str, state: str, timeout_s: float = 20) -> tuple[str, int | None]:
@@ -96,7 +109,7 @@ def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixt
 
 def test_env_layers_host_contract_over_user_env(runner: HostRunner) -> None:
     code = "import os; print(os.environ['TPU_NAME'], os.environ['FOO'], 'TPU_VISIBLE_CHIPS' in os.environ)"
-    runner.start(_payload("env", code))
+    _start(runner, _payload("env", code))
     assert _wait(runner, "env", "EXITED") == ("EXITED", 0)
     assert _log(runner, "env").split() == ["from-labels", "bar", "False"]
 
@@ -105,7 +118,7 @@ def test_env_layers_host_contract_over_user_env(runner: HostRunner) -> None:
 def test_exit_codes_are_reported_and_persisted(
     runner: HostRunner, tmp_path: Path, code: str, exit_code: int
 ) -> None:
-    runner.start(_payload("j", code))
+    _start(runner, _payload("j", code))
     assert _wait(runner, "j", "EXITED") == ("EXITED", exit_code)
     fresh = HostRunner("s", 1, str(tmp_path / "logs"))  # a later runner on the same host
     assert fresh.status("j", 1) == ("EXITED", exit_code)
@@ -115,7 +128,7 @@ def test_exit_codes_are_reported_and_persisted(
 def test_a_missing_command_exits_127_with_a_message(runner: HostRunner) -> None:
     payload = _payload("nope", "")
     payload["command"] = ["/nonexistent/binary"]
-    runner.start(payload)
+    _start(runner, payload)
     assert _wait(runner, "nope", "EXITED") == ("EXITED", 127)
     assert "cannot start" in _log(runner, "nope")
 
@@ -134,7 +147,7 @@ def test_stop_kills_the_whole_group_after_the_grace(runner: HostRunner) -> None:
         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60.101)'])\n"
         "print('up', flush=True); time.sleep(60.102)"
     )
-    runner.start(_payload("stop", code))
+    _start(runner, _payload("stop", code))
     _wait_log(runner, "stop", "up")
     assert len(_procs_with("60.10")) >= 2
     assert runner.stop("stop", 1, grace_s=0.3) == -9  # SIGTERM was ignored
@@ -154,7 +167,7 @@ ESCAPE = (
 
 
 def test_stop_ends_processes_that_left_the_session(runner: HostRunner) -> None:
-    runner.start(_payload("esc", ESCAPE.format(frac=0.201) + "import time; time.sleep(60)"))
+    _start(runner, _payload("esc", ESCAPE.format(frac=0.201) + "import time; time.sleep(60)"))
     _wait_log(runner, "esc", "detached")
     time.sleep(0.5)  # the tracking fallback scans every 0.2 s
     assert len(_procs_with("sleep(90.201")) == 1
@@ -163,7 +176,7 @@ def test_stop_ends_processes_that_left_the_session(runner: HostRunner) -> None:
 
 
 def test_nothing_of_a_run_outlives_its_main_process(runner: HostRunner) -> None:
-    runner.start(_payload("bg", ESCAPE.format(frac=0.202) + "import time; time.sleep(0.6)"))
+    _start(runner, _payload("bg", ESCAPE.format(frac=0.202) + "import time; time.sleep(0.6)"))
     assert _wait(runner, "bg", "EXITED") == ("EXITED", 0)
     assert _procs_with("sleep(90.202") == []
 
@@ -182,25 +195,26 @@ def test_a_nul_byte_anywhere_ends_the_run_with_127_and_a_reason(
         payload["user_env"] = {"FOO": "a\x00b"}
     else:
         payload["user_env"] = {str(detail): "x"}
-    assert runner.start(payload) in ("RUNNING", "EXITED")
+    assert _start(runner, payload) in ("RUNNING", "EXITED")
     assert _wait(runner, "nul", "EXITED") == ("EXITED", 127)
     assert "cannot start" in _log(runner, "nul")
 
 
 def test_busy_host_refuses_a_second_attempt_and_a_stopped_one_never_starts(runner: HostRunner) -> None:
     runner.stop("early", 1, grace_s=0)  # stop arrived before start
-    assert runner.start(_payload("early", "print('ran')")) == "EXITED"
+    assert _start(runner, _payload("early", "print('ran')")) == "EXITED"
     assert _log(runner, "early") == ""
-    runner.start(_payload("long", "import time; time.sleep(60)"))
+    _start(runner, _payload("long", "import time; time.sleep(60)"))
     with pytest.raises(RuntimeError, match="still runs long/1"):
-        runner.start(_payload("next", "pass"))
+        _start(runner, _payload("next", "pass"))
     runner.stop("long", 1, grace_s=1)
-    assert runner.start(_payload("next", "pass")) in ("RUNNING", "EXITED")
+    assert _start(runner, _payload("next", "pass")) in ("RUNNING", "EXITED")
 
 
 def test_logs_by_offset_are_complete_only_at_the_end(runner: HostRunner) -> None:
-    runner.start(
-        _payload("log", "import sys\nfor i in range(3): print('é' * 5, i)\nprint('e', file=sys.stderr)")
+    _start(
+        runner,
+        _payload("log", "import sys\nfor i in range(3): print('é' * 5, i)\nprint('e', file=sys.stderr)"),
     )
     _wait(runner, "log", "EXITED")
     whole = str(runner.read_log("log", 1, 0)["data"])
@@ -237,7 +251,7 @@ def test_the_uploaded_package_is_the_working_directory(runner: HostRunner) -> No
     payload["command"] = [sys.executable, "main.py"]
     payload["package"] = _zip({"main.py": b"import os, lib\nprint(lib.X, os.getcwd().endswith('/wd'))\n",
                                "lib/__init__.py": b"X = 42\n"})  # fmt: skip
-    runner.start(payload)
+    _start(runner, payload)
     assert _wait(runner, "pkg", "EXITED") == ("EXITED", 0), _log(runner, "pkg")
     assert _log(runner, "pkg").split() == ["42", "True"]
 
@@ -256,7 +270,7 @@ def test_an_unsafe_package_ends_the_run_with_127_and_writes_nothing_outside(
 ) -> None:
     payload = _payload("bad", "print('ran')")
     payload["package"] = _zip(files, links)
-    runner.start(payload)
+    _start(runner, payload)
     assert _wait(runner, "bad", "EXITED") == ("EXITED", 127)
     assert why in _log(runner, "bad") and "ran" not in _log(runner, "bad")
     assert not list(tmp_path.rglob("escape.py")) and not Path("/abs.py").exists()
@@ -267,13 +281,13 @@ def test_secrets_in_the_runners_environment_never_reach_the_job(
 ) -> None:
     monkeypatch.setenv("RAY_AUTH_TOKEN", "ray-secret")
     monkeypatch.setenv("SOME_API_TOKEN", "other-secret")
-    runner.start(_payload("sec", "import os; print(sorted(k for k in os.environ if 'TOKEN' in k))"))
+    _start(runner, _payload("sec", "import os; print(sorted(k for k in os.environ if 'TOKEN' in k))"))
     assert _wait(runner, "sec", "EXITED") == ("EXITED", 0)
     assert _log(runner, "sec").strip() == "[]"
 
 
 def test_logs_are_private_to_the_runner(runner: HostRunner) -> None:
-    runner.start(_payload("perm", "print(1)"))
+    _start(runner, _payload("perm", "print(1)"))
     _wait(runner, "perm", "EXITED")
     log = log_path(runner.log_root, "perm", 1, "s", 1)
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
@@ -283,7 +297,7 @@ def test_logs_are_private_to_the_runner(runner: HostRunner) -> None:
 def test_a_new_runner_sweeps_what_a_dead_runner_left(runner: HostRunner, tmp_path: Path) -> None:
     if runner._cgroups is None:
         pytest.skip("sweeping needs a cgroup hierarchy")
-    runner.start(_payload("left", ESCAPE.format(frac=0.203) + "import time; time.sleep(60)"))
+    _start(runner, _payload("left", ESCAPE.format(frac=0.203) + "import time; time.sleep(60)"))
     _wait_log(runner, "left", "detached")
     fresh = HostRunner("s", 1, str(tmp_path / "logs"))  # the old one "died": it knows nothing of it
     assert fresh.sweep() >= 1  # (and whatever earlier tests of this host left)
@@ -330,7 +344,7 @@ def test_a_jailed_job_sees_only_its_own_tenants_files(runner: HostRunner, tmp_pa
     payload["hide"] = [str(state)]
     payload["user_env"] = {"OTHER": str(other / "secret"), "ADMIN": str(state / "admin-token"),
                            "LOGFILE": str(other_log)}  # fmt: skip
-    runner.start(payload)
+    _start(runner, payload)
     assert _wait(runner, "jail", "EXITED") == ("EXITED", 0), _log(runner, "jail")
     seen = json.loads(_log(runner, "jail"))
     assert seen["tenants"] == ["team-a"]

@@ -19,29 +19,18 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from tpufleet.fleet import HostInfo, SliceInfo
 
-@dataclass(frozen=True)
-class HostInfo:
-    worker_id: int
-    node_id: str | None  # Ray node id (hex); None when the host is missing
-    address: str | None  # the host's IP as Ray sees it
-    alive: bool
-
-
-@dataclass(frozen=True)
-class SliceInfo:
-    """One slice as discovered from Ray's node labels (``ray.io/tpu-slice-name`` etc.)."""
-
-    name: str
-    accelerator_type: str  # GCE naming, e.g. "v4-16", "v5litepod-16", "tpu7x-16"
-    topology: str
-    expected_hosts: int
-    hosts: tuple[HostInfo, ...]
-    problems: tuple[str, ...] = ()  # why the slice is not intact; empty when it is
-
-    @property
-    def intact(self) -> bool:
-        return not self.problems
+__all__ = [
+    "AttemptSpec",
+    "AttemptStatus",
+    "ClusterClient",
+    "HostInfo",
+    "HostState",
+    "HostStatus",
+    "LogChunk",
+    "SliceInfo",
+]
 
 
 @dataclass(frozen=True)
@@ -120,21 +109,41 @@ class LogChunk:
 
 @runtime_checkable
 class ClusterClient(Protocol):
+    """Everything the service may ask of a cluster. Reads (``inventory``, ``poll``, ``read_logs``,
+    ``running_attempts``) change nothing; ``maintain`` and ``adopt`` are the explicit calls that do.
+    Both implementations pass the same conformance suite (tests/conformance)."""
+
     def inventory(self) -> list[SliceInfo]:
-        """Every TPU slice the cluster has, intact or not."""
+        """Every TPU slice the cluster has, intact or not (a free slice whose runner is being
+        replaced is reported with that problem). Changes nothing."""
+        ...
+
+    def maintain(self) -> None:
+        """Keep the warm pool: reserve free intact slices, give back broken, drained or missing
+        ones, replace dead runners. The service calls it once a cycle, before ``inventory``."""
+        ...
+
+    def release(self, names: list[str]) -> None:
+        """Take free slices out of the warm pool and give them back to the cluster (``DRAINING``)."""
+        ...
+
+    def warm(self, names: list[str]) -> None:
+        """Put slices back into the warm pool (the next ``maintain`` reserves them)."""
         ...
 
     def launch(self, spec: AttemptSpec) -> None:
-        """Start ``spec.command`` on every host of ``spec.slices`` with the full host contract."""
+        """Start ``spec.command`` on every host of ``spec.slices`` with the full host contract.
+        Launching an attempt that is already running does nothing."""
         ...
 
     def poll(self, job_id: str, attempt: int) -> AttemptStatus:
-        """The state of every host of a launched attempt."""
+        """The state of every host of a launched (or adopted) attempt; NotFoundError for an
+        attempt this client does not know."""
         ...
 
     def stop(self, job_id: str, attempt: int, grace_s: float = 10.0) -> None:
         """End every process of the attempt (SIGTERM, then SIGKILL after ``grace_s``) and free
-        its slices. Idempotent; safe on an attempt that already ended."""
+        its slices. Idempotent; safe on an attempt that already ended or is unknown."""
         ...
 
     def read_logs(self, job_id: str, attempt: int, slice_name: str, worker_id: int, offset: int) -> LogChunk:
@@ -142,6 +151,10 @@ class ClusterClient(Protocol):
         ...
 
     def running_attempts(self) -> list[tuple[str, int]]:
-        """(job_id, attempt) of every attempt whose runners still exist; lets a restarted control
-        plane find its detached runners again."""
+        """(job_id, attempt) of every attempt whose processes the cluster still runs. Changes nothing."""
+        ...
+
+    def adopt(self) -> list[tuple[str, int]]:
+        """After a control-plane restart: take over the attempts the cluster still runs (so that
+        ``poll``, ``stop`` and ``read_logs`` reach them) and return them. Only ``reconcile`` calls it."""
         ...

@@ -42,7 +42,6 @@ from ray.exceptions import (
 )
 
 from tpufleet import contract
-from tpufleet.catalog import SliceType, Topology, all_slice_types, generation
 from tpufleet.control.cluster import (
     AttemptSpec,
     AttemptStatus,
@@ -51,7 +50,7 @@ from tpufleet.control.cluster import (
     LogChunk,
     SliceInfo,
 )
-from tpufleet.control.runner import NAMESPACE, job_runner_name, pool_runner_name, read_log_task
+from tpufleet.control.runner import NAMESPACE, RunRequest, job_runner_name, pool_runner_name, read_log_task
 from tpufleet.control.slices import SlicePool, kill_actor
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
 from tpufleet.inventory import slices_from_nodes
@@ -61,19 +60,6 @@ log = logging.getLogger(__name__)
 JAX_PORT_VAR = "TPUFLEET_JAX_COORDINATOR_PORT"
 _POLL_WAIT_S = 0.5
 _CALL_TIMEOUT_S = 10.0
-
-
-def _slice_type(info: SliceInfo) -> SliceType:
-    """The catalog's slice type of a discovered slice (generation, topology, chips per host)."""
-    cph = Topology.parse(info.topology).chips // max(info.expected_hosts, 1)
-    gen = generation(info.accelerator_type.rsplit("-", 1)[0])
-    for st in all_slice_types():
-        if st.gen_name == gen.name and str(st.topology) == info.topology and st.chips_per_host == cph:
-            return st
-    raise ClusterError(
-        f"slice {info.name}: {info.accelerator_type} {info.topology} with {cph} chips per host "
-        "is not in the catalog"
-    )
 
 
 def _nodes() -> list[dict[str, Any]]:
@@ -125,34 +111,43 @@ class RayCluster:
 
     # -- inventory and the pool -------------------------------------------------------------
     def inventory(self) -> list[SliceInfo]:
-        """Every slice; a free one whose runner died (and is being replaced) is not intact."""
+        """Every slice; a free one whose runner died (and is being replaced) is not intact.
+        Reads Ray's node table and what ``maintain`` found; changes nothing."""
         slices = slices_from_nodes(_nodes())
         with self._lock:
             self._slices = {s.name: s for s in slices}
-            if self.warm_pool:
-                slices = self._sync_pool(slices)
-        return slices
-
-    def _sync_pool(self, slices: list[SliceInfo]) -> list[SliceInfo]:
-        if not self._recovered:
-            self.running_attempts()
-        out, now = [], time.monotonic()
-        for s in slices:
-            if s.name not in self._held:
-                if s.intact and s.name not in self._cold:
-                    self._pool.reserve(s)
-                    problem = self._pool.check(s.name, now)
-                    s = replace(s, problems=(*s.problems, problem)) if problem else s
-                elif self._pool.get(s.name) is not None:
-                    self._pool.release(s.name)
-            out.append(s)
+            out = []
+            for s in slices:
+                res = self._pool.get(s.name) if s.name not in self._held else None
+                problem = res.problem if res is not None else None
+                out.append(replace(s, problems=(*s.problems, problem)) if problem else s)
         return out
 
+    def maintain(self) -> None:
+        """Keep the warm pool (see the module docstring): reserve free intact slices, release
+        broken, cold or vanished ones, and ping (and replace) the runners of free slices."""
+        slices = slices_from_nodes(_nodes())
+        with self._lock:
+            self._slices = {s.name: s for s in slices}
+            if not self._recovered:
+                self._adopt_all()
+            if not self.warm_pool:
+                return
+            now = time.monotonic()
+            for s in slices:
+                if s.name in self._held:
+                    continue
+                if s.intact and s.name not in self._cold:
+                    self._pool.reserve(s)
+                    self._pool.check(s.name, now)
+                elif self._pool.get(s.name) is not None:
+                    self._pool.release(s.name)
+
     def warm(self, names: list[str]) -> None:
-        """Put slices (back) into the warm pool; they are reserved on the next ``inventory()``."""
+        """Put slices (back) into the warm pool; they are reserved on the next ``maintain()``."""
         with self._lock:
             self._cold.difference_update(names)
-        self.inventory()
+        self.maintain()
 
     def release(self, names: list[str]) -> None:
         """Take free slices out of the pool and give their chips back to Ray (``DRAINING``)."""
@@ -201,8 +196,8 @@ class RayCluster:
         layout = [(h.slice, h.worker_id) for h in rec.hosts]
         package = ray.put(spec.package) if spec.package is not None else None
         rec.extra["package"] = package  # kept until the attempt ends: the hosts fetch it from here
-        for host, payload in zip(rec.hosts, _payloads(spec, infos, layout), strict=True):
-            host.started = host.runner.start.remote({**payload, "package": package})
+        for host, request in zip(rec.hosts, _requests(spec, infos, layout), strict=True):
+            host.started = host.runner.start.remote(replace(request, package=package))
 
     def _claimable(self, name: str, spec: AttemptSpec) -> SliceInfo:
         info = self._slice(name)
@@ -281,9 +276,6 @@ class RayCluster:
 
     def _record(self, job_id: str, attempt: int) -> _Attempt:
         with self._lock:
-            rec = self._attempts.get((job_id, attempt))
-        if rec is None:
-            self.running_attempts()
             rec = self._attempts.get((job_id, attempt))
         if rec is None:
             raise NotFoundError(f"attempt {attempt} of job {job_id} has no runners in the Ray cluster")
@@ -374,6 +366,25 @@ class RayCluster:
 
     def running_attempts(self) -> list[tuple[str, int]]:
         """Attempts whose runners exist: job runners by name, pool runners by their current run."""
+        return sorted(self._scan()[0])
+
+    def adopt(self) -> list[tuple[str, int]]:
+        """Take over the attempts this cluster's runners still run (after a control-plane restart)."""
+        with self._lock:
+            return self._adopt_all()
+
+    def _adopt_all(self) -> list[tuple[str, int]]:
+        found, handles = self._scan()
+        if found and not self._slices:  # a fresh control plane: know the hosts' nodes for poll
+            self._slices = {s.name: s for s in slices_from_nodes(_nodes())}
+        for key, layout in found.items():
+            if key not in self._attempts or self._attempts[key].ended:
+                self._adopt(key, layout, handles)
+        self._recovered = True
+        return sorted(found)
+
+    def _scan(self) -> tuple[dict[tuple[str, int], list[tuple[str, int]]], dict[str, Any]]:
+        """What every tpufleet runner says it runs now: {(job, attempt): layout}, and the handles."""
         names = [
             r["name"]
             for r in ray.util.list_named_actors(all_namespaces=True)
@@ -393,14 +404,7 @@ class RayCluster:
             for row in rows:
                 if row["current"]:
                     found[(row["job_id"], row["attempt"])] = [tuple(x) for x in row["layout"]]
-        with self._lock:
-            if found and not self._slices:  # a fresh control plane: know the hosts' nodes for poll
-                self._slices = {s.name: s for s in slices_from_nodes(_nodes())}
-            for key, layout in found.items():
-                if key not in self._attempts or self._attempts[key].ended:
-                    self._adopt(key, layout, handles)
-            self._recovered = True
-        return sorted(found)
+        return found, handles
 
     def _adopt(self, key: tuple[str, int], layout: list[tuple[str, int]], handles: dict[str, Any]) -> None:
         hosts, job_runners = [], False
@@ -441,34 +445,32 @@ def _died(ref: Any) -> bool:
     return False
 
 
-def _payloads(
-    spec: AttemptSpec, infos: list[SliceInfo], layout: list[tuple[str, int]]
-) -> list[dict[str, Any]]:
-    """The start request of every host, in layout order: command, user env, contract, fallbacks."""
+def _requests(spec: AttemptSpec, infos: list[SliceInfo], layout: list[tuple[str, int]]) -> list[RunRequest]:
+    """The start request of every host, in layout order (``contract.attempt_envs``)."""
     addresses = [h.address or "" for info in infos for h in info.hosts]
     shared = len(set(addresses)) < len(addresses)  # the emulator: every host is this machine
     mport = _free_port() if shared else contract.MEGASCALE_PORT
-    common = contract.job_env(spec.job_id, spec.attempt, spec.checkpoint_dir)
-    common[JAX_PORT_VAR] = str(_free_port())
-    coordinator = infos[0].hosts[0].address or ""
-    out = []
-    for slice_id, info in enumerate(infos):
-        st = _slice_type(info)
-        hostnames = [h.address or "" for h in info.hosts]
-        for h in info.hosts:
-            env = {**common, **contract.megascale_env(coordinator, len(infos), slice_id, port=mport)}
-            out.append(
-                {
-                    "job_id": spec.job_id,
-                    "attempt": spec.attempt,
-                    "tenant": spec.tenant,
-                    "job_root": spec.job_root,
-                    "hide": list(spec.hide),
-                    "layout": layout,
-                    "command": list(spec.command),
-                    "user_env": dict(spec.env),
-                    "env": env,
-                    "defaults": contract.host_env(info.name, st, h.worker_id, hostnames),
-                }
-            )
-    return out
+    slices = [(info.name, info.slice_type, [h.address or "" for h in info.hosts]) for info in infos]
+    envs = contract.attempt_envs(
+        spec.job_id,
+        spec.attempt,
+        spec.checkpoint_dir,
+        slices,
+        megascale_port=mport,
+        extra={JAX_PORT_VAR: str(_free_port())},
+    )
+    return [
+        RunRequest(
+            job_id=spec.job_id,
+            attempt=spec.attempt,
+            tenant=spec.tenant,
+            job_root=spec.job_root,
+            layout=tuple(layout),
+            command=tuple(spec.command),
+            user_env=dict(spec.env),
+            contract=host_contract,
+            env=attempt_env,
+            hide=tuple(spec.hide),
+        )
+        for host_contract, attempt_env in envs
+    ]

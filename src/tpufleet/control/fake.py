@@ -28,7 +28,7 @@ from tpufleet.control.cluster import (
     LogChunk,
     SliceInfo,
 )
-from tpufleet.errors import ClusterError
+from tpufleet.errors import ClusterError, NotFoundError
 
 SIGTERM_EXIT = -15  # what a process ended by stop() reports, as subprocess does for SIGTERM
 
@@ -100,12 +100,13 @@ class FakeCluster:
         self.launches: list[AttemptSpec] = []
         self.stops: list[tuple[str, int, float]] = []
         self.log_chunk = 1 << 20
+        self.cold: set[str] = set()  # slices given back by release() (the service's DRAINING)
         self._faults: dict[tuple[str, str | None], BaseException | Callable[[], object]] = {}
 
     def fault(
         self, op: str, what: BaseException | Callable[[], object] | None, job_id: str | None = None
     ) -> None:
-        """From now on ``op`` ("inventory", "launch", "poll", "stop", "read_logs") raises ``what``
+        """From now on ``op`` ("inventory", "maintain", "launch", "poll", "stop", "read_logs") raises ``what``
         (an exception) or calls it first (e.g. ``event.wait``, to hang); only for ``job_id`` when
         given. ``None`` clears the fault."""
         if what is None:
@@ -135,23 +136,35 @@ class FakeCluster:
         with self._lock:
             return list(self._slices.values())
 
+    def maintain(self) -> None:
+        """Nothing to keep: an in-memory cluster has no warm pool (``cold`` says what was released)."""
+        self._check("maintain")
+
+    def release(self, names: list[str]) -> None:
+        with self._lock:
+            self.cold.update(names)
+
+    def warm(self, names: list[str]) -> None:
+        with self._lock:
+            self.cold.difference_update(names)
+
+    def adopt(self) -> list[tuple[str, int]]:
+        return self.running_attempts()
+
     def launch(self, spec: AttemptSpec) -> None:
         self._check("launch", spec.job_id)
         with self._lock:
             key = (spec.job_id, spec.attempt)
             if key in self._attempts and not self._attempts[key].stopped:
-                raise ClusterError(f"attempt {spec.attempt} of job {spec.job_id} is already running")
+                return  # launching a running attempt again does nothing, as on Ray
             infos = [self._usable(name, spec.job_id) for name in spec.slices]
-            coordinator = (infos[0].hosts[0].address or "") if infos else ""
+            layout = [(info.name, info.slice_type, [h.address or "" for h in info.hosts]) for info in infos]
+            envs = iter(contract.attempt_envs(spec.job_id, spec.attempt, spec.checkpoint_dir, layout))
             procs = []
             for index, info in enumerate(infos):
-                st = slice_type_of(info)
-                names = [h.address or f"{info.name}-{h.worker_id}" for h in info.hosts]
                 for host in info.hosts:
-                    env = dict(spec.env)
-                    env |= contract.host_env(info.name, st, host.worker_id, names)
-                    env |= contract.megascale_env(coordinator, len(infos), index)
-                    env |= contract.job_env(spec.job_id, spec.attempt, spec.checkpoint_dir)
+                    contract_env, attempt_env = next(envs)
+                    env = contract.process_env({}, dict(spec.env), contract_env, attempt_env)
                     procs.append(FakeProcess(info.name, index, host.worker_id, env))
             self._attempts[key] = FakeAttempt(spec, procs, self._script(spec) if self._script else None)
             self.launches.append(spec)
@@ -172,7 +185,7 @@ class FakeCluster:
         with self._lock:
             att = self._attempts.get((job_id, attempt))
             if att is None:
-                return AttemptStatus(job_id, attempt, ())
+                raise NotFoundError(f"attempt {attempt} of job {job_id} was never launched here")
             att.polls += 1
             if att.script is not None and not att.stopped:
                 self._advance(att, att.script)
@@ -295,12 +308,5 @@ def make_slice(name: str, st: SliceType, subnet: int = 0) -> SliceInfo:
 
 
 def slice_type_of(info: SliceInfo) -> SliceType:
-    """The catalog's type for a discovered slice (accelerator type, topology and host count)."""
-    for st in catalog.all_slice_types():
-        if (st.accelerator_type, str(st.topology), st.hosts) == (
-            info.accelerator_type,
-            info.topology,
-            info.expected_hosts,
-        ):
-            return st
-    return catalog.slice_type(info.accelerator_type)
+    """The catalog's type for a discovered slice (``SliceInfo.slice_type``)."""
+    return info.slice_type

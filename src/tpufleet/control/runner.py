@@ -33,14 +33,14 @@ import sys
 import tempfile
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from tpufleet.contract import HOST_VARS
+from tpufleet import contract
 from tpufleet.control import contain, jobfiles
 
 NAMESPACE = "tpufleet"
@@ -117,6 +117,25 @@ class _Run:
         self.exit_code = -(code - 128) if self.jailed and 128 < code <= 128 + 64 else code
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    """What a host's runner needs to start one attempt there (crosses the actor boundary)."""
+
+    job_id: str
+    attempt: int
+    tenant: str
+    job_root: str  # <job_root>/<tenant>/<job> is TPUFLEET_CHECKPOINT_DIR (``jobfiles.run_paths``)
+    layout: tuple[tuple[str, int], ...]  # every (slice, worker) of the attempt, so any survivor knows it
+    command: tuple[str, ...]
+    user_env: dict[str, str] = field(default_factory=dict)
+    contract: dict[str, str] = field(default_factory=dict)  # the host contract, from the node's labels
+    env: dict[str, str] = field(default_factory=dict)  # the attempt's variables (job, MEGASCALE_*, ports)
+    hide: tuple[str, ...] = ()  # paths a jailed job must not see
+    package: Any = None  # the uploaded zip: bytes, or an ObjectRef to them
+    package_error: str | None = None
+    max_unpacked: int | None = None
+
+
 class HostRunner:
     """The actor body; see the module docstring. Use :func:`runner_class` to get the Ray actor."""
 
@@ -134,15 +153,14 @@ class HostRunner:
     def ping(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
-    def start(self, payload: dict[str, Any]) -> str:
-        """Start the attempt's command; ``payload`` has job_id, attempt, layout, command, env, defaults."""
-        key = (payload["job_id"], int(payload["attempt"]))
-        package = payload.get("package")
-        if package is not None and not isinstance(package, bytes):
+    def start(self, request: RunRequest) -> str:
+        """Start the attempt's command on this host (see :class:`RunRequest`)."""
+        key = (request.job_id, int(request.attempt))
+        if request.package is not None and not isinstance(request.package, bytes):
             try:  # an ObjectRef the executor put in the object store; fetched before taking the lock
-                payload = {**payload, "package": ray.get(package, timeout=300)}
+                request = replace(request, package=ray.get(request.package, timeout=300))
             except Exception as exc:
-                payload = {**payload, "package": None, "package_error": f"{type(exc).__name__}: {exc}"}
+                request = replace(request, package=None, package_error=f"{type(exc).__name__}: {exc}")
         with self._lock:
             if key in self._runs:
                 return self._runs[key].state()[0]  # idempotent: a retried launch
@@ -153,12 +171,12 @@ class HostRunner:
                     f"host {self.slice_name}/{self.worker_id} still runs {self._current.job_id}"
                     f"/{self._current.attempt}; stop it before launching {key[0]}/{key[1]}"
                 )
-            run = _Run(key[0], key[1], [tuple(x) for x in payload["layout"]], self._log(*key), None)
+            run = _Run(key[0], key[1], [(str(a), int(b)) for a, b in request.layout], self._log(*key), None)
             self._remember(key, run)
             self._current = run
             try:
-                self._launch(run, payload)
-            except Exception as exc:  # whatever the payload holds, the run ends with a reason
+                self._launch(run, request)
+            except Exception as exc:  # whatever the request holds, the run ends with a reason
                 self._cannot_start(run, f"{type(exc).__name__}: {exc}")
             return run.state()[0]
 
@@ -172,20 +190,18 @@ class HostRunner:
     def _cgroup_prefix(self) -> str:
         return contain.cgroup_name(self.slice_name, self.worker_id) + "."
 
-    def _launch(self, run: _Run, payload: dict[str, Any]) -> None:
-        if not os.path.isabs(str(payload.get("job_root") or "")):
-            raise ValueError(f"the attempt names no absolute job root (got {payload.get('job_root')!r})")
-        env = self._env(payload)
+    def _launch(self, run: _Run, request: RunRequest) -> None:
+        if not os.path.isabs(request.job_root or ""):
+            raise ValueError(f"the attempt names no absolute job root (got {request.job_root!r})")
+        env = self._env(request)
         host = f"{self.slice_name}-{self.worker_id}"
-        paths = jobfiles.run_paths(
-            str(payload["job_root"]), str(payload["tenant"]), run.job_id, run.attempt, host
-        )
+        paths = jobfiles.run_paths(request.job_root, request.tenant, run.job_id, run.attempt, host)
         jobfiles.prepare_tenant_dir(paths)
         run.scratch = paths.run
         env.update(HOME=str(paths.home), TMPDIR="/tmp", TPUFLEET_CHECKPOINT_DIR=str(paths.checkpoint))
-        if payload.get("package_error"):
-            raise RuntimeError(f"the package could not be fetched: {payload['package_error']}")
-        package = payload.get("package")
+        if request.package_error:
+            raise RuntimeError(f"the package could not be fetched: {request.package_error}")
+        package = request.package
         spec = {
             "tenant": str(paths.tenant),
             "checkpoint": str(paths.checkpoint),
@@ -193,13 +209,13 @@ class HostRunner:
             "workdir": str(paths.workdir),
             "home": str(paths.home),
             "package": package is not None,
-            "max_unpacked": payload.get("max_unpacked"),
+            "max_unpacked": request.max_unpacked,
         }
         argv = [sys.executable, "-m", "tpufleet.control.jobstart", json.dumps(spec), "--"]
-        argv += [str(c) for c in payload["command"]]
+        argv += [str(c) for c in request.command]
         if self._jail_off is None:
             paths.run.mkdir(mode=0o700, parents=True, exist_ok=True)
-            hide = [*payload.get("hide", ()), str(Path(self.log_root).parent), *_secret_files()]
+            hide = [*request.hide, str(Path(self.log_root).parent), *_secret_files()]
             argv = (
                 contain.jail(
                     run=str(paths.run),
@@ -258,16 +274,11 @@ class HostRunner:
             self._runs.popitem(last=False)
 
     @staticmethod
-    def _env(payload: dict[str, Any]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not _SECRET_ENV.search(k)}  # the raylet's, less secrets
-        for var in _RAY_TPU_MASKS:
-            env.pop(var, None)
-        host = {**payload.get("defaults", {}), **{k: env[k] for k in HOST_VARS if env.get(k)}}
-        env.setdefault("PYTHONUNBUFFERED", "1")  # so logs can be read while the job runs
-        env.update(payload.get("user_env", {}))
-        env.update(host)  # the host's contract (from node labels where the host lacks it) ...
-        env.update(payload.get("env", {}))  # ... and the attempt's win over the user's env
-        return env
+    def _env(request: RunRequest) -> dict[str, str]:
+        """``contract.process_env`` over the raylet's environment, less secrets and Ray's chip masks."""
+        base = {k: v for k, v in os.environ.items() if not _SECRET_ENV.search(k) and k not in _RAY_TPU_MASKS}
+        base.setdefault("PYTHONUNBUFFERED", "1")  # so logs can be read while the job runs
+        return contract.process_env(base, dict(request.user_env), dict(request.contract), dict(request.env))
 
     def _reap(self, run: _Run) -> None:
         """Wait for the main process; then nothing of the run may outlive it (stragglers are killed)."""

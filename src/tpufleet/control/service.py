@@ -144,7 +144,7 @@ class Service:
 
     def reconcile(self) -> None:
         """After a (re)start: adopt launched attempts, fail vanished ones, stop orphans."""
-        running = set(self.cluster.running_attempts())
+        running = set(self.cluster.adopt())
         active = self.tr.active_jobs()
         for job in active:
             key = (job.id, job.attempt)
@@ -176,6 +176,10 @@ class Service:
             self.tr.launched(job.id, job.attempt)
 
     def _sync(self) -> None:
+        try:
+            self.cluster.maintain()
+        except TpufleetError as err:  # the pool is kept next cycle; the inventory still counts
+            log.warning("could not maintain the warm pool: %s", err)
         self.tr.sync_slices(self.cluster.inventory())
         slices = self.store.slices()
         broken = {s.name: s for s in slices if s.state == r.BROKEN}
@@ -359,16 +363,13 @@ class Service:
         return future
 
     def _pool_draining(self, slices: list[r.SliceRecord]) -> None:
-        """Tell a cluster with a warm pool (RayCluster) to give drained free slices back, and to
-        take them again when undrained."""
+        """Tell the cluster to give drained free slices back, and to take them again when undrained."""
         drained = {s.name for s in slices if s.draining and s.holder is None}
-        release = getattr(self.cluster, "release", None)
-        warm = getattr(self.cluster, "warm", None)
         try:
-            if release is not None and drained - self._released:
-                release(sorted(drained - self._released))
-            if warm is not None and self._released - drained:
-                warm(sorted(self._released - drained))
+            if drained - self._released:
+                self.cluster.release(sorted(drained - self._released))
+            if self._released - drained:
+                self.cluster.warm(sorted(self._released - drained))
             self._released = drained
         except TpufleetError as err:
             log.warning("could not update the warm pool for drained slices: %s", err)

@@ -73,12 +73,6 @@ class Reservation:
         return tuple(h.node_id for h in self.info.hosts)
 
 
-def _chips_per_host(info: SliceInfo) -> int:
-    from tpufleet.catalog import Topology
-
-    return Topology.parse(info.topology).chips // max(info.expected_hosts, 1)
-
-
 def _version(info: SliceInfo) -> str:
     return generation(info.accelerator_type.rsplit("-", 1)[0]).ray_name
 
@@ -240,7 +234,7 @@ class SlicePool:
 
 
 def _new_pg(info: SliceInfo) -> PlacementGroup:
-    cph = _chips_per_host(info)
+    cph = info.chips_per_host
     handle = SlicePlacementGroup(
         topology=info.topology,
         accelerator_version=_version(info),
