@@ -3,10 +3,10 @@
 One emulated fleet (``v4-16:2``), one run, interleaved: each round measures
 
 - **service** (``--via service``): the whole control plane. ``Client.submit`` over HTTP to a
-  ``ControlPlane(RayCluster(...))`` (store, scheduling loop, policy, executor), then ``Client.job``
+  ``ControlPlane(RayExecutor(...))`` (store, scheduling loop, policy, executor), then ``Client.job``
   until the API reports the job ``RUNNING``, which the loop writes once ``poll`` saw every host's
   process running. This is what a user gets.
-- **executor** (``--via executor``): ``RayCluster.launch`` of an attempt on a free slice held by the
+- **executor** (``--via executor``): ``RayExecutor.launch`` of an attempt on a free slice held by the
   warm pool, then ``poll`` until every host reports ``RUNNING``: the service's work after admission.
 - **raw Ray** (always): ``ray.util.tpu.slice_placement_group`` (its head-reservation round trip,
   then the worker group) and ``run_on_slice`` of a task that records when it started on each host;
@@ -44,7 +44,7 @@ from ray.util.tpu import get_num_ready_tpu_slices, run_on_slice, slice_placement
 from tpufleet.api.client import Client
 from tpufleet.api.server import ControlPlane
 from tpufleet.control.cluster import AttemptSpec
-from tpufleet.control.executor import RayCluster
+from tpufleet.control.executor import RayExecutor
 
 COMMAND = ("sleep", "60")
 
@@ -69,7 +69,7 @@ def fleet_address(address: str | None, slices: str) -> Iterator[str]:
 class ExecutorPath:
     """tpufleet's dispatch: the admitted job is handed a slice the warm pool already holds."""
 
-    def __init__(self, cluster: RayCluster, slice_name: str) -> None:
+    def __init__(self, cluster: RayExecutor, slice_name: str) -> None:
         self.cluster = cluster
         self.slice_name = slice_name
         self.n = 0
@@ -162,7 +162,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def run(address: str, runs: int, warmup: int, via: str) -> dict[str, Any]:
     ray.init(address=address, namespace="tpufleet-bench", log_to_driver=False, logging_level="WARNING")
-    cluster = RayCluster()
+    cluster = RayExecutor()
     with contextlib.ExitStack() as stack:
         stack.callback(ray.shutdown)
         stack.callback(cluster.release_all)
@@ -196,7 +196,7 @@ def run(address: str, runs: int, warmup: int, via: str) -> dict[str, Any]:
     return result
 
 
-def _service_path(stack: contextlib.ExitStack, cluster: RayCluster, v4: list[str]) -> ServicePath:
+def _service_path(stack: contextlib.ExitStack, cluster: RayExecutor, v4: list[str]) -> ServicePath:
     """A control plane on ``cluster`` serving HTTP, one tenant, and ``v4[1]`` drained (raw Ray's)."""
     state_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="tpufleet-bench-"))
     cp = stack.enter_context(ControlPlane(cluster, state_dir=state_dir))

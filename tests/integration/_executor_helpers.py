@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from tpufleet.control.cluster import AttemptSpec, AttemptStatus, HostState, SliceInfo
-from tpufleet.control.executor import RayCluster
+from tpufleet.control.executor import RayExecutor
 from tpufleet.control.jobfiles import run_paths
 
 T = TypeVar("T")
@@ -35,7 +35,7 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0, 
         time.sleep(every_s)
 
 
-def v4_slices(cluster: RayCluster, n: int) -> list[SliceInfo]:
+def v4_slices(cluster: RayExecutor, n: int) -> list[SliceInfo]:
     found = [s for s in cluster.inventory() if s.accelerator_type == "v4-16" and s.intact]
     assert len(found) >= n, f"the fleet has {len(found)} intact v4-16 slices, the test needs {n}"
     return found[:n]
@@ -90,12 +90,12 @@ def procs_with(tok: str) -> list[int]:
     return found
 
 
-def finished(cluster: RayCluster, s: AttemptSpec) -> AttemptStatus | None:
+def finished(cluster: RayExecutor, s: AttemptSpec) -> AttemptStatus | None:
     st = cluster.poll(s.job_id, s.attempt)
     return st if all(h.state in (HostState.EXITED, HostState.LOST) for h in st.hosts) else None
 
 
-def full_log(cluster: RayCluster, s: AttemptSpec, slice_name: str, worker: int) -> str:
+def full_log(cluster: RayExecutor, s: AttemptSpec, slice_name: str, worker: int) -> str:
     out, offset = [], 0
     while True:
         chunk = cluster.read_logs(s.job_id, s.attempt, slice_name, worker, offset)

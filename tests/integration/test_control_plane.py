@@ -1,4 +1,4 @@
-"""The whole control plane on the shared emulated fleet: ``ControlPlane(RayCluster(...))`` served over
+"""The whole control plane on the shared emulated fleet: ``ControlPlane(RayExecutor(...))`` served over
 HTTP, driven only through ``Client`` (the API a user has), as issue 5's "Done when" asks.
 
 One control plane for the module; every test makes its own tenants and ends its own jobs, so the
@@ -23,7 +23,7 @@ from _executor_helpers import pid_alive, procs_with, token, wait_for
 
 from tpufleet.api.client import Client
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.executor import RayCluster
+from tpufleet.control.executor import RayExecutor
 from tpufleet.control.records import Limits
 from tpufleet.control.service import ServiceConfig
 from tpufleet.errors import AuthError, ForbiddenError, NotFoundError
@@ -60,7 +60,7 @@ _names = itertools.count()
 @dataclass
 class Plane:
     cp: ControlPlane
-    cluster: RayCluster
+    cluster: RayExecutor
     url: str
     admin: Client
     clients: list[Client] = field(default_factory=list)
@@ -81,7 +81,7 @@ class Plane:
 
 @pytest.fixture(scope="module")
 def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
-    cluster = RayCluster(fleet.ray_address)
+    cluster = RayExecutor(fleet.ray_address)
     cp = ControlPlane(
         cluster, state_dir=tmp_path_factory.mktemp("control-plane"), config=CONFIG, limits=LIMITS
     )

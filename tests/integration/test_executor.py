@@ -1,4 +1,4 @@
-"""RayCluster on the shared emulated fleet: the contract, exits, stop, logs."""
+"""RayExecutor on the shared emulated fleet: the contract, exits, stop, logs."""
 
 from __future__ import annotations
 
@@ -21,21 +21,21 @@ from _executor_helpers import (
 )
 
 from tpufleet.control.cluster import AttemptStatus, HostState
-from tpufleet.control.executor import RayCluster
+from tpufleet.control.executor import RayExecutor
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_client: object) -> Iterator[RayCluster]:
-    c = RayCluster()
+def cluster(ray_client: object) -> Iterator[RayExecutor]:
+    c = RayExecutor()
     c.wait_warm([s.name for s in v4_slices(c, 2)])
     yield c
     c.release_all()  # give every slice back to Ray for the other tests on the shared fleet
 
 
 @pytest.fixture(autouse=True)
-def _stop_leftovers(cluster: RayCluster) -> Iterator[None]:
+def _stop_leftovers(cluster: RayExecutor) -> Iterator[None]:
     """A test that fails half-way must not leave its attempt holding a slice for the next one."""
     yield
     for job_id, attempt in cluster.running_attempts():
@@ -43,7 +43,7 @@ def _stop_leftovers(cluster: RayCluster) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("num_slices", [1, 2])
-def test_job_succeeds_with_the_contract_on_every_host(cluster: RayCluster, num_slices: int) -> None:
+def test_job_succeeds_with_the_contract_on_every_host(cluster: RayExecutor, num_slices: int) -> None:
     slices = v4_slices(cluster, num_slices)
     s = spec(slices, PRINT_ENV, env={"FOO": "bar", "TPU_NAME": "not-the-slice"})
     cluster.launch(s)
@@ -74,7 +74,7 @@ def test_job_succeeds_with_the_contract_on_every_host(cluster: RayCluster, num_s
     cluster.stop(s.job_id, s.attempt, grace_s=1)
 
 
-def test_a_failing_host_shows_in_poll_while_the_others_run(cluster: RayCluster) -> None:
+def test_a_failing_host_shows_in_poll_while_the_others_run(cluster: RayExecutor) -> None:
     slices = v4_slices(cluster, 1)
     code = "import os, sys, time\nif os.environ['TPU_WORKER_ID'] == '1': sys.exit(7)\ntime.sleep(300)"
     s = spec(slices, code)
@@ -98,7 +98,7 @@ def _record(seen: list[AttemptStatus], status: AttemptStatus) -> AttemptStatus |
     return status if status.failure else None
 
 
-def test_stop_ends_every_process_and_frees_the_slice(cluster: RayCluster) -> None:
+def test_stop_ends_every_process_and_frees_the_slice(cluster: RayExecutor) -> None:
     slices = v4_slices(cluster, 1)
     # The process and a child both ignore SIGTERM, so only the SIGKILL of the group ends them.
     tok = token()
@@ -125,11 +125,11 @@ def test_stop_ends_every_process_and_frees_the_slice(cluster: RayCluster) -> Non
     cluster.stop(s.job_id, s.attempt)  # idempotent
 
 
-def _peek(cluster: RayCluster, s: object, slice_name: str, worker: int) -> str:
+def _peek(cluster: RayExecutor, s: object, slice_name: str, worker: int) -> str:
     return cluster.read_logs(s.job_id, s.attempt, slice_name, worker, 0).data  # type: ignore[attr-defined]
 
 
-def test_logs_are_complete_and_readable_while_running(cluster: RayCluster) -> None:
+def test_logs_are_complete_and_readable_while_running(cluster: RayExecutor) -> None:
     slices = v4_slices(cluster, 1)
     go = flag(token())
     code = (

@@ -1,4 +1,4 @@
-"""RayCluster on the shared emulated fleet: lost hosts, a restarted control plane, cold slices."""
+"""RayExecutor on the shared emulated fleet: lost hosts, a restarted control plane, cold slices."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from _executor_helpers import (
 )
 
 from tpufleet.control.cluster import AttemptSpec, HostState
-from tpufleet.control.executor import RayCluster
+from tpufleet.control.executor import RayExecutor
 from tpufleet.control.runner import NAMESPACE, pool_runner_name
 
 pytestmark = pytest.mark.integration
@@ -37,22 +37,22 @@ SLEEP = "import time; print('PID', flush=True); time.sleep(300)"  # a jailed job
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_client: object) -> Iterator[RayCluster]:
-    c = RayCluster()
+def cluster(ray_client: object) -> Iterator[RayExecutor]:
+    c = RayExecutor()
     c.wait_warm([s.name for s in v4_slices(c, 2)])
     yield c
     c.release_all()
 
 
 @pytest.fixture(autouse=True)
-def _stop_leftovers(cluster: RayCluster) -> Iterator[None]:
+def _stop_leftovers(cluster: RayExecutor) -> Iterator[None]:
     """A test that fails half-way must not leave its attempt holding a slice for the next one."""
     yield
     for job_id, attempt in cluster.running_attempts():
         cluster.stop(job_id, attempt, grace_s=1)
 
 
-def _running(cluster: RayCluster, s: AttemptSpec, slice_name: str, worker: int) -> None:
+def _running(cluster: RayExecutor, s: AttemptSpec, slice_name: str, worker: int) -> None:
     def probe() -> str:
         return cluster.read_logs(s.job_id, s.attempt, slice_name, worker, 0).data
 
@@ -63,7 +63,7 @@ def _our_actor_names() -> set[str]:
     return {r["name"] for r in ray.util.list_named_actors(all_namespaces=True) if r["namespace"] == NAMESPACE}
 
 
-def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluster) -> None:
+def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayExecutor) -> None:
     victim = v4_slices(cluster, 1)[0]
     job = f"restart-{os.getpid()}"
     tok = token()
@@ -71,8 +71,8 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluste
         f"""
         import time
         from tpufleet.control.cluster import AttemptSpec
-        from tpufleet.control.executor import RayCluster
-        c = RayCluster({ray.get_runtime_context().gcs_address!r})
+        from tpufleet.control.executor import RayExecutor
+        c = RayExecutor({ray.get_runtime_context().gcs_address!r})
         c.inventory()
         cmd = ({sys.executable!r}, "-c", {SLEEP!r}, {tok!r})
         where = dict(tenant={TENANT!r}, job_root={JOB_ROOT!r})
@@ -82,7 +82,7 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluste
         """
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)  # that control plane is gone now
-    fresh = RayCluster()
+    fresh = RayExecutor()
     assert (job, 3) in fresh.running_attempts()  # a pure read...
     assert (job, 3) in fresh.adopt()  # ...and the explicit take-over that lets poll reach it
     status = fresh.poll(job, 3)
@@ -96,7 +96,7 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluste
     assert len(pids) == victim.expected_hosts and all(pid_alive(p) for p in pids)
     fresh.stop(job, 3, grace_s=1)
     assert not any(pid_alive(p) for p in pids)
-    assert (job, 3) not in RayCluster().running_attempts()
+    assert (job, 3) not in RayExecutor().running_attempts()
     # The slice goes back to the warm pool with its runners alive (not released as if broken), so
     # the service's final log read after stop still reaches every host.
     pool = {pool_runner_name(victim.name, w) for w in range(victim.expected_hosts)}
@@ -104,7 +104,7 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayCluste
     assert all("PID" in full_log(fresh, s, victim.name, w) for w in range(victim.expected_hosts))
 
 
-def test_a_killed_host_is_lost_and_its_slice_broken_until_restored(cluster: RayCluster, fleet: Any) -> None:
+def test_a_killed_host_is_lost_and_its_slice_broken_until_restored(cluster: RayExecutor, fleet: Any) -> None:
     victim = v4_slices(cluster, 2)[1]
     tok = token()
     s = spec([victim], SLEEP + f"  # {tok}")
@@ -135,11 +135,11 @@ def test_a_killed_host_is_lost_and_its_slice_broken_until_restored(cluster: RayC
     cluster.stop(again.job_id, again.attempt)
 
 
-def _intact(cluster: RayCluster, name: str) -> bool:
+def _intact(cluster: RayExecutor, name: str) -> bool:
     return any(x.name == name and x.intact for x in cluster.inventory())
 
 
-def test_an_uploaded_package_on_a_cold_slice(cluster: RayCluster) -> None:
+def test_an_uploaded_package_on_a_cold_slice(cluster: RayExecutor) -> None:
     victim = v4_slices(cluster, 1)[0]
     cluster.release([victim.name])  # out of the pool: launch reserves it on the spot
     buf = io.BytesIO()

@@ -1,4 +1,4 @@
-"""What ``RayCluster.launch`` asks each host to run with, and slices read from node labels; no Ray."""
+"""What ``RayExecutor.launch`` asks each host to run with, and slices read from node labels; no Ray."""
 
 from __future__ import annotations
 

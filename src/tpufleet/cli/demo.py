@@ -142,7 +142,7 @@ def demo_cmd(
     """The main job: an emulated TPU fleet, the control plane, two tenants and three training jobs."""
     from tpufleet.api.client import Client
     from tpufleet.api.server import ControlPlane
-    from tpufleet.control.executor import RayCluster
+    from tpufleet.control.executor import RayExecutor
     from tpufleet.emulator import EmulatedFleet
 
     script = _train_script()
@@ -155,7 +155,7 @@ def demo_cmd(
         stack.callback(fleet.down)
         with _spinner(f"emulated fleet {slices} up"):
             fleet.up()
-        cluster = RayCluster(fleet.ray_address)
+        cluster = RayExecutor(fleet.ray_address)
         stack.callback(cluster.release_all)
         cp = stack.enter_context(ControlPlane(cluster, state_dir=root / "control"))
         with _spinner("control plane serving"):

@@ -3,7 +3,7 @@
 The service loop (``control/service.py``) never touches Ray directly; it talks to a
 ``ClusterClient``. Two real implementations ship as modules:
 
-- ``control/executor.py`` (``RayCluster``): Ray, ``ray.util.tpu.SlicePlacementGroup`` pinned by
+- ``control/executor.py`` (``RayExecutor``): Ray, ``ray.util.tpu.SlicePlacementGroup`` pinned by
   ``bundle_label_selector`` on ``ray.io/tpu-slice-name``, one named, detached runner actor per host.
 - ``control/fake.py`` (``FakeCluster``): an in-memory cluster with a scripted clock, so the service,
   the store and the API are tested without Ray (a real module, not a mock of our own code).

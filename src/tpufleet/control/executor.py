@@ -1,4 +1,4 @@
-"""``RayCluster``: the ``ClusterClient`` on a live Ray cluster (an emulated fleet or real TPU slices).
+"""``RayExecutor``: the ``ClusterClient`` on a live Ray cluster (an emulated fleet or real TPU slices).
 
 Placement: every slice an attempt uses is reserved by ``slices.SlicePool`` (one detached, named
 ``SlicePlacementGroup`` per slice, pinned by label). Runners (``runner.HostRunner``) start the
@@ -94,7 +94,7 @@ class _Attempt:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class RayCluster:
+class RayExecutor:
     """The ``ClusterClient`` on Ray. See the module docstring for the warm pool and ports."""
 
     def __init__(self, address: str | None = None, *, warm_pool: bool = True, log_root: str | None = None):

@@ -10,9 +10,9 @@ A second, one-bundle group (``tpufleet:head:<slice>``) holds the slice's ``TPU-<
 resource, so Ray's own slice reservation (``reserve_tpu_slice``) never picks a slice we hold.
 
 The warm pool keeps such a reservation, plus one idle runner per host, on every free intact slice:
-handing a slice to an admitted job is then one actor call per host (see ``RayCluster.launch``).
+handing a slice to an admitted job is then one actor call per host (see ``RayExecutor.launch``).
 Holding a free slice's chips is the price: to Ray (``get_num_ready_tpu_slices``, a bare
-``JaxTrainer``) a pooled slice is in use; ``RayCluster.release`` gives a slice back to Ray.
+``JaxTrainer``) a pooled slice is in use; ``RayExecutor.release`` gives a slice back to Ray.
 """
 
 from __future__ import annotations
