@@ -56,7 +56,12 @@ class Topology:
     def parse(cls, text: str) -> Topology:
         cleaned = str(text).strip().lower()
         if not re.fullmatch(r"[1-9]\d*(x[1-9]\d*){1,2}", cleaned):
-            raise SpecError(f"{text!r} is not a topology; expected AxB or AxBxC, e.g. 4x4 or 2x2x2")
+            raise SpecError(
+                f"{text!r} is not a topology; expected AxB or AxBxC, e.g. 4x4 or 2x2x2",
+                field="topology",
+                value=text,
+                locate=False,
+            )
         return cls(tuple(int(d) for d in cleaned.split("x")))
 
     @property
@@ -204,7 +209,13 @@ def generation(name: str) -> Generation:
         if gen.name == key:
             return gen
     names = [g.name for g in GENERATIONS]
-    raise SpecError(f"{name!r} is not a TPU generation; valid: {', '.join(names)}")
+    raise SpecError(
+        f"{name!r} is not a TPU generation; valid: {', '.join(names)}",
+        field="generation",
+        value=name,
+        choices=names,
+        locate=False,
+    )
 
 
 @dataclass(frozen=True, order=True)
@@ -319,7 +330,10 @@ def slice_type(accelerator_type: str) -> SliceType:
     if not match:
         raise SpecError(
             f"{accelerator_type!r} is not an accelerator type; expected <generation>-<size>, "
-            "e.g. v4-16, v5litepod-8, v6e-16, tpu7x-8"
+            "e.g. v4-16, v5litepod-8, v6e-16, tpu7x-8",
+            field="accelerator_type",
+            value=accelerator_type,
+            locate=False,
         )
     gen = generation(match.group(1))
     size = int(match.group(2))
@@ -330,7 +344,13 @@ def slice_type(accelerator_type: str) -> SliceType:
     lower = [s for s in sizes if s < size][-1:]
     higher = [s for s in sizes if s > size][:1]
     near = [f"{gen.gce_prefix}-{s}" for s in lower + higher]
-    raise SpecError(f"{accelerator_type} is not a {gen.name} slice size{suggest(near)}")
+    raise SpecError(
+        f"{accelerator_type} is not a {gen.name} slice size{suggest(near)}",
+        field="accelerator_type",
+        value=accelerator_type,
+        choices=near,
+        locate=False,
+    )
 
 
 def find(gen_name: str, topology: str | Topology, machine_type: str | None = None) -> SliceType:
@@ -342,14 +362,27 @@ def find(gen_name: str, topology: str | Topology, machine_type: str | None = Non
     matches = [st for st in _of(gen) if st.topology.rank == topo.rank and same(st.topology)]
     if not matches:
         by_size = sorted(gen.topologies, key=lambda t: (t.rank != topo.rank, abs(t.chips - topo.chips)))
-        raise SpecError(f"{topo} is not a {gen.name} topology{suggest([str(t) for t in by_size[:3]])}")
+        near = [str(t) for t in by_size[:3]]
+        raise SpecError(
+            f"{topo} is not a {gen.name} topology{suggest(near)}",
+            field="topology",
+            value=str(topo),
+            choices=near,
+            locate=False,
+        )
     if machine_type is None:
         return min(matches, key=_cubeness)
     for st in matches:
         if st.machine_type == machine_type:
             return st
     valid_mt = [st.machine_type for st in matches]
-    raise SpecError(f"{machine_type} cannot run a {gen.name} {topo} slice; use {' or '.join(valid_mt)}")
+    raise SpecError(
+        f"{machine_type} cannot run a {gen.name} {topo} slice; use {' or '.join(valid_mt)}",
+        field="machine_type",
+        value=machine_type,
+        choices=valid_mt,
+        locate=False,
+    )
 
 
 def from_gke(accelerator_label: str, topology: str, machine_type: str | None = None) -> SliceType:
@@ -358,9 +391,13 @@ def from_gke(accelerator_label: str, topology: str, machine_type: str | None = N
         if gen.gke_accelerator == accelerator_label:
             return find(gen.name, topology, machine_type)
     labels = [g.gke_accelerator for g in GENERATIONS]
+    near = closest(accelerator_label, labels) or labels
     raise SpecError(
-        f"{accelerator_label!r} is not a GKE TPU accelerator"
-        f"{suggest(closest(accelerator_label, labels) or labels)}"
+        f"{accelerator_label!r} is not a GKE TPU accelerator{suggest(near)}",
+        field="accelerator",
+        value=accelerator_label,
+        choices=near,
+        locate=False,
     )
 
 
@@ -370,8 +407,15 @@ def parse_slice_list(text: str) -> list[tuple[SliceType, int]]:
     for part in filter(None, (p.strip() for p in str(text).split(","))):
         name, _, count = part.partition(":")
         if count and (not count.isdigit() or int(count) < 1):
-            raise SpecError(f"{part!r}: the count after ':' must be a whole number >= 1, e.g. v4-16:2")
+            raise SpecError(
+                f"{part!r}: the count after ':' must be a whole number >= 1, e.g. v4-16:2",
+                field="slices",
+                value=part,
+                locate=False,
+            )
         out.append((slice_type(name), int(count or 1)))
     if not out:
-        raise SpecError("no slices given; expected a list such as v4-16:2,v6e-16:1")
+        raise SpecError(
+            "no slices given; expected a list such as v4-16:2,v6e-16:1", field="slices", locate=False
+        )
     return out

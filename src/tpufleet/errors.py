@@ -48,11 +48,20 @@ class SpecError(TpufleetError):
         file: str | None = None,
         line: int | None = None,
         field: str | None = None,
+        value: object = None,
+        choices: Sequence[str] = (),
+        locate: bool = True,
     ) -> None:
+        """``field`` names what was wrong (``accelerator_type``, ``topology``...), ``value`` the
+        value given and ``choices`` the closest valid ones, so callers need not parse the message.
+        ``locate=False`` keeps ``field`` out of the message (a lookup that does not know where its
+        input came from: the caller adds the place)."""
         self.file = file
         self.line = line
         self.field = field
-        super().__init__(_locate(message, file, line, field))
+        self.value = value
+        self.choices = tuple(choices)
+        super().__init__(_locate(message, file, line, field if locate else None))
 
 
 class InputError(TpufleetError):

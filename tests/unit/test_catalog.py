@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tpufleet import catalog as cat
@@ -134,3 +136,28 @@ def test_json_rows_have_the_documented_keys():
     assert all(keys <= set(r) for r in rows)
     triples = {(r["accelerator_type"], r["topology"], r["machine_type"]) for r in rows}
     assert len(triples) == len(rows), "one row per accelerator type, topology and machine type"
+
+
+@pytest.mark.parametrize(
+    ("lookup", "field", "value", "choices"),
+    [
+        (lambda: cat.slice_type("v4-17"), "accelerator_type", "v4-17", ("v4-16", "v4-32")),
+        (lambda: cat.slice_type("garbage"), "accelerator_type", "garbage", ()),
+        (lambda: cat.generation("v9"), "generation", "v9", ("v4", "v5e", "v5p", "v6e", "tpu7x")),
+        (lambda: cat.Topology.parse("2by2"), "topology", "2by2", ()),
+        (lambda: cat.find("v4", "3x3x3"), "topology", "3x3x3", None),
+        (lambda: cat.parse_slice_list("v4-16:0"), "slices", "v4-16:0", ()),
+    ],
+)
+def test_catalog_errors_say_which_field_and_value_without_parsing_the_message(
+    lookup: Any, field: str, value: str, choices: tuple[str, ...] | None
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        lookup()
+    err = caught.value
+    assert (err.field, err.value) == (field, value)
+    assert not str(err).startswith(f"{field}:")  # the caller says where the value came from
+    if choices is not None:
+        assert err.choices == choices
+    else:
+        assert err.choices  # the closest valid values
