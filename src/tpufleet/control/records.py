@@ -28,6 +28,8 @@ FREE, HELD, BROKEN, DRAINING = SliceState.FREE, SliceState.HELD, SliceState.BROK
 TENANT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIXES = ("TPU_", "MEGASCALE_", "TPUFLEET_")
+# What a job may set although it starts with a reserved prefix: the sandbox's per-job settings.
+JOB_SETTABLE_ENV = frozenset({"TPUFLEET_SANDBOX_SECONDS", "TPUFLEET_SANDBOX_EXIT"})
 MAX_PRIORITY = 1_000_000
 MAX_QUOTA_CHIPS = 1_000_000  # per generation: far above any fleet, far below what breaks a column
 DEFAULT_MAX_RETRIES = 2
@@ -309,7 +311,7 @@ def _check_env(env: Mapping[str, str], limits: Limits) -> dict[str, str]:
             raise SpecError(f"a name of {len(key)} characters; at most {limits.max_env_key}", field="env")
         if not ENV_NAME.fullmatch(key):
             raise SpecError(f"{key!r} is not a valid variable name (letters, digits, _)", field="env")
-        if key.startswith(RESERVED_ENV_PREFIXES):
+        if key.startswith(RESERVED_ENV_PREFIXES) and key not in JOB_SETTABLE_ENV:
             raise SpecError(
                 f"{key} is set by tpufleet (host contract); variables starting with "
                 f"{', '.join(RESERVED_ENV_PREFIXES)} cannot be overridden",

@@ -33,8 +33,8 @@ from tpufleet.control.cluster import (
     LogChunk,
     SliceInfo,
 )
-from tpufleet.control.fake import SIGTERM_EXIT, make_slice, slice_type_of
-from tpufleet.errors import ClusterError, SpecError
+from tpufleet.control.fake import SIGTERM_EXIT, make_slice
+from tpufleet.errors import ClusterError, NotFoundError, SpecError
 
 SECONDS_VAR = "TPUFLEET_SANDBOX_SECONDS"  # in a job's env: how long its hosts run
 EXIT_VAR = "TPUFLEET_SANDBOX_EXIT"  # in a job's env: the exit code of its hosts
@@ -117,9 +117,12 @@ class SandboxCluster:
                 return  # already launched: as the Ray executor, a second launch changes nothing
             infos = [self._usable(name, key) for name in spec.slices]
             seconds, code, problem = self._settings(spec.env)
+            layout = [(info.name, info.slice_type, [h.address or "" for h in info.hosts]) for info in infos]
+            envs = iter(contract.attempt_envs(spec.job_id, spec.attempt, spec.checkpoint_dir, layout))
             hosts = []
-            for index, info in enumerate(infos):
-                for host, env in zip(info.hosts, self._host_env(spec, infos, index), strict=True):
+            for info in infos:
+                for host in info.hosts:
+                    env = contract.process_env({}, dict(spec.env), *next(envs))
                     started = f"sandbox: {info.name}/{host.worker_id} running {seconds:g} s\n"
                     hosts.append(_Host(info.name, host.worker_id, env, problem or started))
             self._attempts[key] = _Attempt(spec, hosts, self.clock() + seconds, code)
@@ -136,21 +139,6 @@ class SandboxCluster:
         if holder is not None and holder[0] != key[0]:
             raise ClusterError(f"slice {name} is held by job {holder[0]}")
         return info
-
-    @staticmethod
-    def _host_env(spec: AttemptSpec, infos: list[SliceInfo], index: int) -> list[dict[str, str]]:
-        """Every host's environment on slice ``index``, as the Ray executor builds it."""
-        info = infos[index]
-        st = slice_type_of(info)
-        coordinator = (infos[0].hosts[0].address or "") if infos else ""
-        names = [h.address or f"{info.name}-{h.worker_id}" for h in info.hosts]
-        return [
-            dict(spec.env)
-            | contract.host_env(info.name, st, h.worker_id, names)
-            | contract.megascale_env(coordinator, len(infos), index)
-            | contract.job_env(spec.job_id, spec.attempt, spec.checkpoint_dir)
-            for h in info.hosts
-        ]
 
     def _settings(self, env: dict[str, str]) -> tuple[float, int, str]:
         """(seconds, exit code, problem): the job's own settings, or the sandbox's defaults; a
@@ -172,7 +160,7 @@ class SandboxCluster:
         with self._lock:
             att = self._attempts.get((job_id, attempt))
             if att is None:
-                return AttemptStatus(job_id, attempt, ())
+                raise NotFoundError(f"attempt {attempt} of job {job_id} was never launched here")
             if att.running and self.clock() >= att.ends_at:
                 self._end(att, att.exit_code, f"sandbox: exit {att.exit_code}\n")
             hosts = tuple(
@@ -217,6 +205,18 @@ class SandboxCluster:
     def running_attempts(self) -> list[tuple[str, int]]:
         with self._lock:
             return [key for key, att in self._attempts.items() if not att.stopped]
+
+    def adopt(self) -> list[tuple[str, int]]:
+        return self.running_attempts()  # in memory: nothing outlives this process to take over
+
+    def maintain(self) -> None:
+        """No warm pool to keep in a sandbox."""
+
+    def release(self, names: list[str]) -> None:
+        """Nothing to give back: sandbox slices are never reserved."""
+
+    def warm(self, names: list[str]) -> None:
+        """Nothing to reserve again (see ``release``)."""
 
     # -- what tests read -----------------------------------------------------------------------
     def host_envs(self, job_id: str, attempt: int) -> list[dict[str, str]]:
