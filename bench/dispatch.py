@@ -3,7 +3,7 @@
 One emulated fleet (``v4-16:2``), one run, interleaved: each round measures
 
 - **service** (``--via service``): the whole control plane. ``Client.submit`` over HTTP to a
-  ``ControlPlane(RayExecutor(...))`` (store, scheduling loop, policy, executor), then ``Client.job``
+  ``ControlPlane(RayExecutor.connect(...))`` (store, scheduling loop, policy, executor), then ``Client.job``
   until the API reports the job ``RUNNING``, which the loop writes once ``poll`` saw every host's
   process running. This is what a user gets.
 - **executor** (``--via executor``): ``RayExecutor.launch`` of an attempt on a free slice held by the

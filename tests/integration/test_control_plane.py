@@ -1,4 +1,4 @@
-"""The whole control plane on the shared emulated fleet: ``ControlPlane(RayExecutor(...))`` served over
+"""The whole control plane on the shared emulated fleet: ``ControlPlane(RayExecutor.connect(...))`` served over
 HTTP, driven only through ``Client`` (the API a user has), as issue 5's "Done when" asks.
 
 One control plane for the module; every test makes its own tenants and ends its own jobs, so the
@@ -81,7 +81,7 @@ class Plane:
 
 @pytest.fixture(scope="module")
 def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
-    cluster = RayExecutor(fleet.ray_address)
+    cluster = RayExecutor.connect(fleet.ray_address)
     cp = ControlPlane(
         cluster, state_dir=tmp_path_factory.mktemp("control-plane"), config=CONFIG, limits=LIMITS
     )

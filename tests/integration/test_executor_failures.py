@@ -72,7 +72,7 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayExecut
         import time
         from tpufleet.control.cluster import AttemptSpec
         from tpufleet.control.executor import RayExecutor
-        c = RayExecutor({ray.get_runtime_context().gcs_address!r})
+        c = RayExecutor.connect({ray.get_runtime_context().gcs_address!r})
         c.inventory()
         cmd = ({sys.executable!r}, "-c", {SLEEP!r}, {tok!r})
         where = dict(tenant={TENANT!r}, job_root={JOB_ROOT!r})

@@ -1,10 +1,10 @@
 """``ControlPlane``: the store, the scheduling loop, the REST API and a cluster client in one process.
 
-``tpufleet serve`` builds one around ``RayExecutor(ray_address)`` and serves it with uvicorn. The
+``tpufleet serve`` builds one around ``RayExecutor.connect(ray_address)`` and serves it with uvicorn. The
 same class runs in-process around any :class:`~tpufleet.control.cluster.ClusterClient` (the demo,
 tests with ``FakeCluster``)::
 
-    with ControlPlane(RayExecutor(address), state_dir="/tmp/fleet") as cp:
+    with ControlPlane(RayExecutor.connect(address), state_dir="/tmp/fleet") as cp:
         url = cp.start_http()            # the API on a free port, in a thread; loop started too
         client = Client(url, cp.admin_token)
 
@@ -76,7 +76,7 @@ def ray_cluster(address: str, connect_timeout_s: float = 5.0) -> ClusterClient:
     except ImportError as err:
         raise ClusterError(f"the Ray executor (tpufleet.control.executor) is not available: {err}") from err
     try:
-        cluster: ClusterClient = executor.RayExecutor(address)
+        cluster: ClusterClient = executor.RayExecutor.connect(address)
     except Exception as err:  # ray raises ConnectionError, RuntimeError, ValueError...
         raise ClusterError(f"cannot connect to Ray at {address!r}: {type(err).__name__}: {err}") from err
     return cluster

@@ -155,7 +155,7 @@ def demo_cmd(
         stack.callback(fleet.down)
         with _spinner(f"emulated fleet {slices} up"):
             fleet.up()
-        cluster = RayExecutor(fleet.ray_address)
+        cluster = RayExecutor.connect(fleet.ray_address)
         stack.callback(cluster.release_all)
         cp = stack.enter_context(ControlPlane(cluster, state_dir=root / "control"))
         with _spinner("control plane serving"):

@@ -97,9 +97,8 @@ class _Attempt:
 class RayExecutor:
     """The ``ClusterClient`` on Ray. See the module docstring for the warm pool and ports."""
 
-    def __init__(self, address: str | None = None, *, warm_pool: bool = True, log_root: str | None = None):
-        if not ray.is_initialized():
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+    def __init__(self, *, warm_pool: bool = True, log_root: str | None = None):
+        """No I/O: use :meth:`connect` (or call ``ray.init`` yourself first)."""
         self.warm_pool = warm_pool
         self._pool = SlicePool(log_root)
         self._lock = threading.RLock()
@@ -108,6 +107,15 @@ class RayExecutor:
         self._held: dict[str, tuple[str, int]] = {}
         self._cold: set[str] = set()
         self._recovered = False
+
+    @classmethod
+    def connect(
+        cls, address: str | None = None, *, warm_pool: bool = True, log_root: str | None = None
+    ) -> RayExecutor:
+        """Connect this process to the Ray cluster at ``address`` (once) and return an executor."""
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+        return cls(warm_pool=warm_pool, log_root=log_root)
 
     # -- inventory and the pool -------------------------------------------------------------
     def inventory(self) -> list[SliceInfo]:
