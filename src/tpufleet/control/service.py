@@ -7,6 +7,8 @@ One cycle (:meth:`Service.run_once`):
    slice stays quarantined and the job resumes elsewhere. Cancel requests are picked up here.
 2. **Decide and write.** ``decide(snapshot)``; admissions, preemptions and wait reasons are
    written to the store before anything is done about them.
+   The jobs the policy sees are kept in memory between cycles (``SchedState``): only what
+   changed since the last cycle is read again.
 3. **Act.** Admitted jobs are launched (``STARTING``); running ones are polled (``RUNNING`` when
    every host runs). Any ending (success, a failed or lost host, preemption, cancel, a launch that
    failed or did not start in time) is first written as the job's ``stop_kind``, then ``stop`` ends
@@ -44,6 +46,7 @@ from typing import Any
 from tpufleet.control import jobfiles
 from tpufleet.control import records as r
 from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient, HostState, HostStatus
+from tpufleet.control.schedstate import SchedState
 from tpufleet.control.store import Store
 from tpufleet.control.transitions import ActiveJob, Transitions
 from tpufleet.errors import NotFoundError, TpufleetError
@@ -73,6 +76,7 @@ class ServiceConfig:
     stall_after_s: float = 30.0  # no cycle finished for this long: /healthz says stalled
     checkpoint_root: str | None = None  # job files on the hosts; default <state-dir>/checkpoints
     hide: tuple[str, ...] = field(default_factory=tuple)  # more paths a jailed job must not see
+    incremental: bool = True  # keep the policy's view in memory (SchedState); False: read it whole
 
 
 class Service:
@@ -88,6 +92,7 @@ class Service:
         self.store = store
         self.cluster = cluster
         self.tr = Transitions(store)
+        self.state = SchedState(self.tr)  # the jobs the policy sees, kept between cycles
         self.decide = decide or _policy()
         self.state_dir = Path(state_dir)
         self.config = config or ServiceConfig()
@@ -193,7 +198,7 @@ class Service:
         self._pool_draining(slices)
 
     def _schedule(self) -> list[Decision]:
-        snapshot, reasons = self.tr.snapshot()
+        snapshot, reasons = self.state.snapshot() if self.config.incremental else self.tr.snapshot()
         decisions = list(self.decide(snapshot))
         waits = []
         for d in decisions:
@@ -204,7 +209,7 @@ class Service:
                 self.tr.preempt(d)
             elif isinstance(d, Wait):
                 waits.append(d)
-        self.tr.wait_reasons(waits, reasons)
+        self.state.reasons_written(self.tr.wait_reasons(waits, reasons))
         return decisions
 
     def _act_safely(self, job: ActiveJob) -> None:

@@ -11,13 +11,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from tpufleet.control import logs
 from tpufleet.control import records as r
 from tpufleet.control.cluster import AttemptStatus, SliceInfo
-from tpufleet.control.schema import AttemptRow, JobRow, SliceRow, TenantRow
+from tpufleet.control.schema import AttemptRow, EventRow, JobRow, SliceRow, TenantRow
 from tpufleet.control.store import Store, columns, life_of, slice_state
 from tpufleet.errors import NotFoundError
 from tpufleet.scheduler import lifecycle as lc
@@ -100,55 +100,56 @@ class Transitions:
 
     # -- snapshot and decisions --------------------------------------------------------------
     def snapshot(self) -> tuple[Snapshot, dict[str, Stored]]:
-        """The policy's view, and each queued job's stored wait reason and head-of-line flag."""
-        cols = (
-            JobRow.id,
-            JobRow.tenant,
-            JobRow.accelerator_type,
-            JobRow.num_slices,
-            JobRow.priority,
-            JobRow.seq,
-            JobRow.state,
-            JobRow.slices,
-            JobRow.borrowing,
-            JobRow.stop_kind,
-            JobRow.admit_seq,
-            JobRow.reason_code,
-            JobRow.reason_message,
-            JobRow.head_of_line,
-        )
+        """The policy's view read whole from the store, and each queued job's stored wait reason
+        and head-of-line flag (the first cycle, and the reference ``SchedState`` is checked against)."""
+        views, reasons = self.job_views()
+        return Snapshot(self.tenant_views(), self.slice_views(), views), reasons
+
+    def tenant_views(self) -> list[TenantView]:
         with self.store.tx() as s:
-            tenants = [
+            return [
                 TenantView(TenantName(t.name), dict(t.quota), t.weight) for t in s.scalars(select(TenantRow))
             ]
-            slices = [
+
+    def slice_views(self) -> list[SliceView]:
+        with self.store.tx() as s:
+            return [
                 SliceView(SliceName(x.name), x.accelerator_type, SliceState(x.state), _jid(x.holder))
                 for x in s.scalars(select(SliceRow).order_by(SliceRow.name))
             ]
-            rows = s.execute(
-                select(*cols).where(JobRow.state.in_((r.QUEUED, *r.ACTIVE))).order_by(JobRow.seq)
-            )
-            jobs, reasons = [], {}
-            for j in rows:
-                jobs.append(
-                    JobView(
-                        JobId(j.id),
-                        TenantName(j.tenant),
-                        j.accelerator_type,
-                        j.num_slices,
-                        j.priority,
-                        j.seq,
-                        JobState(j.state),
-                        tuple(SliceName(n) for n in j.slices or ()),
-                        j.borrowing,
-                        j.stop_kind is not None,
-                        j.admit_seq,
-                        bool(j.head_of_line),
-                    )
-                )
-                if j.state == r.QUEUED:
-                    reasons[j.id] = (j.reason_code, j.reason_message, bool(j.head_of_line))
-        return Snapshot(tenants, slices, jobs), reasons
+
+    def job_views(self, ids: Iterable[str] | None = None) -> tuple[list[JobView], dict[str, Stored]]:
+        """Every job that is queued or holds slices (only those of ``ids`` when given), in
+        submission order, as the policy sees it; and the queued ones' stored reasons."""
+        query = select(*_VIEW_COLUMNS).where(JobRow.state.in_((r.QUEUED, *r.ACTIVE)))
+        jobs: list[JobView] = []
+        reasons: dict[str, Stored] = {}
+        chunks = [None] if ids is None else _chunks(sorted(set(ids)), 2000)
+        with self.store.tx() as s:
+            for chunk in chunks:
+                q = query if chunk is None else query.where(JobRow.id.in_(chunk))
+                for j in s.execute(q.order_by(JobRow.seq)):
+                    jobs.append(_view(j))
+                    if j.state == r.QUEUED:
+                        reasons[j.id] = (j.reason_code, j.reason_message, bool(j.head_of_line))
+        if ids is not None:
+            jobs.sort(key=lambda v: v.seq)
+        return jobs, reasons
+
+    def last_event(self) -> int:
+        with self.store.tx() as s:
+            return int(s.scalar(select(func.max(EventRow.id))) or 0)
+
+    def events_since(self, after: int, also: Iterable[int] = ()) -> list[tuple[int, str | None]]:
+        """(event id, job id) of every event after ``after`` (and of the ids in ``also``)."""
+        cond = EventRow.id > after
+        extra = sorted(set(also))
+        if extra:
+            cond = or_(cond, EventRow.id.in_(extra))
+        with self.store.tx() as s:
+            return [
+                (int(e.id), e.job_id) for e in s.execute(select(EventRow.id, EventRow.job_id).where(cond))
+            ]
 
     def admit(self, d: Admit) -> bool:
         """QUEUED -> ADMITTED with the slices HELD; all or nothing. False when it no longer applies."""
@@ -210,9 +211,9 @@ class Transitions:
             )
             return True
 
-    def wait_reasons(self, waits: Sequence[Wait], stored: dict[str, Stored]) -> int:
-        """Store why each waiting job waits; only reasons that changed are written."""
-        changes = []
+    def wait_reasons(self, waits: Sequence[Wait], stored: dict[str, Stored]) -> list[tuple[str, Stored]]:
+        """Store why each waiting job waits; only reasons that changed are written (and returned)."""
+        changes: list[tuple[str, Stored]] = []
         for w in waits:
             new = (w.reason.code.value, w.reason.message, w.head_of_line)
             if w.job in stored and stored[w.job] != new:
@@ -226,7 +227,7 @@ class Transitions:
                         .values(reason_code=code, reason_message=message, head_of_line=hol)
                         .execution_options(synchronize_session=False)
                     )
-        return len(changes)
+        return changes
 
     def preempt(self, d: Preempt) -> bool:
         return self.begin_stop(d.job, lc.StopKind.PREEMPT, f"preempted for job {d.for_job}: {d.reason}")
@@ -369,6 +370,46 @@ class Transitions:
 
 class _Abort(Exception):
     """Raised inside a transaction to roll it back."""
+
+
+_VIEW_COLUMNS = (
+    JobRow.id,
+    JobRow.tenant,
+    JobRow.accelerator_type,
+    JobRow.num_slices,
+    JobRow.priority,
+    JobRow.seq,
+    JobRow.state,
+    JobRow.slices,
+    JobRow.borrowing,
+    JobRow.stop_kind,
+    JobRow.admit_seq,
+    JobRow.reason_code,
+    JobRow.reason_message,
+    JobRow.head_of_line,
+)
+
+
+def _view(j: Any) -> JobView:
+    """A job row (the ``_VIEW_COLUMNS``) as the policy sees it."""
+    return JobView(
+        JobId(j.id),
+        TenantName(j.tenant),
+        j.accelerator_type,
+        j.num_slices,
+        j.priority,
+        j.seq,
+        JobState(j.state),
+        tuple(SliceName(n) for n in j.slices or ()),
+        j.borrowing,
+        j.stop_kind is not None,
+        j.admit_seq,
+        bool(j.head_of_line),
+    )
+
+
+def _chunks(items: list[str], size: int) -> list[list[str]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _jid(holder: str | None) -> JobId | None:
