@@ -56,6 +56,10 @@ def cursors(s: Session, job_id: str, attempt: int) -> list[Cursor]:
     return [_cursor(c) for c in rows]
 
 
+def cursor_of(c: LogCursorRow) -> Cursor:
+    return _cursor(c)
+
+
 def _cursor(c: LogCursorRow) -> Cursor:
     return Cursor(c.host, c.slice, c.worker_id, c.cluster_offset, c.complete, bool(c.truncated))
 

@@ -77,6 +77,7 @@ class ServiceConfig:
     checkpoint_root: str | None = None  # job files on the hosts; default <state-dir>/checkpoints
     hide: tuple[str, ...] = field(default_factory=tuple)  # more paths a jailed job must not see
     incremental: bool = True  # keep the policy's view in memory (SchedState); False: read it whole
+    reason_rewrites_per_cycle: int = 2000  # wait messages whose wording alone changed, written per cycle
 
 
 class Service:
@@ -209,7 +210,8 @@ class Service:
                 self.tr.preempt(d)
             elif isinstance(d, Wait):
                 waits.append(d)
-        self.state.reasons_written(self.tr.wait_reasons(waits, reasons))
+        refresh = self.config.reason_rewrites_per_cycle if self.config.incremental else None
+        self.state.reasons_written(self.tr.wait_reasons(waits, reasons, refresh=refresh))
         return decisions
 
     def _act_safely(self, job: ActiveJob) -> None:
@@ -393,20 +395,29 @@ class Service:
             return
         deadline = time.monotonic() + self.config.log_budget_s
         start = self._log_turn % len(jobs)
+        streams = self.tr.cursors_of((j.id, j.attempt) for j in jobs)
         for job in jobs[start:] + jobs[:start]:
             if time.monotonic() > deadline:
                 break
             self._log_turn += 1
             try:
-                self._read_logs(job.id, job.attempt, deadline=deadline, final=False)
+                self._read_logs(
+                    job.id,
+                    job.attempt,
+                    deadline=deadline,
+                    final=False,
+                    cursors=streams.get((job.id, job.attempt)),
+                )
             except Exception:
                 log.exception("copying the output of %s attempt %s failed", job.id, job.attempt)
 
-    def _read_logs(self, job_id: str, attempt: int, *, deadline: float, final: bool) -> None:
+    def _read_logs(
+        self, job_id: str, attempt: int, *, deadline: float, final: bool, cursors: list[Any] | None = None
+    ) -> None:
         """Copy each host's new output into the store; ``final``: until the stream is complete
         (the processes are gone), the cap, or the deadline, and say what could not be read."""
         cap = self.config.max_log_bytes
-        for cur in self.tr.cursors(job_id, attempt):
+        for cur in self.tr.cursors(job_id, attempt) if cursors is None else cursors:
             offset, note, idle = cur.offset, None, 0
             while not cur.complete and not cur.truncated:
                 if idle >= FINAL_IDLE_READS:

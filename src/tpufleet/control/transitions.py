@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import Table, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from tpufleet.control import logs
 from tpufleet.control import records as r
 from tpufleet.control.cluster import AttemptStatus, SliceInfo
-from tpufleet.control.schema import AttemptRow, EventRow, JobRow, SliceRow, TenantRow
+from tpufleet.control.schema import AttemptRow, EventRow, JobRow, LogCursorRow, SliceRow, TenantRow
 from tpufleet.control.store import Store, columns, life_of, slice_state
 from tpufleet.errors import NotFoundError
 from tpufleet.scheduler import lifecycle as lc
@@ -62,6 +62,7 @@ class Transitions:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.clock = store.clock
+        self._wording_turn = 0
 
     # -- inventory ---------------------------------------------------------------------------
     def sync_slices(self, infos: Iterable[SliceInfo]) -> None:
@@ -211,22 +212,43 @@ class Transitions:
             )
             return True
 
-    def wait_reasons(self, waits: Sequence[Wait], stored: dict[str, Stored]) -> list[tuple[str, Stored]]:
-        """Store why each waiting job waits; only reasons that changed are written (and returned)."""
+    def wait_reasons(
+        self, waits: Sequence[Wait], stored: dict[str, Stored], *, refresh: int | None = None
+    ) -> list[tuple[str, Stored]]:
+        """Store why each waiting job waits; only reasons that changed are written (and returned).
+
+        A new reason code or head-of-line flag is always written at once; with ``refresh`` set,
+        only that many changes of the message alone (its numbers move as the fleet does) are
+        written per call, the others on later calls, so a long queue costs a bounded write."""
         changes: list[tuple[str, Stored]] = []
+        wordings: list[tuple[str, Stored]] = []
         for w in waits:
             new = (w.reason.code.value, w.reason.message, w.head_of_line)
-            if w.job in stored and stored[w.job] != new:
+            old = stored.get(w.job)
+            if old is None or old == new:
+                continue
+            if refresh is not None and (old[0], old[2]) == (new[0], new[2]):
+                wordings.append((w.job, new))
+            else:
                 changes.append((w.job, new))
-        if changes:
+        if refresh is not None and wordings:
+            start = self._wording_turn % len(wordings)
+            changes += (wordings[start:] + wordings[:start])[:refresh]
+            self._wording_turn += refresh
+        if changes:  # one statement, executed for every change (executemany), in one transaction
+            table = cast(Table, JobRow.__table__)
+            statement = (
+                update(table)
+                .where(table.c.id == bindparam("jid"), table.c.state == str(r.QUEUED))
+                .values(
+                    reason_code=bindparam("code"),
+                    reason_message=bindparam("msg"),
+                    head_of_line=bindparam("hol"),
+                )
+            )
+            rows = [{"jid": j, "code": c, "msg": m, "hol": h} for j, (c, m, h) in changes]
             with self.store.tx() as s:
-                for job_id, (code, message, hol) in changes:
-                    s.execute(
-                        update(JobRow)
-                        .where(JobRow.id == job_id, JobRow.state == r.QUEUED)
-                        .values(reason_code=code, reason_message=message, head_of_line=hol)
-                        .execution_options(synchronize_session=False)
-                    )
+                s.connection().execute(statement, rows)
         return changes
 
     def preempt(self, d: Preempt) -> bool:
@@ -345,6 +367,20 @@ class Transitions:
     def cursors(self, job_id: str, attempt: int) -> list[logs.Cursor]:
         with self.store.tx() as s:
             return logs.cursors(s, job_id, attempt)
+
+    def cursors_of(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], list[logs.Cursor]]:
+        """The log streams of many attempts, in one query."""
+        wanted = set(keys)
+        out: dict[tuple[str, int], list[logs.Cursor]] = {key: [] for key in wanted}
+        with self.store.tx() as s:
+            for row in s.scalars(
+                select(LogCursorRow)
+                .where(LogCursorRow.job_id.in_({job for job, _ in wanted}))
+                .order_by(LogCursorRow.job_id, LogCursorRow.attempt, LogCursorRow.host)
+            ):
+                if (row.job_id, row.attempt) in wanted:
+                    out[(row.job_id, row.attempt)].append(logs.cursor_of(row))
+        return out
 
     def append_log(
         self,
