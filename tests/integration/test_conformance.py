@@ -1,0 +1,169 @@
+"""One conformance suite for the cluster seam: the same tests against the in-memory cluster
+(``FakeCluster``) and the Ray executor (``RayExecutor`` on the shared emulated fleet), so the two
+cannot drift apart again (launch twice, poll an unknown attempt, stop twice, reads that change
+nothing, the host contract, logs, adoption).
+
+What differs is only how a job "runs": a real command on the emulator, a ``Script`` on the fake.
+Each test asks for a behaviour (``ok``, ``fail``, ``sleep``) and the ``Cluster`` adapter turns it
+into one or the other.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from _executor_helpers import JOB_ROOT, TENANT, wait_for
+
+from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient, HostState
+from tpufleet.control.executor import RayExecutor
+from tpufleet.control.fake import FakeCluster, Script
+from tpufleet.control.jobfiles import run_paths
+from tpufleet.errors import NotFoundError
+
+pytestmark = pytest.mark.integration
+_ids = itertools.count()
+
+# What each behaviour runs on a real host: print the contract, then exit 0, exit 3 on host 1, or wait.
+CODE = {
+    "ok": "import os; print('hello', os.environ['TPU_NAME'], os.environ['TPU_WORKER_ID'], flush=True)",
+    "fail": "import os, sys; print('hello', flush=True); sys.exit(3 * (os.environ['TPU_WORKER_ID'] == '1'))",
+    "sleep": "import time; print('hello', flush=True); time.sleep(300)",
+}
+SCRIPTS = {
+    "ok": Script(run_after=1, exit_after=2, output="hello {TPU_NAME} {TPU_WORKER_ID}\n"),
+    "fail": Script(run_after=1, exit_after=2, exit_codes={(0, 1): 3}, output="hello\n"),
+    "sleep": Script(run_after=1, exit_after=None, output="hello\n"),
+}
+
+
+@dataclass
+class Cluster:
+    kind: str
+    client: ClusterClient
+    slice_name: str
+
+    def spec(self, behaviour: str) -> AttemptSpec:
+        job = f"conf-{self.kind}-{os.getpid()}-{next(_ids)}"
+        checkpoint = run_paths(JOB_ROOT, TENANT, job, 1, "-").checkpoint
+        return AttemptSpec(
+            job_id=job,
+            attempt=1,
+            slices=(self.slice_name,),
+            accelerator_type="v4-16",
+            command=(sys.executable, "-c", CODE[behaviour]),
+            tenant=TENANT,
+            job_root=JOB_ROOT,
+            checkpoint_dir=str(checkpoint),
+        )
+
+    def until(self, spec: AttemptSpec, what: str, done: Any) -> AttemptStatus:
+        def probe() -> AttemptStatus | None:
+            st = self.client.poll(spec.job_id, spec.attempt)
+            return st if done(st) else None
+
+        return wait_for(what, probe, 60)
+
+    def log(self, spec: AttemptSpec, worker: int) -> str:
+        out, offset = "", 0
+        for _ in range(50):
+            chunk = self.client.read_logs(spec.job_id, spec.attempt, self.slice_name, worker, offset)
+            out, offset = out + chunk.data, chunk.next_offset
+            if chunk.complete:
+                break
+        return "".join(
+            x for x in out.splitlines(True) if "is not isolated" not in x
+        )  # a host without a jail says so
+
+
+def _fake_script(spec: AttemptSpec) -> Script:
+    return next(SCRIPTS[name] for name, code in CODE.items() if code == spec.command[-1])
+
+
+@pytest.fixture(scope="module")
+def ray_executor(ray_client: object) -> Iterator[RayExecutor]:
+    executor = RayExecutor()
+    executor.maintain()
+    name = next(s.name for s in executor.inventory() if s.accelerator_type == "v4-16" and s.intact)
+    executor.wait_warm([name], timeout_s=120)
+    yield executor
+    executor.release_all()
+
+
+@pytest.fixture(params=["fake", "ray"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    if request.param == "fake":
+        c = Cluster("fake", FakeCluster.of("v4-16:2", script=_fake_script), "tpu-v4-16-0")
+    else:
+        executor: RayExecutor = request.getfixturevalue("ray_executor")
+        name = next(s.name for s in executor.inventory() if s.accelerator_type == "v4-16" and s.intact)
+        c = Cluster("ray", executor, name)
+    yield c
+    for job_id, attempt in c.client.running_attempts():
+        if job_id.startswith(f"conf-{c.kind}-"):
+            c.client.stop(job_id, attempt, grace_s=1)
+
+
+def test_a_job_that_exits_0_everywhere_succeeds_with_the_contract_and_its_output(cluster: Cluster) -> None:
+    spec = cluster.spec("ok")
+    cluster.client.launch(spec)
+    status = cluster.until(spec, "every host to exit", lambda st: st.succeeded)
+    assert [(h.slice, h.worker_id, h.state, h.exit_code) for h in status.hosts] == [
+        (cluster.slice_name, w, HostState.EXITED, 0) for w in (0, 1)
+    ]
+    for worker in (0, 1):
+        assert cluster.log(spec, worker).strip() == f"hello {cluster.slice_name} {worker}"
+    cluster.client.stop(spec.job_id, spec.attempt)
+    assert (spec.job_id, spec.attempt) not in cluster.client.running_attempts()
+
+
+def test_one_failing_host_is_the_attempts_failure(cluster: Cluster) -> None:
+    spec = cluster.spec("fail")
+    cluster.client.launch(spec)
+    status = cluster.until(spec, "host 1 to fail", lambda st: st.failure)
+    assert status.failure == f"host {cluster.slice_name}/1 exited with code 3"
+    cluster.client.stop(spec.job_id, spec.attempt)
+
+
+def test_launch_twice_does_nothing_and_stop_twice_is_safe(cluster: Cluster) -> None:
+    spec = cluster.spec("sleep")
+    cluster.client.launch(spec)
+    cluster.client.launch(spec)  # a retried launch
+    cluster.until(spec, "every host to run", lambda st: st.all_running)
+    assert cluster.client.running_attempts().count((spec.job_id, spec.attempt)) == 1
+    cluster.client.stop(spec.job_id, spec.attempt, grace_s=1)
+    after = cluster.client.poll(spec.job_id, spec.attempt)
+    assert all(h.state in (HostState.EXITED, HostState.LOST) for h in after.hosts) and after.hosts
+    cluster.client.stop(spec.job_id, spec.attempt, grace_s=1)
+    cluster.client.stop("never-launched", 1, grace_s=1)
+
+
+def test_poll_of_an_attempt_never_launched_is_not_found(cluster: Cluster) -> None:
+    with pytest.raises(NotFoundError):
+        cluster.client.poll("never-launched", 1)
+
+
+def test_reads_change_nothing_and_adopt_names_the_running_attempts(cluster: Cluster) -> None:
+    spec = cluster.spec("sleep")
+    cluster.client.launch(spec)
+    cluster.until(spec, "every host to run", lambda st: st.all_running)
+    first = cluster.client.inventory()
+    assert cluster.client.inventory() == first
+    running = cluster.client.running_attempts()
+    assert (spec.job_id, spec.attempt) in running and cluster.client.running_attempts() == running
+    assert (spec.job_id, spec.attempt) in cluster.client.adopt()
+    cluster.client.stop(spec.job_id, spec.attempt, grace_s=1)
+
+
+def test_release_and_warm_hand_a_free_slice_back_and_take_it_again(cluster: Cluster) -> None:
+    others = [s.name for s in cluster.client.inventory() if s.name != cluster.slice_name]
+    victim = next(n for n in others if n.startswith("tpu-v4-16"))
+    cluster.client.release([victim])
+    cluster.client.warm([victim])
+    cluster.client.maintain()
+    assert any(s.name == victim for s in cluster.client.inventory())
