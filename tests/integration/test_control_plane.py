@@ -1,5 +1,5 @@
-"""The whole control plane on the shared emulated fleet: ``ControlPlane(RayExecutor.connect(...))`` served over
-HTTP, driven only through ``Client`` (the API a user has), as issue 5's "Done when" asks.
+"""The whole control plane on the shared emulated fleet: ``ControlPlane(RayExecutor.connect(...))``
+served over HTTP, driven only through ``Client`` (the API a user has), as issue 5's "Done when" asks.
 
 One control plane for the module; every test makes its own tenants and ends its own jobs, so the
 next test finds every slice FREE. The teardown cancels what is left, closes the control plane and
