@@ -301,3 +301,14 @@ def test_the_head_of_line_flag_is_stored_and_fed_back_to_the_policy(world: World
     assert world.job(later).reason_code == "RESERVED_FOR_HEAD_OF_LINE"
     views = {j.id: j for j in world.service.tr.snapshot()[0].jobs}
     assert (views[big].head_of_line, views[later].head_of_line) == (True, False)
+
+
+def test_a_finished_job_keeps_the_facts_of_its_last_attempt(world: World) -> None:
+    """Issue 15: a job that borrowed said `borrowing yes` while it ran and `no` once it finished."""
+    job_id = world.submit(world.tenant("lender"), "v4-16")  # no quota: it can only borrow
+    run_to_running(world, job_id)
+    assert world.job(job_id).borrowing is True
+    world.cluster.exit(job_id, 0)
+    world.cycle()
+    done = world.job(job_id)
+    assert (done.state, done.borrowing, done.slices) == ("SUCCEEDED", True, ("tpu-v4-16-0",))

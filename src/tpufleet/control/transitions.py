@@ -341,7 +341,7 @@ class Transitions:
                 r.ACTIVE,
                 **columns(life),
                 slices=[] if life.state == r.QUEUED else job.slices,
-                borrowing=False,
+                borrowing=job.borrowing and life.terminal,  # a finished job keeps its last attempt's facts
                 finished_at=now if life.terminal else None,
                 exit_code=_exit_code(status),
                 updated_at=now,
