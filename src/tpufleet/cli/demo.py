@@ -11,12 +11,14 @@ every job, and tears everything down on completion or Ctrl-C.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +44,14 @@ STATE_STYLE = {
     "FREE": "green", "HELD": "cyan", "BROKEN": "bold red", "DRAINING": "yellow",
 }  # fmt: skip
 LOSS = re.compile(r"step (\d+) loss ([0-9.]+)")
+
+
+def _package(script: Path) -> bytes:
+    """A zip holding just ``script``, as ``tpufleet submit --working-dir`` would upload it."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.write(script, script.name)
+    return buf.getvalue()
 
 
 def _train_script() -> Path:
@@ -167,9 +177,12 @@ def demo_cmd(
         console.print("  tenants: research (quota v6e=16, v4=8 chips, weight 2), prod (quota v4=16 chips)")
         rc = stack.enter_context(Client(url, research["token"]))
         pc = stack.enter_context(Client(url, prod["token"]))
+        # Each tenant uploads the training script as its job's code (its working directory on
+        # every host): the control plane never reads a path of its own disk for a job.
+        code = {"rc": rc.upload_package(_package(script)), "pc": pc.upload_package(_package(script))}
         cmd = [
             sys.executable,
-            str(script),
+            script.name,
             "--steps",
             str(steps),
             "--checkpoint-every",
@@ -178,9 +191,11 @@ def demo_cmd(
             "0.2",
         ]
         submitted = [
-            rc.submit(cmd, "v6e-16", name="mlp-v6e"),
-            pc.submit(cmd, "v4-16", num_slices=2, name="mlp-multislice", max_retries=3),
-            rc.submit(cmd, "v4-16", name="mlp-v4-waits"),
+            rc.submit(cmd, "v6e-16", name="mlp-v6e", working_dir=code["rc"]),
+            pc.submit(
+                cmd, "v4-16", num_slices=2, name="mlp-multislice", max_retries=3, working_dir=code["pc"]
+            ),
+            rc.submit(cmd, "v4-16", name="mlp-v4-waits", working_dir=code["rc"]),
         ]
         tracked = {s["id"]: Progress_(job=admin.job(s["id"])) for s in submitted}
         multislice = submitted[1]["id"]

@@ -197,12 +197,21 @@ def jail_available() -> str | None:
     return None
 
 
-def jail(*, run: str, workdir: str, tenant_dir: str, job_root: str, hide: Sequence[str]) -> list[str]:
+def jail(
+    *,
+    run: str,
+    workdir: str,
+    tenant_dir: str,
+    job_root: str,
+    hide: Sequence[str],
+    expose: Sequence[str] = (),
+) -> list[str]:
     """The bubblewrap command line that runs what follows it in a jail (see the module docstring).
 
     ``tenant_dir`` (under ``job_root``) is the only part of the job root the job sees, read-write;
     ``run`` is the run's scratch (its ``tmp`` becomes ``/tmp``); ``hide`` lists paths replaced by
-    empty directories."""
+    empty directories; ``expose`` lists directories shown again, read-only, where a hidden path
+    covers them (the host's Python and tpufleet itself, which every job runs on)."""
     tmp = os.path.join(run, "tmp")
     os.makedirs(tmp, mode=0o700, exist_ok=True)
     argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc"]
@@ -215,6 +224,10 @@ def jail(*, run: str, workdir: str, tenant_dir: str, job_root: str, hide: Sequen
             argv += ["--tmpfs", path]
         elif os.path.isfile(path):
             argv += ["--ro-bind", "/dev/null", path]
+    hidden = ["/tmp", *(os.path.realpath(p) for p in (*hide, job_root))]
+    for path in sorted({os.path.realpath(p) for p in expose if p and os.path.isdir(p)}):
+        if any(path == h or path.startswith(h.rstrip("/") + "/") for h in hidden):
+            argv += ["--ro-bind", path, path]
     argv += ["--bind", tenant_dir, tenant_dir, "--chdir", workdir, "--"]
     return argv
 

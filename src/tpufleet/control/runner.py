@@ -223,6 +223,7 @@ class HostRunner:
                     tenant_dir=str(paths.tenant),
                     job_root=str(paths.tenant.parent),
                     hide=hide,
+                    expose=_python_dirs(),
                 )
                 + argv
             )
@@ -372,6 +373,22 @@ def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
     assert proc.stdin is not None
     with contextlib.suppress(OSError), proc.stdin:
         proc.stdin.write(data)
+
+
+def _python_dirs() -> list[str]:
+    """What every job runs on: this Python (its prefix, the interpreter's own directories, its
+    packages) and tpufleet itself (``jobstart``). Shown read-only in a jail that would hide them
+    (a checkout or virtual environment under ``/tmp``, say); never anything a job names."""
+    import sysconfig
+
+    import tpufleet
+
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    dirs |= {
+        v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")
+    }
+    dirs.add(str(Path(tpufleet.__file__).resolve().parent.parent))
+    return sorted(d for d in dirs if d and os.path.isabs(d))
 
 
 def _secret_files() -> list[str]:
