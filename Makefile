@@ -43,7 +43,7 @@ demo: venv
 	$(BIN)/tpufleet demo
 
 bench: venv
-	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit $$?; done
+	@for b in bench/[!_]*.py; do echo "== $$b"; $(BIN)/python $$b || exit $$?; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info src/*.egg-info

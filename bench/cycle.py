@@ -26,11 +26,11 @@ import argparse
 import contextlib
 import gc
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
+
+from _pg import postgres_server
 
 from tpufleet.control.fake import FakeCluster, Script
 from tpufleet.control.records import JobRequest, Limits
@@ -111,23 +111,12 @@ def measure(store: Store, tmp: str, cycles: int, incremental: bool) -> dict[str,
 
 @contextlib.contextmanager
 def postgres(args: argparse.Namespace) -> Iterator[object | None]:
-    """A throwaway PostgreSQL server (a fresh database per run), as the tests start one."""
+    """A throwaway PostgreSQL server (a fresh database per run), or None with ``--no-pg``."""
     if args.no_pg:
         yield None
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"))
-    from conftest import PostgresServer, _pg_bindir
-
-    bindir = _pg_bindir()
-    if bindir is None:
-        print("postgresql: skipped (initdb not found)")
-        yield None
-        return
-    server = PostgresServer(bindir)
-    try:
+    with postgres_server() as server:
         yield server
-    finally:
-        server.stop()
 
 
 def main() -> None:

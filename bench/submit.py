@@ -18,16 +18,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import socket
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import uvicorn
+from _pg import postgres_server
 from fastapi.testclient import TestClient
 
 from tpufleet.api.app import create_app
@@ -102,19 +101,8 @@ def postgres(args: argparse.Namespace) -> Iterator[str | None]:
     if args.pg_url or args.no_pg:
         yield args.pg_url
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"))
-    from conftest import PostgresServer, _pg_bindir
-
-    bindir = _pg_bindir()
-    if bindir is None:
-        print("postgresql: skipped (initdb not found; give --pg-url)")
-        yield None
-        return
-    server = PostgresServer(bindir)
-    try:
-        yield server.new_database()
-    finally:
-        server.stop()
+    with postgres_server() as server:
+        yield server.new_database() if server is not None else None
 
 
 def main() -> None:
