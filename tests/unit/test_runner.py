@@ -353,3 +353,22 @@ def test_a_jailed_job_sees_only_its_own_tenants_files(runner: HostRunner, tmp_pa
     assert f"tpufleet-test-{os.getpid()}" not in seen["tmp"] and seen["write_etc"] is False
     assert (JOB_ROOT / "team-a" / "jail" / "step").read_text() == "1"
     Path("/tmp", f"tpufleet-test-{os.getpid()}").unlink()
+
+
+def test_a_sweep_leaves_other_hosts_runs_alone_but_removes_their_long_empty_cgroups(
+    runner: HostRunner,
+) -> None:
+    root = runner._cgroups
+    if root is None:
+        pytest.skip("sweeping needs a cgroup hierarchy")
+    _start(runner, _payload("mine", ESCAPE.format(frac=0.204) + "import time; time.sleep(60)"))
+    _wait_log(runner, "mine", "detached")
+    stale = root / contain.cgroup_name("othernode", "s", 1, "gone", 1)
+    stale.mkdir(exist_ok=True)
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))  # empty for an hour
+    # another host's sweep (same slice name, another node): the live run stays, the old empty one goes
+    assert contain.sweep(root, contain.cgroup_name("othernode", "s", 1) + ".x", set()) >= 1
+    assert not stale.exists()
+    assert len(_procs_with("sleep(90.204")) == 1
+    runner.stop("mine", 1, grace_s=0)
+    assert _procs_with("sleep(90.204") == []

@@ -232,19 +232,34 @@ def jail(
     return argv
 
 
-def sweep(root: Path | None, prefix: str, keep: set[str]) -> int:
+def sweep(root: Path | None, prefix: str, keep: set[str], empty_after_s: float = 300.0) -> int:
     """Kill and remove cgroups named ``prefix*`` that are not in ``keep`` (left by a dead runner of
-    this host). Returns how many were removed."""
+    this host), and remove any other run's cgroup that has been empty for ``empty_after_s`` (left
+    by a host that died with its runs: nobody else will). Returns how many were removed."""
     if root is None or not root.is_dir():
         return 0
     removed = 0
+    now = time.time()
     for path in root.iterdir():
-        if path.is_dir() and path.name.startswith(prefix) and path.name not in keep:
+        if not path.is_dir() or path.name in keep:
+            continue
+        if path.name.startswith(prefix):
             box = Box(path.name, root)
             box.kill(timeout_s=5)
             box.close()
             removed += 1
+        elif _empty(path) and now - path.stat().st_mtime > empty_after_s:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+                removed += 1
     return removed
+
+
+def _empty(cgroup: Path) -> bool:
+    try:
+        return not (cgroup / "cgroup.procs").read_text().split()
+    except OSError:
+        return False
 
 
 def _process_table() -> dict[int, tuple[int, int]]:

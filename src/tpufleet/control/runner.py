@@ -148,6 +148,7 @@ class HostRunner:
         self._current: _Run | None = None
         self._cancelled: set[tuple[str, int]] = set()  # stopped before their start arrived
         self._cgroups = contain.cgroup_root()
+        self._node = _node_id()
         self._jail_off = contain.jail_available()
 
     def ping(self) -> dict[str, Any]:
@@ -188,7 +189,9 @@ class HostRunner:
         return contain.sweep(self._cgroups, self._cgroup_prefix(), keep)
 
     def _cgroup_prefix(self) -> str:
-        return contain.cgroup_name(self.slice_name, self.worker_id) + "."
+        """This host's runs: its Ray node (slice names repeat across fleets on one machine), slice
+        and worker."""
+        return contain.cgroup_name(self._node, self.slice_name, self.worker_id) + "."
 
     def _launch(self, run: _Run, request: RunRequest) -> None:
         if not os.path.isabs(request.job_root or ""):
@@ -231,7 +234,8 @@ class HostRunner:
         else:
             run.notes.append(f"tpufleet: this job is not isolated from other tenants: {self._jail_off}")
         run.box = contain.Box(
-            contain.cgroup_name(self.slice_name, self.worker_id, run.job_id, run.attempt), self._cgroups
+            contain.cgroup_name(self._node, self.slice_name, self.worker_id, run.job_id, run.attempt),
+            self._cgroups,
         )
         with open(run.log, "ab") as out:
             for note in run.notes:
@@ -366,6 +370,14 @@ def read_log_task(node_id: str, log_root: str | None) -> Any:
 
     strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
     return ray.remote(read).options(num_cpus=0, scheduling_strategy=strategy)
+
+
+def _node_id() -> str:
+    """A short id of the Ray node this runner lives on ("local" outside Ray, as in unit tests)."""
+    try:
+        return str(ray.get_runtime_context().get_node_id())[:12] if ray.is_initialized() else "local"
+    except Exception:
+        return "local"
 
 
 def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:

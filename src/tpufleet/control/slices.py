@@ -127,6 +127,8 @@ class SlicePool:
         res.runners = [
             self._runner(res, w, pool_runner_name(info.name, w)) for w in range(info.expected_hosts)
         ]
+        for runner in res.runners:
+            runner.sweep.remote()  # what runs of a dead runner or host left behind (not awaited)
         self._res[info.name] = res
         return res
 
