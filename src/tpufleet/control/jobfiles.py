@@ -95,14 +95,30 @@ def unpack(package: bytes, dest: Path, max_unpacked: int = MAX_UNPACKED) -> int:
 
 
 def check_entry(info: zipfile.ZipInfo) -> None:
-    """Refuse names that would land outside the destination, and links or device files."""
-    name = info.filename
+    """Refuse, on the host, what the upload check refuses (``entry_problem``): the same rules twice."""
+    why = entry_problem(info.filename, info.external_attr)
+    if why is not None:
+        raise JobFilesError(f"the package holds an unsafe name or file: {why}")
+
+
+def entry_problem(name: str, external_attr: int) -> str | None:
+    """Why a zip entry could land outside the directory it is unpacked into, or is not a plain file
+    or directory (a link, a device); None when it is safe. The one rule for uploads
+    (``packages.check_zip``) and for unpacking on a host (``check_entry``)."""
+    shown = name if len(name) <= 120 else name[:117] + "..."
+    if not name or "\0" in name or "\\" in name:
+        return f"entry {shown!r}: empty, NUL or backslash in the name"
     path = PurePosixPath(name)
-    if not name or "\x00" in name or "\\" in name or path.is_absolute() or ".." in path.parts:
-        raise JobFilesError(f"the package holds an unsafe name {name!r}")
-    kind = stat.S_IFMT(info.external_attr >> 16)
+    if path.is_absolute() or (len(name) > 1 and name[1] == ":"):
+        return f"entry {shown!r} is an absolute path; entries are relative"
+    if ".." in path.parts:
+        return f"entry {shown!r} has a '..' component; entries stay inside the package"
+    kind = stat.S_IFMT(external_attr >> 16)
+    if kind == stat.S_IFLNK:
+        return f"entry {shown!r} is a symbolic link, not a plain file or directory"
     if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
-        raise JobFilesError(f"the package holds {name!r}, which is not a plain file or directory")
+        return f"entry {shown!r} is not a plain file or directory"
+    return None
 
 
 def _name(part: str) -> str:

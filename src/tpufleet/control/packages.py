@@ -4,7 +4,8 @@ The control plane never reads its own disk on a tenant's behalf; a job's ``worki
 the id of a package its tenant uploaded (``sha256:<64 hex>``, the digest of the zip) or a URL the
 operator allow-listed. :func:`check_zip` is what the store runs on every upload, before storing it:
 a size cap, a real zip, an entry count cap, a cap on the unpacked size, and no entry that could
-land outside the directory it is unpacked into (absolute paths, ``..``, symlinks). :func:`pack`
+land outside the directory it is unpacked into or is not a plain file (``jobfiles.entry_problem``,
+the rule the hosts apply again when they unpack). :func:`pack`
 is the client's side (``tpufleet submit --working-dir DIR``).
 """
 
@@ -16,8 +17,9 @@ import os
 import stat
 import zipfile
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from tpufleet.control.jobfiles import entry_problem
 from tpufleet.control.records import DEFAULT_LIMITS, Limits
 from tpufleet.errors import SpecError
 
@@ -44,27 +46,15 @@ def check_zip(data: bytes, limits: Limits = DEFAULT_LIMITS) -> None:
         raise SpecError(f"{len(infos):,} entries; at most {limits.max_package_entries:,}", field=FIELD)
     total = 0
     for info in infos:
-        check_entry_name(info.filename)
-        if stat.S_ISLNK(info.external_attr >> 16):
-            raise SpecError(f"{info.filename!r} is a symbolic link; packages hold plain files", field=FIELD)
+        why = entry_problem(info.filename, info.external_attr)
+        if why is not None:
+            raise SpecError(why, field=FIELD)
         total += info.file_size
         if total > limits.max_package_unpacked_bytes:
             raise SpecError(
                 f"unpacked, the package has over {limits.max_package_unpacked_bytes:,} bytes (the cap)",
                 field=FIELD,
             )
-
-
-def check_entry_name(name: str) -> None:
-    """An entry name must stay inside the directory it is unpacked into."""
-    shown = name if len(name) <= 120 else name[:117] + "..."
-    if not name or "\0" in name or "\\" in name:
-        raise SpecError(f"entry {shown!r}: empty, NUL or backslash in the name", field=FIELD)
-    path = PurePosixPath(name)
-    if path.is_absolute() or (len(name) > 1 and name[1] == ":"):
-        raise SpecError(f"entry {shown!r} is an absolute path; entries are relative", field=FIELD)
-    if ".." in path.parts:
-        raise SpecError(f"entry {shown!r} has a '..' component; entries stay inside the package", field=FIELD)
 
 
 def pack(
