@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_cli_control_server import tpufleet
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import context, main
+from tpufleet.cli import context
 from tpufleet.control.fake import FakeCluster
 
 
@@ -33,17 +34,6 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))  # no ~/.tpufleet token
     return path
-
-
-def tpufleet(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = 0
-    try:
-        main(list(args))
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_context_file_is_private_holds_paths_only_and_is_shown(

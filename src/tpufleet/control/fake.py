@@ -305,8 +305,3 @@ def make_slice(name: str, st: SliceType, subnet: int = 0) -> SliceInfo:
     """An intact slice of type ``st`` whose hosts are 10.0.<subnet>.<worker+1>."""
     hosts = tuple(HostInfo(w, f"node-{name}-{w}", f"10.0.{subnet}.{w + 1}", True) for w in range(st.hosts))
     return SliceInfo(name, st.accelerator_type, str(st.topology), st.hosts, hosts)
-
-
-def slice_type_of(info: SliceInfo) -> SliceType:
-    """The catalog's type for a discovered slice (``SliceInfo.slice_type``)."""
-    return info.slice_type

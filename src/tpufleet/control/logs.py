@@ -53,14 +53,10 @@ def cursors(s: Session, job_id: str, attempt: int) -> list[Cursor]:
         .where(LogCursorRow.job_id == job_id, LogCursorRow.attempt == attempt)
         .order_by(LogCursorRow.host)
     )
-    return [_cursor(c) for c in rows]
+    return [cursor_of(c) for c in rows]
 
 
 def cursor_of(c: LogCursorRow) -> Cursor:
-    return _cursor(c)
-
-
-def _cursor(c: LogCursorRow) -> Cursor:
     return Cursor(c.host, c.slice, c.worker_id, c.cluster_offset, c.complete, bool(c.truncated))
 
 
@@ -83,7 +79,7 @@ def append(
     if c is None:
         return None
     if c.truncated or (from_offset is not None and c.cluster_offset != from_offset):
-        return _cursor(c)
+        return cursor_of(c)
     if cap is not None and c.stored + len(data) > cap:
         kept = max(0, cap - c.stored)
         data = data[:kept] + f"\n[tpufleet: output truncated at {cap} characters (the per-host log cap)]\n"
@@ -94,7 +90,7 @@ def append(
         s.add(LogChunkRow(job_id=job_id, attempt=attempt, host=host, start=c.stored, data=data))
         c.stored += len(data)
     c.cluster_offset, c.complete = next_offset, complete
-    return _cursor(c)
+    return cursor_of(c)
 
 
 def close(s: Session, job_id: str, attempt: int, host: int, note: str) -> None:

@@ -24,6 +24,7 @@ the same host. A dead runner is replaced by the executor before its slice is off
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -387,6 +388,7 @@ def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
         proc.stdin.write(data)
 
 
+@functools.cache
 def _python_dirs() -> list[str]:
     """What every job runs on: this Python (its prefix, the interpreter's own directories, its
     packages) and tpufleet itself (``jobstart``). Shown read-only in a jail that would hide them
