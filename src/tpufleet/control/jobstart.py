@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from tpufleet.control.jobfiles import JobFilesError, RunPaths, make_run_dirs, unpack
+from tpufleet.control.jobfiles import MAX_UNPACKED, JobFilesError, RunPaths, make_run_dirs, unpack
 
 CANNOT_START = 127
 
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     try:
         make_run_dirs(paths)
         if spec.get("package"):
-            unpack(sys.stdin.buffer.read(), paths.workdir, int(spec.get("max_unpacked") or 1 << 30))
+            unpack(sys.stdin.buffer.read(), paths.workdir, int(spec.get("max_unpacked") or MAX_UNPACKED))
         _stdin_from_devnull()
         os.chdir(paths.workdir)
         os.execvpe(command[0], command, os.environ.copy())
