@@ -54,11 +54,15 @@ class TenantView:
 
     Generation aliases (``v5litepod``, ``v7x``) are accepted and normalised by the policy; a
     generation missing from ``quota`` has a nominal quota of 0 (the tenant may only borrow it).
+    ``preemption``: whether the tenant's higher-priority jobs may preempt its own lower-priority
+    ones (``lower_priority``, the default, as Kueue's ``withinClusterQueue: LowerPriority``) or
+    ``never``.
     """
 
     name: TenantName
     quota: Mapping[str, int] = field(default_factory=dict, hash=False)
     weight: float = 1.0
+    preemption: str = "lower_priority"
 
 
 @dataclass(frozen=True)
