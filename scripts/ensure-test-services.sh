@@ -5,6 +5,7 @@ set -euo pipefail
 need=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)  # the runner jails every job with it
+command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the fleet page's browser tests (Playwright drives it)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
     echo "installing test services: ${need[*]}"
