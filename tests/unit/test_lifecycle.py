@@ -57,6 +57,7 @@ def test_a_stop_applies_only_to_an_active_attempt(state: JobState, kind: StopKin
                 StopKind.INTERRUPTED: "REQUEUED",
                 StopKind.CANCEL: "CANCELLING",
                 StopKind.FAIL: "ATTEMPT_FAILED",
+                StopKind.SPOT: "PREEMPTED_BY_PROVIDER",
             }[kind]
         )
     else:
@@ -69,7 +70,9 @@ STOPS = [
     (
         first,
         later,
-        later if later is StopKind.CANCEL and first in (StopKind.PREEMPT, StopKind.FAIL) else first,
+        later
+        if later is StopKind.CANCEL and first in (StopKind.PREEMPT, StopKind.FAIL, StopKind.SPOT)
+        else first,
     )
     for first in StopKind
     for later in StopKind
@@ -94,6 +97,7 @@ ENDINGS = [
     (StopKind.CANCEL, 0, 2, (CANCELLED, 1, 0, AttemptState.CANCELLED, "CANCELLED")),
     (StopKind.PREEMPT, 2, 2, (Q, 2, 2, AttemptState.PREEMPTED, "PREEMPTED")),  # no retry used
     (StopKind.INTERRUPTED, 2, 2, (Q, 2, 2, AttemptState.REQUEUED, "REQUEUED")),
+    (StopKind.SPOT, 2, 2, (Q, 2, 2, AttemptState.PREEMPTED, "PREEMPTED_BY_PROVIDER")),  # no retry used
     (StopKind.FAIL, 0, 2, (Q, 2, 1, AttemptState.FAILED, "RETRYING")),
     (StopKind.FAIL, 1, 2, (Q, 2, 2, AttemptState.FAILED, "RETRYING")),
     (StopKind.FAIL, 2, 2, (FAILED, 1, 3, AttemptState.FAILED, "FAILED")),

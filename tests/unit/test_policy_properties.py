@@ -185,6 +185,8 @@ def test_not_fit_codes_are_stable_and_ranked() -> None:
         "RESERVED_FOR_HEAD_OF_LINE",
         "LOWER_PRIORITY_THAN_HEAD",
         "WAITING_FOR_FREE_SLICES",
+        "PROVISIONING",
+        "WAITING_FOR_CAPACITY",
     ]
     free = NotFit(NotFitCode.WAITING_FOR_FREE_SLICES, "later")
     unknown = NotFit(NotFitCode.UNKNOWN_SLICE_TYPE, "never")

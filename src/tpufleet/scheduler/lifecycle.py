@@ -10,7 +10,7 @@ validate and show states) and the simulator (which drives the same functions on 
        │                                     end_attempt (after every process ended)
        │                                           ▼
        │         success ▶ SUCCEEDED   cancel ▶ CANCELLED   fail ▶ QUEUED (attempt + 1) or FAILED
-       │         preempt / interrupted ▶ QUEUED (attempt + 1, no retry used)
+       │         preempt / spot / interrupted ▶ QUEUED (attempt + 1, no retry used)
        └─request_cancel─▶ CANCELLED
 
 A :class:`Life` is the part of a job the lifecycle reads and writes; every function returns the
@@ -70,6 +70,7 @@ class StopKind(StrEnum):
     SUCCESS = "success"  # every host exited 0
     PREEMPT = "preempt"  # the policy needs its slices: requeued, no retry used
     INTERRUPTED = "interrupted"  # a control-plane restart cut its launch short: requeued, no retry used
+    SPOT = "spot"  # the provider takes the slice back (a spot preemption notice): requeued, no retry used
     CANCEL = "cancel"  # a user asked
     FAIL = "fail"  # a host failed or was lost, the launch failed or timed out: a retry, if any is left
 
@@ -97,6 +98,7 @@ class ReasonCode(StrEnum):
     CANCELLED = "CANCELLED"
     FAILED = "FAILED"
     RETRYING = "RETRYING"
+    PREEMPTED_BY_PROVIDER = "PREEMPTED_BY_PROVIDER"  # a spot slice was taken back; requeued, no retry used
 
 
 class IllegalTransition(Exception):
@@ -164,14 +166,22 @@ _STOP_REASONS = {
     StopKind.INTERRUPTED: ReasonCode.REQUEUED,
     StopKind.CANCEL: ReasonCode.CANCELLING,
     StopKind.FAIL: ReasonCode.ATTEMPT_FAILED,
+    StopKind.SPOT: ReasonCode.PREEMPTED_BY_PROVIDER,
+}
+_OVERRIDDEN_BY_CANCEL = (StopKind.PREEMPT, StopKind.FAIL, StopKind.SPOT)
+_REQUEUED = {  # not the job's fault: requeued without using a retry, recorded as
+    StopKind.PREEMPT: AttemptState.PREEMPTED,
+    StopKind.SPOT: AttemptState.PREEMPTED,
+    StopKind.INTERRUPTED: AttemptState.REQUEUED,
 }
 
 
 def request_stop(life: Life, kind: StopKind, message: str) -> Life | None:
     """Decide to end the current attempt. The first decision stands, except that a cancel
-    overrides a preemption or a failure under way; returns None when this one does not change it."""
+    overrides a preemption (the policy's or the provider's) or a failure under way; returns None
+    when this one does not change it."""
     _need(life, *ACTIVE_STATES, event=f"stop ({kind})")
-    overrides = kind is StopKind.CANCEL and life.stop_kind in (StopKind.PREEMPT, StopKind.FAIL)
+    overrides = kind is StopKind.CANCEL and life.stop_kind in _OVERRIDDEN_BY_CANCEL
     if life.stop_kind is not None and not overrides:
         return None
     reason = _STOP_REASONS.get(kind)
@@ -220,7 +230,8 @@ def end_attempt(life: Life) -> tuple[Life, AttemptState]:
             reason_message="cancelled by request",
         )
         return cancelled, AttemptState.CANCELLED
-    if kind in (StopKind.PREEMPT, StopKind.INTERRUPTED):  # not the job's fault: no retry used
+    requeued_as = _REQUEUED.get(kind) if kind is not None else None
+    if kind is not None and requeued_as is not None:  # not the job's fault: no retry used
         code = _STOP_REASONS[kind]
         requeued = replace(
             done,
@@ -229,7 +240,7 @@ def end_attempt(life: Life) -> tuple[Life, AttemptState]:
             reason_code=str(code),
             reason_message=f"requeued after attempt {life.attempt}: {message}",
         )
-        return requeued, AttemptState.PREEMPTED if kind is StopKind.PREEMPT else AttemptState.REQUEUED
+        return requeued, requeued_as
     failures = life.failures + 1
     if failures > life.max_retries:
         failed = replace(

@@ -122,6 +122,8 @@ class NotFitCode(StrEnum):
     RESERVED_FOR_HEAD_OF_LINE = "RESERVED_FOR_HEAD_OF_LINE"  # would fit, but the free slices are reserved
     LOWER_PRIORITY_THAN_HEAD = "LOWER_PRIORITY_THAN_HEAD"  # behind a higher-priority job waiting for the type
     WAITING_FOR_FREE_SLICES = "WAITING_FOR_FREE_SLICES"  # in quota; the slices are held by running jobs
+    PROVISIONING = "PROVISIONING"  # a provider is making the slices it waits for (the autoscaler asked)
+    WAITING_FOR_CAPACITY = "WAITING_FOR_CAPACITY"  # asked for, but the provider has no capacity now
 
 
 _RANKS: dict[NotFitCode, int] = {code: rank for rank, code in enumerate(NotFitCode)}
