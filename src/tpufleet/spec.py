@@ -30,6 +30,7 @@ __all__ = [
     "MonitoringSpec",
     "NetworkPolicySpec",
     "PoolSpec",
+    "PriceSpec",
     "RaySpec",
     "ServiceAccountSpec",
     "TenantSpec",
@@ -140,6 +141,17 @@ class GceSpec(_Model):
         return self.zone.rsplit("-", 1)[0]
 
 
+class PriceSpec(_Model):
+    """One generation's prices in USD per chip-hour (``pricing.py``); a field not given keeps the
+    shipped value, and a price nobody gives stays unknown (never zero)."""
+
+    on_demand: float | None = Field(default=None, ge=0)
+    spot: float | None = Field(default=None, ge=0)
+    source: str | None = None
+    date: str | None = None
+    region: str | None = None
+
+
 class FleetSpec(_Model):
     name: str
     namespace: str = "default"
@@ -152,6 +164,7 @@ class FleetSpec(_Model):
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     service_account: ServiceAccountSpec | None = None
     gce: GceSpec | None = None
+    pricing: dict[str, PriceSpec] = Field(default_factory=dict)  # generation -> prices (pricing.py)
 
 
 @cache
@@ -220,8 +233,8 @@ def _model_at(loc: Path) -> type[BaseModel]:
     """The pydantic model that validates the mapping at ``loc`` (for the list of valid fields)."""
     model: type[BaseModel] = FleetSpec
     for part in loc:
-        if isinstance(part, int):
-            continue
+        if isinstance(part, int) or part not in model.model_fields:
+            continue  # a list index, or a key of a mapping such as pricing.v4
         annotation = model.model_fields[part].annotation
         for candidate in (annotation, *typing.get_args(annotation)):
             if isinstance(candidate, type) and issubclass(candidate, BaseModel):
@@ -237,6 +250,12 @@ def _semantic_problems(spec: FleetSpec) -> Iterator[tuple[Path, str]]:
     yield from _names(spec)
     yield from _pools(spec)
     yield from _tenants(spec)
+    for gen_name in spec.pricing:
+        if gen_name not in _GEN_NAMES and not _is_generation(gen_name):
+            yield (
+                ("pricing", gen_name),
+                f"{gen_name!r} is not a TPU generation{suggest(closest(gen_name, _GEN_NAMES) or _GEN_NAMES)}",
+            )
     if spec.ray.version and not RAY_VERSION.match(spec.ray.version):
         yield ("ray", "version"), f"{spec.ray.version!r} is not a Ray release such as 2.60.0"
     for field in ("cpu", "memory"):
@@ -350,6 +369,14 @@ def _tenants(spec: FleetSpec) -> Iterator[tuple[Path, str]]:
                 )
             elif chips < 0:
                 yield at, f"quota is counted in chips and must be >= 0; got {chips}"
+
+
+def _is_generation(name: str) -> bool:
+    try:
+        cat.generation(name)
+    except SpecError:
+        return False
+    return True
 
 
 def _resolves(pool: PoolSpec) -> bool:
