@@ -112,10 +112,34 @@ def kill_host_cmd(
 def preempt_cmd(
     slice_name: Annotated[str, typer.Argument(metavar="SLICE")],
     wait: Annotated[bool, typer.Option(help="Return once Ray has declared the nodes dead.")] = True,
+    notice: Annotated[
+        float,
+        typer.Option(
+            "--notice",
+            help="Seconds of preemption notice first (GCE gives spot VMs 30): the hosts are drained "
+            "for preemption in Ray with that deadline, providers report it, and this command waits "
+            "it out before the hosts die together. 0: no notice.",
+        ),
+    ] = 0.0,
     state_dir: StateDir = None,
 ) -> None:
-    """Remove every host of a slice at once, as a spot preemption does."""
-    _fleet(state_dir).preempt(slice_name, wait=wait)
+    """Remove every host of a slice at once, as a spot preemption does (with --notice, after a notice)."""
+    fleet = _fleet(state_dir)
+    if notice:
+        import time
+
+        from tpufleet.emulator import spot
+
+        deadline = spot.announce(fleet.state_dir, slice_name, notice)
+        console.print(f"{slice_name}: preemption notice, the hosts die in {notice:g}s")
+        try:
+            time.sleep(max(0.0, deadline - time.time()))
+        finally:  # interrupted or not, an announced preemption happens
+            spot.reap(fleet.state_dir, only=slice_name, now=lambda: max(time.time(), deadline))
+        if wait:
+            fleet.await_gone(slice_name)
+    else:
+        fleet.preempt(slice_name, wait=wait)
     console.print(f"preempted {slice_name}")
 
 

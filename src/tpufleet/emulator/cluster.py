@@ -81,6 +81,8 @@ class EmulatedFleet:
         object_store_mb: int = 128,
         log_monitor: bool = True,
         timeout_s: float = 120.0,
+        lean: bool = True,
+        wave_size: int = 8,
     ) -> None:
         self._spec = catalog.parse_slice_list(slices) if slices else []
         if cpus_per_host < 0:
@@ -90,7 +92,11 @@ class EmulatedFleet:
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="tpufleet-emu-"))
         self.object_store_bytes = object_store_mb * 1024 * 1024
         self.log_monitor = log_monitor
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # for each wave of hosts (and each restore/add) to join
+        self.lean = lean
+        if wave_size < 1:
+            raise SpecError(f"wave size must be >= 1, got {wave_size}")
+        self.wave_size = wave_size
 
     @classmethod
     def attach(cls, state_dir: str | os.PathLike[str]) -> EmulatedFleet:
@@ -201,11 +207,13 @@ class EmulatedFleet:
             plan.clean_base_env(os.environ)
             | plan.host_envs(rec.name, stype, st.address)[worker]
             | auth.server_env(self.auth_token_path)
+            | (plan.LEAN_HOST_ENV if st.lean else {})
         )
         temp_dir = f"{st.temp_dir}/h{st.next_host_seq}"
         st.next_host_seq += 1
-        argv = plan.host_argv(
-            _ray_bin(),
+        host_argv = plan.lean_host_argv if st.lean else plan.host_argv
+        argv = host_argv(
+            sys.executable if st.lean else _ray_bin(),
             st.address,
             st.ray_address,
             stype,
@@ -220,9 +228,14 @@ class EmulatedFleet:
         host.session, host.temp_dir = session, temp_dir
         return proc, log
 
-    def _launch_slice(self, st: FleetState, stype: SliceType, name: str) -> list[tuple[Popen[bytes], Path]]:
+    @staticmethod
+    def _new_slice(st: FleetState, stype: SliceType, name: str) -> SliceRecord:
         rec = SliceRecord(name, stype.accelerator_type, [HostRecord(w, None) for w in range(stype.hosts)])
         st.slices.append(rec)
+        return rec
+
+    def _launch_slice(self, st: FleetState, stype: SliceType, name: str) -> list[tuple[Popen[bytes], Path]]:
+        rec = self._new_slice(st, stype, name)
         return [self._launch_host(st, rec, w) for w in range(stype.hosts)]
 
     def up(self) -> EmulatedFleet:
@@ -239,20 +252,38 @@ class EmulatedFleet:
                 shutil.rmtree(old.temp_dir, ignore_errors=True)
             st = self._new_state()
             auth.write_token(self.auth_token_path, self._token_for_new_fleet())
-            launchers = [self._launch_head(st)]
+            head = self._launch_head(st)
             for stype, count in self._spec:
                 for name in plan.next_slice_names([s.name for s in st.slices], stype.accelerator_type, count):
-                    launchers += self._launch_slice(st, stype, name)
+                    self._new_slice(st, stype, name)
             store.save(self.state_dir, st)
             try:
                 auth.activate(self.auth_token_path)  # this process talks to the fleet from now on
-                self._await(st, launchers, [(s.name, h.worker_id) for s in st.slices for h in s.hosts])
+                self._start_in_waves(st, head)
             except BaseException:
                 procs.kill_sessions(st.sessions())
                 store.remove(self.state_dir)
                 self._drop_token()
                 raise
         return self
+
+    def _start_in_waves(self, st: FleetState, head: tuple[Popen[bytes], Path]) -> None:
+        """Start every host of ``st``, ``wave_size`` at a time, each wave once the last has joined.
+
+        Ray gives a starting node 30 s to register with the GCS (``ray._private.node``, fixed), and
+        on a small machine dozens of hosts starting at once starve each other past it ("The current
+        node timed out during startup"); waves bound the contention, so any fleet size comes up.
+        """
+        hosts = [(rec, h.worker_id) for rec in st.slices for h in rec.hosts]
+        launchers = [head]
+        for i in range(0, len(hosts), self.wave_size):
+            wave = hosts[i : i + self.wave_size]
+            launchers += [self._launch_host(st, rec, worker) for rec, worker in wave]
+            store.save(self.state_dir, st)
+            self._await(st, launchers, [(rec.name, worker) for rec, worker in wave])
+            launchers = []  # those of earlier waves exited 0 (checked by _await)
+        if launchers:  # a fleet without hosts: the head alone
+            self._await(st, launchers, [])
 
     @staticmethod
     def _token_for_new_fleet() -> str:
@@ -283,6 +314,7 @@ class EmulatedFleet:
             cpus_per_host=self.cpus_per_host,
             object_store_bytes=self.object_store_bytes,
             log_monitor=self.log_monitor,
+            lean=self.lean,
         )
 
     def _launch_head(self, st: FleetState) -> tuple[Popen[bytes], Path]:
@@ -369,6 +401,12 @@ class EmulatedFleet:
         if wait:
             self._await_gone(st, {(slice_name, h.worker_id) for h in rec.hosts})
 
+    def await_gone(self, slice_name: str) -> None:
+        """Return once Ray has declared every host of ``slice_name`` dead."""
+        st = self._load()
+        rec = self._slice(st, slice_name)
+        self._await_gone(st, {(slice_name, h.worker_id) for h in rec.hosts})
+
     def restore(self, slice_name: str) -> list[int]:
         """Bring back the missing hosts of a slice with the same name and worker ids; returns them."""
         with store.locked(self.state_dir):
@@ -384,16 +422,34 @@ class EmulatedFleet:
             self._await(st, launchers, [(slice_name, w) for w in missing])
         return missing
 
-    def add(self, accelerator_type: str) -> str:
-        """Add one slice of ``accelerator_type``; returns its name once every host has joined."""
+    def add(self, accelerator_type: str, name: str | None = None, *, wait: bool = True) -> str:
+        """Add one slice of ``accelerator_type`` (named ``name``, default the next
+        ``tpu-<type>-<i>``); returns its name once every host has joined, or at once without
+        ``wait`` (a provider then watches Ray for the hosts)."""
         stype = catalog.slice_type(accelerator_type)
         with store.locked(self.state_dir):
             st = self._load()
-            (name,) = plan.next_slice_names([s.name for s in st.slices], stype.accelerator_type, 1)
+            if name is None:
+                (name,) = plan.next_slice_names([s.name for s in st.slices], stype.accelerator_type, 1)
+            elif st.slice(name) is not None:
+                raise ConflictError(f"the fleet already has a slice named {name!r}")
             launchers = self._launch_slice(st, stype, name)
             store.save(self.state_dir, st)
-            self._await(st, launchers, [(name, w) for w in range(stype.hosts)])
+            if wait:
+                self._await(st, launchers, [(name, w) for w in range(stype.hosts)])
         return name
+
+    def remove(self, slice_name: str, *, wait: bool = True) -> None:
+        """End every host of a slice and forget it (a deleted slice, unlike a preempted one, is
+        never restored); with ``wait``, return once Ray has declared its nodes dead."""
+        with store.locked(self.state_dir):
+            st = self._load()
+            rec = self._slice(st, slice_name)
+            self._kill(st, rec.hosts, slice_name)
+            st.slices.remove(rec)
+            store.save(self.state_dir, st)
+        if wait:
+            self._await_gone(st, {(slice_name, h.worker_id) for h in rec.hosts})
 
     def down(self, grace_s: float = 2.0) -> None:
         """Stop everything the fleet started (SIGTERM, then SIGKILL after ``grace_s``), by PID."""

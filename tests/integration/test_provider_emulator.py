@@ -1,0 +1,115 @@
+"""``--provider emulator`` on the shared running fleet: a slice group is made of new emulated hosts
+that Ray labels as a TPU slice, then a spot preemption with notice (``tpufleet emulate preempt
+SLICE --notice S`` in another process) drains the hosts for preemption in Ray, the provider reports
+the deadline, and every host dies together at the deadline."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import ray
+
+from tpufleet.emulator import EmulatedFleet
+from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, SliceRequest
+from tpufleet.provision.emulator import EmulatorConfig, EmulatorProvider
+
+pytestmark = pytest.mark.integration
+
+SLICE = "itest-spot-0"
+
+
+def _until(what: str, probe: Callable[[], Any], timeout_s: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (found := probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+    return found
+
+
+def _group(provider: EmulatorProvider, name: str) -> GroupStatus | None:
+    return next((g for g in provider.poll() if g.name == name), None)
+
+
+def _nodes(slice_name: str) -> list[dict[str, Any]]:
+    return [n for n in ray.nodes() if n["Labels"].get("ray.io/tpu-slice-name") == slice_name]
+
+
+def test_create_active_in_ray_then_preempt_with_notice(fleet: EmulatedFleet, ray_client: Any) -> None:
+    provider = EmulatorProvider(fleet.state_dir, EmulatorConfig(delay_s=1.0), interval_s=0.2)
+    try:
+        provider.create(SliceRequest("itest-spot", "v6e-4", spot=True))
+        seen = {g.state for g in provider.poll() if g.name == "itest-spot"}
+        _until(
+            "ACTIVE",
+            lambda: (g := _group(provider, "itest-spot")) and (seen.add(g.state) or g.state == "ACTIVE"),
+        )
+        assert GroupState.PROVISIONING in seen
+        (node,) = [n for n in _nodes(SLICE) if n["Alive"]]
+        assert node["Labels"]["ray.io/tpu-pod-type"] == "v6e-4"
+        assert node["Resources"][SLICE] == 1.0
+
+        @ray.remote(num_cpus=0, resources={SLICE: 1})
+        class Holder:  # a held slice: Ray keeps a drained node until its work ends or it dies
+            def ping(self) -> int:
+                return 1
+
+        holder = Holder.remote()  # type: ignore[attr-defined]
+        assert ray.get(holder.ping.remote(), timeout=60) == 1
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        cmd = [
+            "-m",
+            "tpufleet",
+            "emulate",
+            "preempt",
+            SLICE,
+            "--notice",
+            "6",
+            "--state-dir",
+            str(fleet.state_dir),
+        ]
+        cli = subprocess.Popen(
+            [sys.executable, *cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        try:
+            g = _until(
+                "the notice",
+                lambda: (g := _group(provider, "itest-spot")) and g.slices[0].preempt_deadline and g,
+            )
+            deadline = g.slices[0].preempt_deadline
+            assert time.time() < deadline <= time.time() + 6.5
+            assert g.state is GroupState.ACTIVE and g.slices[0].hosts == (HostHealth.READY,)
+            state: Any = importlib.import_module("ray._private.state").state
+            draining = state.get_draining_nodes()  # the hosts were told: drained for preemption
+            assert draining.get(node["NodeID"]) == pytest.approx(deadline * 1000, abs=1500)
+            while time.time() < deadline - 1.0:
+                assert [n["Alive"] for n in _nodes(SLICE)] == [True], "a host died before its deadline"
+                time.sleep(0.3)
+            out, _ = cli.communicate(timeout=120)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+        assert cli.returncode == 0, out
+        assert time.time() >= deadline
+        (dead,) = _nodes(SLICE)
+        assert not dead["Alive"] and "spot preemption" in dead["DeathReasonMessage"]
+        with pytest.raises(ray.exceptions.ActorDiedError, match="preempted"):
+            ray.get(holder.ping.remote(), timeout=60)
+
+        g = _until(
+            "SUSPENDED", lambda: (g := _group(provider, "itest-spot")) and g.state == "SUSPENDED" and g
+        )
+        assert g.slices[0].hosts == (HostHealth.PREEMPTED,) and "preempted" in g.message
+    finally:
+        provider.delete("itest-spot")
+        _until("the group to go", lambda: _group(provider, "itest-spot") is None, timeout_s=60)
+        provider.close()
+    assert SLICE not in fleet.slice_names
