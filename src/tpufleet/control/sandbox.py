@@ -66,6 +66,7 @@ class _Host:
     env: dict[str, str]  # what the process would get: the user's env and the host contract
     log: str
     exit_code: int | None = None  # None while it runs
+    lost: bool = False  # its slice went away under it (a provider removed it)
 
 
 @dataclass
@@ -164,7 +165,9 @@ class SandboxCluster:
             if att.running and self.clock() >= att.ends_at:
                 self._end(att, att.exit_code, f"sandbox: exit {att.exit_code}\n")
             hosts = tuple(
-                HostStatus(h.slice, h.worker_id, HostState.RUNNING)
+                HostStatus(h.slice, h.worker_id, HostState.LOST, detail="its slice was removed")
+                if h.lost
+                else HostStatus(h.slice, h.worker_id, HostState.RUNNING)
                 if h.exit_code is None
                 else HostStatus(h.slice, h.worker_id, HostState.EXITED, h.exit_code)
                 for h in att.hosts
@@ -217,6 +220,26 @@ class SandboxCluster:
 
     def warm(self, names: list[str]) -> None:
         """Nothing to reserve again (see ``release``)."""
+
+    # -- slices coming and going (a provider: provision/memory.py) ------------------------------
+    def add_slices(self, slices: list[SliceInfo]) -> None:
+        """New slices join the fleet (a provider made them)."""
+        with self._lock:
+            for info in slices:
+                self._slices[info.name] = info
+
+    def remove_slices(self, names: list[str]) -> None:
+        """Slices leave the fleet (deleted or preempted): hosts still running on them are lost."""
+        with self._lock:
+            for name in names:
+                self._slices.pop(name, None)
+                key = self._holder.get(name)
+                att = self._attempts.get(key) if key else None
+                for h in att.hosts if att else ():
+                    if h.slice == name and h.exit_code is None:
+                        h.lost = True
+                        h.exit_code = SIGTERM_EXIT
+                        h.log += "sandbox: host lost (its slice was removed)\n"
 
     # -- what tests read -----------------------------------------------------------------------
     def host_envs(self, job_id: str, attempt: int) -> list[dict[str, str]]:
