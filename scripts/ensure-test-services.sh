@@ -6,6 +6,7 @@ need=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)  # the runner jails every job with it
 command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the fleet page's browser tests (Playwright drives it)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)  # promtool checks the alert rules; the end-to-end test scrapes with it
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
     echo "installing test services: ${need[*]}"

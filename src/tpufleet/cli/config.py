@@ -8,6 +8,7 @@ in ``render --check --target gce`` (Ray's own launcher validation), and ``up|dow
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import subprocess
@@ -26,6 +27,7 @@ from tpufleet.lint.crds import SchemaSource, find_crd_dir, load_crd_schemas
 from tpufleet.lint.runner import format_json, format_text, has_errors, lint_objects, lint_text
 from tpufleet.render.kuberay import render_kuberay
 from tpufleet.render.launcher import render_launcher
+from tpufleet.render.observability import render_observability
 from tpufleet.spec import FleetSpec, read_spec
 
 __all__ = [
@@ -44,6 +46,7 @@ RayRunner = Callable[[list[str]], int]
 class Target(StrEnum):
     kuberay = "kuberay"
     gce = "gce"
+    observability = "observability"
 
 
 class Format(StrEnum):
@@ -118,7 +121,11 @@ def _check(objects: list[dict[str, Any]], target: Target) -> None:
 def render_cmd(
     spec_file: Annotated[Path, typer.Argument(help="The fleet spec (YAML).", metavar="SPEC")],
     target: Annotated[
-        Target, typer.Option(help="kuberay: GKE objects; gce: a `ray up` config.")
+        Target,
+        typer.Option(
+            help="kuberay: GKE objects; gce: a `ray up` config; observability: alert rules "
+            "(PrometheusRule and a plain rules file) and a Grafana dashboard."
+        ),
     ] = Target.kuberay,
     out: Annotated[
         Path | None, typer.Option("-o", "--out", help="Write files here instead of stdout.")
@@ -128,8 +135,12 @@ def render_cmd(
     ] = None,
     check: Annotated[bool, typer.Option(help="Validate the result (CRDs / Ray's launcher).")] = False,
 ) -> None:
-    """Render a fleet spec as KubeRay objects or a Ray cluster-launcher config for GCE TPU VMs."""
+    """Render a fleet spec as KubeRay objects, a Ray cluster-launcher config for GCE TPU VMs, or
+    the fleet's alert rules and Grafana dashboard."""
     spec = read_spec(spec_file)
+    if target is Target.observability:
+        _render_observability(spec, out, rayjob, check)
+        return
     objects = _render(spec, target, rayjob)
     if check:
         _check(objects, target)
@@ -144,6 +155,27 @@ def render_cmd(
             else f"{obj['kind']} {obj['metadata']['name']}"
         )
         typer.echo(f"wrote {path} ({what})")
+
+
+def _render_observability(spec: FleetSpec, out: Path | None, rayjob: str | None, check: bool) -> None:
+    """PrometheusRule + plain rules file + dashboard JSON; stdout gets the PrometheusRule alone."""
+    if rayjob or check:
+        raise SpecError("--rayjob and --check need --target kuberay or gce, not observability")
+    files = render_observability(spec)
+    if out is None:
+        rule = next(obj for name, obj in files.items() if name.startswith("prometheusrule-"))
+        typer.echo(dump_yaml([rule]), nl=False)
+        console_err.print("note: -o DIR also writes the plain rules file and the Grafana dashboard")
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, obj in files.items():
+            path = out / name
+            text = json.dumps(obj, indent=2) + "\n" if name.endswith(".json") else dump_yaml([obj])
+            path.write_text(text, encoding="utf-8")
+            typer.echo(f"wrote {path}")
+    except OSError as err:
+        raise InputError(f"{out}: cannot write the output there: {err.strerror or err}") from None
 
 
 def _schemas(crds: Path | None, structural: bool) -> SchemaSource | None:
