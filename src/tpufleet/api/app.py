@@ -29,8 +29,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tpufleet
-from tpufleet.api import auth
+from tpufleet.api import auth, page
 from tpufleet.api.limits import MAX_BATCH_BODY_BYTES, MAX_BATCH_JOBS, BodyLimit
+from tpufleet.control.fleetview import fleet_view
 from tpufleet.control.records import (
     ACTIVE,
     DEFAULT_MAX_RETRIES,
@@ -206,6 +207,7 @@ def create_app(
         return JSONResponse(body, status_code=503 if stalled else 200)
 
     app.include_router(router, prefix=API)
+    page.install(app)  # the fleet page at / (static files only; its data comes from /api/v1 with a token)
     return app
 
 
@@ -249,6 +251,15 @@ def list_slices(me: Who, store: Db) -> list[dict[str, Any]]:
         for row in rows:
             row["holder"] = row["holder"] if row["holder"] in own else None
     return rows
+
+
+@router.get("/fleet", tags=["slices"], responses=_errs())
+def fleet(me: Who, store: Db) -> dict[str, Any]:
+    """The fleet page's (and ``tpufleet top``'s) one read: every slice with its hosts and chips,
+    the queue head with positions and wait reasons, the caller's running and recent jobs, and each
+    tenant's chips held against quota. A tenant's token sees every slice but only its own jobs and
+    tenant (a slice another tenant holds says ``held_by_other``); see ``control/fleetview.py``."""
+    return fleet_view(store, me)
 
 
 @router.post("/slices/{name}/drain", tags=["slices"], responses=_errs(403, 404, 422))

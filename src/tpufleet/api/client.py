@@ -101,6 +101,11 @@ class Client:
     def slices(self) -> list[dict[str, Any]]:
         return list(self.request("GET", f"{API}/slices"))
 
+    def fleet(self) -> dict[str, Any]:
+        """The fleet page's view (``GET /api/v1/fleet``): slices with hosts and chips, the queue
+        head, running and recent jobs, tenants' chips against quota (a tenant sees its own)."""
+        return dict(self.request("GET", f"{API}/fleet"))
+
     def drain(self, name: str, drain: bool = True) -> dict[str, Any]:
         return dict(self.request("POST", f"{API}/slices/{name}/{'drain' if drain else 'undrain'}"))
 

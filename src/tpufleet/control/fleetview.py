@@ -1,0 +1,182 @@
+"""``fleet_view(store, who)``: the whole fleet in one read, as the fleet page and ``tpufleet top`` draw it.
+
+One JSON-ready dict (``GET /api/v1/fleet``)::
+
+    viewer   {"tenant", "admin"}
+    slices   every slice with its hosts, each host with ``chips`` (the catalog's chips per host) and
+             ``duty_cycle_percent`` (one number per chip, or None where nothing was measured); the
+             holder's ``tenant`` when the caller may see the holder, ``held_by_other`` otherwise
+    queue    the first ``queue_limit`` queued jobs the caller may see, in queue order, each with
+             ``position``: its place among every tenant's queued jobs of its slice type, ordered as
+             the policy orders them before fair share (priority, the head of line, then submission)
+    queued   how many queued jobs the caller may see (the queue list may be shorter)
+    active   the caller's jobs that hold slices (ADMITTED, STARTING, RUNNING)
+    recent   the caller's last ``recent_limit`` finished jobs, newest first
+    tenants  each tenant the caller may see (the admin: all; a tenant: itself) with ``quota`` and
+             ``held`` chips per generation, ``borrowing`` chips (held beyond quota), and job counts
+
+A tenant's token sees every slice (as ``GET /slices`` shows it) but only its own jobs and tenant;
+a slice held by another tenant's job says ``held_by_other`` and names neither the job nor the
+tenant. Numbers that are not measured are None, never 0. Reads only; bounded whatever the queue
+length (the queue positions are one windowed query in the database).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import func, select
+
+from tpufleet import catalog
+from tpufleet.control import records as r
+from tpufleet.control.schema import JobRow, SliceRow, TenantRow
+from tpufleet.control.store import Store, job_record, slice_record
+
+QUEUE_LIMIT = 50
+RECENT_LIMIT = 10
+_HIDDEN_FIELDS = ("env", "working_dir")  # not drawn; kept out of a payload polled every second
+
+
+def fleet_view(
+    store: Store, who: r.Principal, *, queue_limit: int = QUEUE_LIMIT, recent_limit: int = RECENT_LIMIT
+) -> dict[str, Any]:
+    scope = who.tenant  # None: the admin sees everything
+    with store.tx() as s:
+        slice_rows = list(s.scalars(select(SliceRow).order_by(SliceRow.name)))
+        active = list(
+            s.scalars(select(JobRow).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.admit_seq, JobRow.seq))
+        )
+        queue = _queue(s, scope, queue_limit)
+        queued = _count(s, scope, (r.QUEUED,))
+        recent_q = select(JobRow).where(JobRow.state.in_(r.TERMINAL))
+        if scope is not None:
+            recent_q = recent_q.where(JobRow.tenant == scope)
+        recent = list(
+            s.scalars(recent_q.order_by(JobRow.finished_at.desc(), JobRow.seq.desc()).limit(recent_limit))
+        )
+        tenant_q = select(TenantRow).order_by(TenantRow.name)
+        if scope is not None:
+            tenant_q = tenant_q.where(TenantRow.name == scope)
+        tenants = list(s.scalars(tenant_q))
+        counts = _counts_by_tenant(s, scope)
+    owner = {j.id: j.tenant for j in active}
+    visible = [j for j in active if scope is None or j.tenant == scope]
+    return {
+        "viewer": {"tenant": who.tenant, "admin": who.admin},
+        "at": store.clock(),
+        "slices": [_slice(x, owner, scope) for x in slice_rows],
+        "queued": queued,
+        "queue": [{**_job(j), "position": pos} for j, pos in queue],
+        "active": [_job(j) for j in visible],
+        "recent": [_job(j) for j in recent],
+        "tenants": _tenants(tenants, slice_rows, owner, active, counts),
+    }
+
+
+def _job(row: JobRow) -> dict[str, Any]:
+    d = job_record(row).to_dict()
+    for key in _HIDDEN_FIELDS:
+        d.pop(key, None)
+    del d["attempts"]  # listings carry none; GET /jobs/{id} has them
+    return d
+
+
+def _queue(s: Any, scope: str | None, limit: int) -> list[tuple[JobRow, int]]:
+    """The first ``limit`` queued jobs of ``scope`` in queue order, with their position among
+    every queued job of their slice type (one windowed query, whatever the queue length)."""
+    order = (JobRow.priority.desc(), JobRow.head_of_line.desc(), JobRow.seq)
+    ranked = (
+        select(
+            JobRow.seq.label("seq"),
+            func.row_number().over(partition_by=JobRow.accelerator_type, order_by=order).label("position"),
+            func.row_number().over(order_by=order).label("overall"),
+        )
+        .where(JobRow.state == r.QUEUED)
+        .subquery()
+    )
+    query = select(JobRow, ranked.c.position).join(ranked, ranked.c.seq == JobRow.seq)
+    if scope is not None:
+        query = query.where(JobRow.tenant == scope)
+    rows = s.execute(query.order_by(ranked.c.overall).limit(limit)).all()
+    return [(row, int(position)) for row, position in rows]
+
+
+def _count(s: Any, scope: str | None, states: tuple[str, ...]) -> int:
+    query = select(func.count()).select_from(JobRow).where(JobRow.state.in_(states))
+    if scope is not None:
+        query = query.where(JobRow.tenant == scope)
+    return int(s.scalar(query) or 0)
+
+
+def _counts_by_tenant(s: Any, scope: str | None) -> dict[str, dict[str, int]]:
+    query = select(JobRow.tenant, JobRow.state, func.count()).where(JobRow.state.in_((r.QUEUED, *r.ACTIVE)))
+    if scope is not None:
+        query = query.where(JobRow.tenant == scope)
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"queued": 0, "running": 0})
+    for tenant, state, n in s.execute(query.group_by(JobRow.tenant, JobRow.state)):
+        out[tenant]["queued" if state == r.QUEUED else "running"] += int(n)
+    return out
+
+
+def _shape(accelerator_type: str) -> catalog.SliceType | None:
+    try:
+        return catalog.slice_type(accelerator_type)
+    except Exception:  # a slice of a type this catalog does not know: drawn without chips
+        return None
+
+
+def _slice(row: SliceRow, owner: dict[str, str], scope: str | None) -> dict[str, Any]:
+    d = slice_record(row).to_dict()
+    st = _shape(row.accelerator_type)
+    holder_tenant = owner.get(row.holder) if row.holder else None
+    visible = scope is None or holder_tenant == scope
+    d["generation"] = st.gen_name if st else None
+    d["chips"] = st.chips if st else None
+    d["chips_per_host"] = st.chips_per_host if st else None
+    d["holder"] = row.holder if visible else None
+    d["tenant"] = holder_tenant if visible else None
+    d["held_by_other"] = bool(row.holder) and not visible
+    d["hosts"] = [
+        {
+            "worker_id": h.get("worker_id"),
+            "address": h.get("address"),
+            "alive": bool(h.get("alive")),
+            "chips": st.chips_per_host if st else None,
+            "duty_cycle_percent": None,  # per chip, once device metrics are sampled
+        }
+        for h in sorted(row.hosts or (), key=lambda h: h.get("worker_id", 0))
+    ]
+    return d
+
+
+def _tenants(
+    tenants: list[TenantRow],
+    slices: list[SliceRow],
+    owner: dict[str, str],
+    active: list[JobRow],
+    counts: dict[str, dict[str, int]],
+) -> list[dict[str, Any]]:
+    held: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for x in slices:
+        tenant = owner.get(x.holder) if x.holder else None
+        st = _shape(x.accelerator_type)
+        if tenant is not None and st is not None:
+            held[tenant][st.gen_name] += st.chips
+    borrowing_jobs = {j.tenant for j in active if j.borrowing}
+    out = []
+    for t in tenants:
+        quota = {gen: int(n) for gen, n in sorted((t.quota or {}).items())}
+        mine = dict(sorted(held[t.name].items()))
+        out.append(
+            {
+                "name": t.name,
+                "weight": t.weight,
+                "quota": quota,
+                "held": mine,
+                "borrowing": {g: n - quota.get(g, 0) for g, n in mine.items() if n > quota.get(g, 0)},
+                "has_borrowing_jobs": t.name in borrowing_jobs,
+                **counts.get(t.name, {"queued": 0, "running": 0}),
+            }
+        )
+    return out
