@@ -1,0 +1,398 @@
+"""``--provider kuberay`` through the official ``kubernetes`` client against a local HTTP server that
+answers as the Kubernetes API does for ``rayclusters.ray.io`` (GET, PATCH with
+``application/merge-patch+json`` and resourceVersion checks) and pods (list by label selector).
+Every patched RayCluster is validated against KubeRay's CRD schema (../shared/kuberay), as the API
+server would; ``reconcile()`` then does what KubeRay >= 1.6 does with RayMultiHostIndexing (one
+replica = numOfHosts pods labelled with the replica's name and index; a pod named in
+workersToDelete takes its whole replica with it)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import jsonschema
+import pytest
+from spec_builders import crds_or_skip, load_fleet, pool
+
+from tpufleet.errors import NotFoundError
+from tpufleet.provision.base import GroupState, HostHealth, SliceRequest
+from tpufleet.provision.kuberay import KubeRayConfig, KubeRayProvider, make_api_client
+from tpufleet.render.kuberay import render_raycluster
+
+NS = "ml"
+RC = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/fleet"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+SELECTOR = "ray.io/cluster=fleet,ray.io/node-type=worker"
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (what the API server applies for application/merge-patch+json)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+class FakeKubeApi(ThreadingHTTPServer):
+    def __init__(self, cluster: dict[str, Any], schema: dict[str, Any]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.cluster = cluster
+        self.cluster["metadata"].update(resourceVersion="100", namespace=NS)
+        self.schema = schema
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str, dict[str, list[str]], str | None, Any]] = []
+        self.after_get: list[Any] = []  # per GET of the RayCluster: a change made right after answering
+
+    @property
+    def host(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def patches(self) -> list[tuple[str, str, dict[str, list[str]], str | None, Any]]:
+        return [r for r in self.requests if r[0] == "PATCH"]
+
+    def group(self, name: str) -> dict[str, Any]:
+        return next(g for g in self.cluster["spec"]["workerGroupSpecs"] if g["groupName"] == name)
+
+    def bump(self) -> None:
+        md = self.cluster["metadata"]
+        md["resourceVersion"] = str(int(md["resourceVersion"]) + 1)
+
+    def reconcile(self, phase: str = "Running", ready: bool = True) -> None:
+        """KubeRay's multi-host reconcile: workersToDelete removes whole replicas, then replicas are
+        created until each group has ``replicas`` complete ones (new pods in ``phase``)."""
+        for g in self.cluster["spec"]["workerGroupSpecs"]:
+            named = (g.get("scaleStrategy") or {}).get("workersToDelete") or []
+            doomed = {
+                self.pods[n]["metadata"]["labels"]["ray.io/worker-group-replica-name"]
+                for n in named
+                if n in self.pods
+            }
+            for name in [
+                n
+                for n, p in self.pods.items()
+                if p["metadata"]["labels"]["ray.io/worker-group-replica-name"] in doomed
+            ]:
+                del self.pods[name]
+            replicas = {
+                p["metadata"]["labels"]["ray.io/worker-group-replica-name"]: int(
+                    p["metadata"]["labels"]["ray.io/worker-group-replica-index"]
+                )
+                for p in self.pods.values()
+                if p["metadata"]["labels"]["ray.io/group"] == g["groupName"]
+            }
+            used = set(replicas.values())
+            for _ in range(g["replicas"] - len(replicas)):
+                index = next(i for i in range(1000) if i not in used)
+                used.add(index)
+                replica = f"{g['groupName']}-{uuid.uuid4().hex[:5]}"
+                for host in range(g["numOfHosts"]):
+                    self.add_pod(g["groupName"], replica, index, host, phase, ready)
+
+    def add_pod(self, group: str, replica: str, index: int, host: int, phase: str, ready: bool) -> None:
+        name = f"fleet-{group}-worker-{uuid.uuid4().hex[:5]}"
+        scheduled = {"type": "PodScheduled", "status": "True"}
+        if phase == "Pending":
+            scheduled = {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient google.com/tpu.",
+            }
+        self.pods[name] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "labels": {
+                    "ray.io/cluster": "fleet",
+                    "ray.io/node-type": "worker",
+                    "ray.io/group": group,
+                    "ray.io/worker-group-replica-name": replica,
+                    "ray.io/worker-group-replica-index": str(index),
+                    "ray.io/replica-host-index": str(host),
+                },
+            },
+            "spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.60.0"}]},
+            "status": {
+                "phase": phase,
+                "conditions": [scheduled, {"type": "Ready", "status": "True" if ready else "False"}],
+            },
+        }
+
+    def replica_pods(self, group: str) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for name, p in sorted(self.pods.items()):
+            labels = p["metadata"]["labels"]
+            if labels["ray.io/group"] == group:
+                out.setdefault(labels["ray.io/worker-group-replica-name"], []).append(name)
+        return out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeKubeApi
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _reply(self, code: int, body: Any) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def _status(self, code: int, reason: str, message: str) -> None:
+        body = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        }
+        self._reply(code, body)
+
+    def _handle(self, method: str) -> None:
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        srv = self.server
+        srv.requests.append((method, url.path, query, self.headers.get("Content-Type"), body))
+        if url.path == RC and method == "GET":
+            self._reply(200, srv.cluster)
+            change = srv.after_get.pop(0) if srv.after_get else None
+            if change is not None:
+                change()
+        elif url.path == RC and method == "PATCH":
+            if self.headers.get("Content-Type") != "application/merge-patch+json":
+                self._status(415, "UnsupportedMediaType", "want a merge patch")
+                return
+            want = (body.get("metadata") or {}).get("resourceVersion")
+            if want is not None and want != srv.cluster["metadata"]["resourceVersion"]:
+                self._status(
+                    409,
+                    "Conflict",
+                    "the object has been modified; please apply your changes to the latest version",
+                )
+                return
+            patched = merge_patch(srv.cluster, body)
+            try:
+                jsonschema.Draft7Validator(srv.schema).validate(patched)
+            except jsonschema.ValidationError as err:
+                self._status(422, "Invalid", f"RayCluster.ray.io is invalid: {err.message}")
+                return
+            srv.cluster = patched
+            srv.bump()
+            self._reply(200, srv.cluster)
+        elif url.path == PODS and method == "GET":
+            pairs = dict(kv.split("=", 1) for kv in query["labelSelector"][0].split(","))
+            items = [
+                p
+                for p in srv.pods.values()
+                if all(p["metadata"]["labels"].get(k) == v for k, v in pairs.items())
+            ]
+            self._reply(
+                200,
+                {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items},
+            )
+        else:
+            self._status(404, "NotFound", f"{url.path} not found")
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeApi]:
+    schema = crds_or_skip()("RayCluster", "v1")
+    spec = load_fleet(
+        [
+            pool("v4", type="v4-16", slices=1),
+            pool("v4spot", type="v4-16", slices=0, max_slices=4, spot=True),
+            pool("v6e", type="v6e-8", slices=0, max_slices=4),
+        ],
+        autoscaling={"enabled": True},
+    )
+    srv = FakeKubeApi(render_raycluster(spec), schema)
+    srv.reconcile()  # the pools' own slices exist before the provider starts
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture
+def provider(api: FakeKubeApi) -> KubeRayProvider:
+    return KubeRayProvider(KubeRayConfig(NS, "fleet"), api_client=make_api_client(api.host))
+
+
+def _group(p: KubeRayProvider, name: str) -> Any:
+    return next(g for g in p.poll() if g.name == name)
+
+
+def _specs_with(api: FakeKubeApi, group: str, **changes: Any) -> list[dict[str, Any]]:
+    """The workerGroupSpecs as the provider must send them: every group, one changed."""
+    specs = copy.deepcopy(api.cluster["spec"]["workerGroupSpecs"])
+    for g in specs:
+        if g["groupName"] == group:
+            g.update(changes)
+    return specs
+
+
+def test_create_patches_replicas_of_the_matching_worker_group(
+    api: FakeKubeApi, provider: KubeRayProvider
+) -> None:
+    expected = _specs_with(api, "v4spot", replicas=2)
+    provider.create(SliceRequest("burst", "v4-16", count=2, spot=True))
+    assert api.patches() == [
+        (
+            "PATCH",
+            RC,
+            {},
+            "application/merge-patch+json",
+            {"metadata": {"resourceVersion": "100"}, "spec": {"workerGroupSpecs": expected}},
+        )
+    ]
+    assert api.group("v4spot")["replicas"] == 2 and api.group("v4")["replicas"] == 1
+    provider.create(SliceRequest("burst", "v4-16", count=2, spot=True))  # idempotent
+    assert len(api.patches()) == 1
+
+
+def test_states_from_pods_waiting_then_active(api: FakeKubeApi, provider: KubeRayProvider) -> None:
+    provider.create(SliceRequest("g", "v4-16", spot=True))
+    g = _group(provider, "g")
+    assert g.state is GroupState.PROVISIONING and "0 of 1 replica(s)" in g.message
+    api.reconcile(phase="Pending", ready=False)
+    g = _group(provider, "g")
+    assert g.state is GroupState.WAITING_FOR_RESOURCES and "Insufficient google.com/tpu" in g.message
+    for name in api.replica_pods("v4spot")[next(iter(api.replica_pods("v4spot")))]:
+        api.pods[name]["status"] = {
+            "phase": "Running",
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+        }
+    g = _group(provider, "g")
+    assert g.state is GroupState.ACTIVE
+    assert [(s.name, s.hosts) for s in g.slices] == [("v4spot-0", (HostHealth.READY, HostHealth.READY))]
+    assert all(g.name != "v4" for g in provider.poll())  # the pool's own replica belongs to no group
+
+
+def test_scale_up_then_scale_down_names_a_pod_of_the_replica(
+    api: FakeKubeApi, provider: KubeRayProvider
+) -> None:
+    provider.create(SliceRequest("a", "v6e-8"))
+    provider.create(SliceRequest("b", "v6e-8"))  # scale up: one more replica
+    assert [p[4]["spec"]["workerGroupSpecs"][2]["replicas"] for p in api.patches()] == [1, 2]
+    assert [p[4]["metadata"]["resourceVersion"] for p in api.patches()] == ["100", "101"]
+    api.reconcile()
+    assert {g.name: g.state for g in provider.poll()} == {"a": GroupState.ACTIVE, "b": GroupState.ACTIVE}
+    a_slice = _group(provider, "a").slices[0].name
+    (a_replica,) = [
+        r
+        for r, pods in api.replica_pods("v6e").items()
+        if pods
+        and api.pods[pods[0]]["metadata"]["labels"]["ray.io/worker-group-replica-index"]
+        == a_slice.rsplit("-", 1)[1]
+    ]
+    pod = api.replica_pods("v6e")[a_replica][0]
+    expected = _specs_with(api, "v6e", replicas=1, scaleStrategy={"workersToDelete": [pod]})
+    provider.delete("a")  # scale down: exactly a's replica goes
+    assert api.patches()[-1][4] == {
+        "metadata": {"resourceVersion": "102"},
+        "spec": {"workerGroupSpecs": expected},
+    }
+    assert _group(provider, "a").state is GroupState.DELETING
+    api.reconcile()
+    assert a_replica not in api.replica_pods("v6e") and len(api.replica_pods("v6e")) == 1
+    assert [g.name for g in provider.poll()] == ["b"]
+    provider.delete("b")  # delete: the last replica
+    api.reconcile()
+    assert api.group("v6e")["replicas"] == 0 and api.replica_pods("v6e") == {}
+    assert provider.poll() == []
+
+
+def test_a_concurrent_writer_makes_the_patch_retry_on_the_new_version(
+    api: FakeKubeApi, provider: KubeRayProvider
+) -> None:
+    def ray_autoscaler_writes() -> None:  # another writer, right after our read
+        api.group("v4")["replicas"] = 2
+        api.bump()
+
+    api.after_get = [None, ray_autoscaler_writes]  # the 2nd GET (the patch's read) goes stale
+    provider.create(SliceRequest("g", "v6e-8"))
+    assert [p[4]["metadata"]["resourceVersion"] for p in api.patches()] == ["100", "101"]
+    assert [r[0] for r in api.requests if r[1] == RC] == ["GET", "GET", "PATCH", "GET", "PATCH"]
+    assert api.group("v6e")["replicas"] == 1
+    assert api.group("v4")["replicas"] == 2  # the other writer's change survived
+
+
+def test_pod_deletion_is_a_notice_then_the_lost_replica_suspends(
+    api: FakeKubeApi, provider: KubeRayProvider
+) -> None:
+    provider.create(SliceRequest("s", "v4-16", spot=True))
+    api.reconcile()
+    assert _group(provider, "s").state is GroupState.ACTIVE
+    ((replica, pods),) = api.replica_pods("v4spot").items()
+    deadline = datetime(2026, 11, 30, 20, 0, 30, tzinfo=UTC)
+    api.pods[pods[1]]["metadata"]["deletionTimestamp"] = deadline.isoformat().replace("+00:00", "Z")
+    g = _group(provider, "s")
+    assert g.state is GroupState.ACTIVE and g.slices[0].preempt_deadline == deadline.timestamp()
+    for name in pods:  # the node went; KubeRay deleted the incomplete replica
+        del api.pods[name]
+    g = _group(provider, "s")
+    assert g.state is GroupState.SUSPENDED and "v4spot-0 lost" in g.message
+    assert [(s.name, s.hosts) for s in g.slices] == [("v4spot-0", (HostHealth.PREEMPTED,))]
+    api.reconcile()  # KubeRay keeps replicas: a new replica replaces it
+    g = _group(provider, "s")
+    assert g.state is GroupState.ACTIVE and [s.name for s in g.slices] == ["v4spot-0"]
+    assert replica not in api.replica_pods("v4spot")
+
+
+def test_no_worker_group_for_the_type_fails_the_group_with_the_choices(
+    api: FakeKubeApi, provider: KubeRayProvider
+) -> None:
+    provider.create(SliceRequest("x", "v5p-8"))
+    g = _group(provider, "x")
+    assert g.state is GroupState.FAILED and "no worker group for v5p-8" in g.message and "v4spot" in g.message
+    assert api.patches() == []
+
+
+def test_the_crd_really_rejects_a_bad_patch(api: FakeKubeApi) -> None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    custom = client.CustomObjectsApi(make_api_client(api.host))
+    bad = {"spec": {"workerGroupSpecs": [{**api.group("v4"), "replicas": "two"}]}}
+    with pytest.raises(ApiException) as err:
+        custom.patch_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", "fleet", bad)
+    assert err.value.status == 422
+
+
+def test_a_missing_raycluster_is_named(api: FakeKubeApi) -> None:
+    p = KubeRayProvider(KubeRayConfig(NS, "nope"), api_client=make_api_client(api.host))
+    p.create(SliceRequest("g", "v4-16"))
+    g = _group(p, "g")
+    assert g.state is GroupState.FAILED and "no RayCluster 'nope' in namespace 'ml'" in g.message
+    with pytest.raises(NotFoundError):
+        p._get_cluster()
