@@ -1,0 +1,297 @@
+"""The live fleet page in a real headless Chromium, and ``tpufleet top``, against a real server.
+
+``tpufleet serve --sandbox`` runs as a process (no Ray); the page is driven by Playwright through
+Debian's ``chromium`` (``executable_path``: no browser is ever downloaded). The tests skip with the
+reason when chromium or Playwright is missing, unless ``TPUFLEET_REQUIRE_CHROMIUM`` is set (as
+``make test`` does; ``scripts/ensure-test-services.sh`` installs it). Proven here: the page asks for
+a token and keeps it out of URLs, shows the slices as hosts and chips and a running job, updates
+when the job ends without a reload, shows why a job waits, a job's hosts, attempts and logs, renders
+a hostile job name as text, and a tenant's token sees only its own jobs; ``top --once`` prints a
+frame with the same facts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+HOSTILE = '<img src=x onerror="window.__pwned=1">'
+NO_CLOUD = {"NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
+HINT = "install Debian's chromium (scripts/ensure-test-services.sh) and playwright (pip, dev extras)"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    admin: str
+    tokens: dict[str, str]
+
+    def submit(self, tenant: str, **body: Any) -> str:
+        headers = {"Authorization": f"Bearer {self.tokens[tenant]}"}
+        resp = httpx.post(f"{self.url}/api/v1/jobs", json=body, headers=headers, timeout=10)
+        assert resp.status_code == 201, resp.text
+        return str(resp.json()["id"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {self.admin}"}
+        return dict(httpx.get(f"{self.url}/api/v1/jobs/{job_id}", headers=headers, timeout=10).json())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``tpufleet serve --sandbox v4-16:2,v6e-8:1`` as a process, stopped by its PID; two tenants."""
+    tmp = tmp_path_factory.mktemp("fleet-page")
+    port = _free_port()
+    env = {**os.environ, **NO_CLOUD, "TPUFLEET_CONFIG": str(tmp / "ctx.yaml")}
+    cmd = [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16:2,v6e-8:1", "--job-seconds", "1"]
+    cmd += ["--state-dir", str(tmp / "cp"), "--port", str(port)]
+    log = open(tmp / "serve.log", "w")  # noqa: SIM115  closed below
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp / "serve.log").read_text()
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (tmp / "serve.log").read_text()
+            time.sleep(0.2)
+        admin = (tmp / "cp" / "admin-token").read_text().strip()
+        tokens = {}
+        for name, quota in (("research", {"v4": 16}), ("prod", {"v6e": 8})):
+            resp = httpx.post(
+                f"{url}/api/v1/tenants",
+                json={"name": name, "quota": quota},
+                headers={"Authorization": f"Bearer {admin}"},
+                timeout=10,
+            )
+            assert resp.status_code == 201, resp.text
+            tokens[name] = resp.json()["token"]
+        yield Server(url, admin, tokens)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    chromium = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None  # type: ignore[assignment]
+    if chromium is None or sync_playwright is None:
+        why = f"chromium {'not on PATH' if chromium is None else 'found'}, playwright " + (
+            "missing" if sync_playwright is None else "installed"
+        )
+        if os.environ.get("TPUFLEET_REQUIRE_CHROMIUM"):
+            pytest.fail(
+                f"Chromium required (TPUFLEET_REQUIRE_CHROMIUM is set, as in make test): {why}; {HINT}"
+            )
+        pytest.skip(f"Chromium SKIPPED: {why}; {HINT}")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _sign_in(page: Any, url: str, token: str) -> None:
+    page.goto(url + "/")
+    page.wait_for_selector("#login-form", state="visible")
+    assert page.locator("#fleet").is_hidden()
+    page.fill("#token", token)
+    page.click("#login-form button[type=submit]")
+    page.wait_for_selector(".slice[data-slice]")
+
+
+def test_the_page_shows_the_fleet_a_running_job_and_updates_when_it_ends(
+    server: Server, browser: Any
+) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    urls: list[str] = []
+    page.on("request", lambda req: urls.append(req.url))
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+
+    _sign_in(page, server.url, server.admin)
+    assert page.evaluate("sessionStorage.getItem('tpufleet.token')") == server.admin
+    assert page.evaluate("localStorage.length") == 0 and context.cookies() == []
+    page.evaluate("window.__same_document = true")  # gone if the page reloads or navigates
+
+    # every slice, drawn as its hosts and chips (v4-16: 2 hosts x 4 chips; v6e-8: 1 host x 8)
+    assert sorted(page.locator(".slice").evaluate_all("els => els.map(e => e.dataset.slice)")) == [
+        "tpu-v4-16-0",
+        "tpu-v4-16-1",
+        "tpu-v6e-8-0",
+    ]
+    v4 = page.locator('.slice[data-slice="tpu-v4-16-0"]')
+    assert v4.locator(".host").count() == 2 and v4.locator(".chip").count() == 8
+    assert page.locator('.slice[data-slice="tpu-v6e-8-0"] .chip').count() == 8
+    assert page.locator("#viewer").inner_text() == "admin: the whole fleet"
+
+    # a job that cannot fit: the queue says why it waits
+    waiting = server.submit("research", command=["python", "big.py"], accelerator_type="v4-16", num_slices=3)
+    row = page.locator(f'#queue tr[data-job="{waiting}"]')
+    row.wait_for(timeout=15_000)
+    assert "NO_SUCH_SLICES_IN_FLEET" in row.inner_text()
+
+    # a running job with a hostile name, on one v4-16
+    env = {"TPUFLEET_SANDBOX_SECONDS": "10"}
+    job = server.submit(
+        "research", command=["python", "train.py"], accelerator_type="v4-16", name=HOSTILE, env=env
+    )
+    running = page.locator(f'#active tr[data-job="{job}"]')
+    running.wait_for(timeout=15_000)
+    held = page.locator(f'.slice[data-holder="{job}"]')
+    held.wait_for(timeout=15_000)
+    assert held.get_attribute("data-state") == "HELD" and held.locator(".chip.tenant").count() == 8
+    assert running.locator(".job-name span").nth(1).text_content() == HOSTILE  # shown as text
+    assert page.evaluate("document.querySelectorAll('img').length") == 0
+    assert page.evaluate("window.__pwned") is None
+    usage = page.locator('#tenants tr[data-tenant="research"]').inner_text()
+    assert "8 / 16" in usage
+
+    # the job's hosts, attempts and live logs
+    running.locator(".job-name").click()
+    page.wait_for_selector("#job:not([hidden])")
+    assert page.locator("#job-title").text_content() == f"{job} · {HOSTILE}"
+    page.locator("#job-attempts tr[data-attempt='1']").wait_for(timeout=10_000)
+    assert page.locator("#job-hosts .host").count() == 2
+    page.wait_for_function("document.getElementById('job-logs').textContent.includes('running 10 s')")
+
+    # the job ends: the page moves it to Finished and frees its slice, without a reload
+    page.locator(f'#recent tr[data-job="{job}"][data-state="SUCCEEDED"]').wait_for(timeout=30_000)
+    assert running.count() == 0 and held.count() == 0
+    page.locator("#job-logs-note", has_text="complete").wait_for(timeout=10_000)
+    assert "sandbox: exit 0" in page.locator("#job-logs").text_content()
+    assert page.evaluate("window.__same_document") is True
+    assert server.job(job)["state"] == "SUCCEEDED"
+
+    assert not errors, errors
+    assert urls and not [u for u in urls if server.admin in u], "the token must never be in a URL"
+    page.click("#signout")
+    assert page.evaluate("sessionStorage.getItem('tpufleet.token')") is None
+    assert page.locator("#login-form").is_visible()
+    context.close()
+
+
+def test_a_tenant_token_sees_the_slices_but_not_another_tenants_job(server: Server, browser: Any) -> None:
+    env = {"TPUFLEET_SANDBOX_SECONDS": "30"}
+    theirs = server.submit(
+        "research", command=["python", "x.py"], accelerator_type="v4-16", name="secret-run", env=env
+    )
+    deadline = time.monotonic() + 15
+    while server.job(theirs)["state"] != "RUNNING":
+        assert time.monotonic() < deadline, server.job(theirs)
+        time.sleep(0.2)
+    held_slice = server.job(theirs)["slices"][0]
+    context = browser.new_context()
+    page = context.new_page()
+    _sign_in(page, server.url, server.tokens["prod"])
+    assert page.locator("#viewer").inner_text() == "tenant prod"
+    assert page.locator(".slice").count() == 3
+    other = page.locator(f'.slice[data-slice="{held_slice}"]')
+    assert other.get_attribute("data-holder") == "" and other.locator(".chip.other").count() == 8
+    body = page.locator("body").inner_text()
+    assert "secret-run" not in body and theirs not in body and "research" not in body
+    assert [
+        r for r in page.locator("#tenants tbody tr").evaluate_all("rs => rs.map(r => r.dataset.tenant)")
+    ] == ["prod"]
+    context.close()
+    httpx.post(
+        f"{server.url}/api/v1/jobs/{theirs}/cancel",
+        headers={"Authorization": f"Bearer {server.admin}"},
+        timeout=10,
+    )
+
+
+def test_a_bad_token_is_refused_on_the_page(server: Server, browser: Any) -> None:
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    page.fill("#token", "not-a-token")
+    page.click("#login-form button[type=submit]")
+    page.locator("#login-error", has_text="not accepted").wait_for(timeout=10_000)
+    assert page.locator("#fleet").is_hidden()
+    assert page.evaluate("sessionStorage.getItem('tpufleet.token')") is None
+    page.close()
+
+
+# -- tpufleet top ---------------------------------------------------------------------------------
+def _top(server: Server, token: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **NO_CLOUD, "TPUFLEET_TOKEN": token, "TPUFLEET_SERVER": server.url}
+    cmd = [sys.executable, "-m", "tpufleet", "top", "--once"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_top_once_prints_one_frame_of_the_fleet(server: Server) -> None:
+    env = {"TPUFLEET_SANDBOX_SECONDS": "30"}
+    job = server.submit(
+        "research", command=["python", "t.py"], accelerator_type="v4-16", name="top-run", env=env
+    )
+    deadline = time.monotonic() + 15
+    while server.job(job)["state"] != "RUNNING":
+        assert time.monotonic() < deadline, server.job(job)
+        time.sleep(0.2)
+    held = server.job(job)["slices"][0]
+    server.submit("prod", command=["python", "big.py"], accelerator_type="v6e-8", num_slices=2)
+    try:
+        out = _top(server, server.admin)
+        assert out.returncode == 0, out.stderr
+        frame = out.stdout
+        assert "admin: the whole fleet" in frame
+        rows = {line.split()[0]: line for line in frame.splitlines() if line.strip().startswith("tpu-")}
+        assert sorted(rows) == ["tpu-v4-16-0", "tpu-v4-16-1", "tpu-v6e-8-0"]
+        assert "HELD" in rows[held] and f"research {job}" in rows[held]
+        assert re.search(r"■{4} ■{4}", rows[held])  # two hosts of four chips
+        assert "■" * 8 in rows["tpu-v6e-8-0"] and "FREE" in rows["tpu-v6e-8-0"]
+        assert re.search(rf"{job}\s+top-run\s+research\s+RUNNING\s+{held}", frame)
+        assert re.search(r"research\s+v4 8/16", frame)
+        assert re.search(r"2 x v6e-8\s+0\s+NO_SUCH_SLICES_IN_FLEET", frame)  # the queue says why it waits
+        mine = _top(server, server.tokens["prod"])
+        assert mine.returncode == 0, mine.stderr
+        assert "tenant prod" in mine.stdout and "top-run" not in mine.stdout and job not in mine.stdout
+        assert re.search(rf"{held}\s.*another tenant", mine.stdout)
+    finally:
+        httpx.post(
+            f"{server.url}/api/v1/jobs/{job}/cancel",
+            headers={"Authorization": f"Bearer {server.admin}"},
+            timeout=10,
+        )
+
+
+def test_top_with_a_bad_token_says_so_in_one_line(server: Server) -> None:
+    out = _top(server, "not-a-token")
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") <= 1 and "error:" in out.stderr
