@@ -171,7 +171,7 @@ def demo_cmd(
         with _spinner("control plane serving"):
             url = cp.start_http()
         console.print(f"  API {url}/api/v1 (docs at {url}/docs); admin token in {cp.admin_token_path}")
-        console.print(f"  fleet page {url}/ (paste the admin token); or `tpufleet top --server {url}`")
+        console.print(f"  fleet page {url}/ (sign in with that admin token)")
         admin = stack.enter_context(Client(url, cp.admin_token))
         research = admin.create_tenant("research", {"v6e": 16, "v4": 8}, weight=2)
         prod = admin.create_tenant("prod", {"v4": 16})
