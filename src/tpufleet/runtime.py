@@ -17,20 +17,48 @@ sets a free port per attempt, because on one machine several jobs run at once), 
 ``JAX_COORDINATOR_PORT`` (what JAX itself honours on TPUs), else 8482 (JAX's default).
 
 This module imports nothing heavy: ``jax`` is imported inside :func:`initialize_jax`.
+
+**Step progress** (goodput): :func:`report_step` records, from process 0 (worker 0 of slice 0; a
+call on any other process returns at once), the steps the job has completed. It writes a small JSON
+file, ``$TPUFLEET_PROGRESS_FILE`` (set by the runner to ``progress.json`` in the attempt's scratch
+directory, which the job may write inside its jail), at most once a second and once more at exit;
+the host's runner reads it (:func:`read_progress`, size-capped and strict: the file is the job's, so
+it is untrusted) and the control plane stores the first and the last step of each attempt with
+their times. Outside tpufleet (no variable) it does nothing.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import math
 import os
+import stat
+import threading
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_COORDINATOR_PORT", "DistributedArgs", "distributed_args", "initialize_jax", "is_emulated"]
+__all__ = [
+    "DEFAULT_COORDINATOR_PORT",
+    "PROGRESS_VAR",
+    "DistributedArgs",
+    "StepProgress",
+    "distributed_args",
+    "initialize_jax",
+    "is_emulated",
+    "read_progress",
+    "report_step",
+]
 
 DEFAULT_COORDINATOR_PORT = 8482  # JAX's coordinator port for Cloud TPU auto-detection
 PORT_VAR = "TPUFLEET_JAX_COORDINATOR_PORT"
 EMULATED_VAR = "TPUFLEET_EMULATED"
+PROGRESS_VAR = "TPUFLEET_PROGRESS_FILE"
+PROGRESS_WRITE_S = 1.0  # report_step writes the file at most this often (and once more at exit)
+MAX_PROGRESS_BYTES = 4096
+MAX_STEP = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -101,3 +129,197 @@ def initialize_jax(environ: Mapping[str, str] | None = None) -> DistributedArgs 
             cluster_detection_method="deactivate",
         )
     return args
+
+
+# -- Ray jobs (``tpufleet submit --ray``; docs/ray-jobs.md) ----------------------------------------
+# The driver of a Ray job gets the slices the policy admitted (``contract.ray_driver_env``); these
+# helpers turn them into Ray Train's configuration, so a script hard-codes no topology.
+
+__all__ += ["RaySlices", "admitted_slices", "run_config", "scaling_config"]
+
+
+@dataclass(frozen=True)
+class RaySlices:
+    """The slices a Ray job was admitted on: their names, type and topology."""
+
+    names: tuple[str, ...]
+    accelerator_type: str  # GCE naming, e.g. v4-16
+    topology: str  # e.g. 2x2x2
+    hosts_per_slice: int
+    ray_accelerator_type: str  # what Ray Train calls the generation, e.g. TPU-V4
+
+    @property
+    def num_workers(self) -> int:
+        """One Ray Train worker per host of every slice, as ``JaxTrainer(use_tpu=True)`` wants."""
+        return self.hosts_per_slice * len(self.names)
+
+
+def admitted_slices(environ: Mapping[str, str] | None = None) -> RaySlices:
+    """The slices this Ray job was admitted on (from the driver's environment); ValueError naming
+    what is missing outside a tpufleet Ray job."""
+    env = os.environ if environ is None else environ
+    names = tuple(n for n in env.get("TPUFLEET_SLICES", "").split(",") if n)
+    if env.get("TPUFLEET_JOB_KIND") != "ray" or not names:
+        raise ValueError(
+            "not a tpufleet Ray job: TPUFLEET_JOB_KIND=ray and TPUFLEET_SLICES are set only for a job "
+            "submitted with tpufleet submit --ray"
+        )
+    return RaySlices(
+        names=names,
+        accelerator_type=env.get("TPUFLEET_ACCELERATOR_TYPE", ""),
+        topology=env.get("TPUFLEET_TOPOLOGY", ""),
+        hosts_per_slice=_int(env, "TPUFLEET_HOSTS_PER_SLICE", 1),
+        ray_accelerator_type=env.get("TPUFLEET_RAY_ACCELERATOR_TYPE", ""),
+    )
+
+
+def scaling_config(environ: Mapping[str, str] | None = None, **overrides: Any) -> Any:
+    """Ray Train's ``ScalingConfig`` for the admitted slices: ``use_tpu=True``, one worker per host,
+    their topology and accelerator type (``overrides`` win, e.g. ``resources_per_worker``)."""
+    from ray.train import ScalingConfig
+
+    s = admitted_slices(environ)
+    fields: dict[str, Any] = {
+        "use_tpu": True,
+        "num_workers": s.num_workers,
+        "topology": s.topology,
+        "accelerator_type": s.ray_accelerator_type,
+    }
+    return ScalingConfig(**(fields | overrides))
+
+
+def run_config(environ: Mapping[str, str] | None = None, **overrides: Any) -> Any:
+    """Ray Train's ``RunConfig`` that survives attempts: ``storage_path`` is the job's
+    ``TPUFLEET_CHECKPOINT_DIR`` and ``name`` the job's id, so the next attempt's trainer finds the
+    last attempt's checkpoints (``ray.train.get_checkpoint()``)."""
+    from ray.train import RunConfig
+
+    env = os.environ if environ is None else environ
+    where, job = env.get("TPUFLEET_CHECKPOINT_DIR", ""), env.get("TPUFLEET_JOB_ID", "")
+    if not where or not job:
+        raise ValueError("not a tpufleet job: TPUFLEET_CHECKPOINT_DIR and TPUFLEET_JOB_ID are not set")
+    return RunConfig(**({"storage_path": where, "name": f"tpufleet-{job}"} | overrides))
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """One attempt's progress: the first step it reported and when, the last one and when
+    (seconds since the epoch, the host's clock)."""
+
+    first_step: int
+    first_at: float
+    step: int
+    at: float
+
+    def advance(self, step: int, at: float) -> StepProgress:
+        return StepProgress(self.first_step, self.first_at, step, at)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StepProgress | None:
+        """A progress record from untrusted data, or None unless it is whole and sane: steps are
+        whole numbers in [0, 2**31), times finite, and neither goes backwards."""
+        if not isinstance(data, dict):
+            return None
+        steps = [data.get("first_step"), data.get("step")]
+        times = [data.get("first_at"), data.get("at")]
+        if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_STEP for s in steps):
+            return None
+        if not all(
+            isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) for t in times
+        ):
+            return None
+        first_step, step = int(steps[0]), int(steps[1])  # type: ignore[arg-type]
+        first_at, at = float(times[0]), float(times[1])  # type: ignore[arg-type]
+        if step < first_step or at < first_at:
+            return None
+        return cls(first_step, first_at, step, at)
+
+
+def read_progress(path: str | os.PathLike[str]) -> StepProgress | None:
+    """The progress file a job wrote, or None (missing, not a regular file, too big, malformed).
+    Opened without following a link and without blocking: the job controls that path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, MAX_PROGRESS_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_PROGRESS_BYTES:
+        return None
+    try:
+        return StepProgress.from_dict(json.loads(raw.decode("utf-8")))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+class _Reporter:
+    """What :func:`report_step` keeps between calls (one per process)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.progress: StepProgress | None = None
+        self.written: StepProgress | None = None
+        self.last_write = -math.inf
+        self.path: str | None = None
+        self.hooked = False
+
+    def write(self) -> None:
+        progress, path = self.progress, self.path
+        if progress is None or path is None or progress == self.written:
+            return
+        tmp = f"{path}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(progress.to_dict(), f)
+            os.replace(tmp, path)
+        except OSError:
+            return  # a full disk or a vanished scratch dir must never stop training
+        self.written, self.last_write = progress, time.monotonic()
+
+
+_reporter = _Reporter()
+
+
+def _process_zero(env: Mapping[str, str]) -> bool:
+    return env.get("TPU_WORKER_ID", "0").strip() in ("", "0") and env.get(
+        "MEGASCALE_SLICE_ID", "0"
+    ).strip() in ("", "0")
+
+
+def report_step(step: int, *, environ: Mapping[str, str] | None = None) -> None:
+    """Record that the job has completed ``step`` (a whole number that grows as it trains; after a
+    resume, the step it continues from + 1). Cheap: at most one small file write a second. Only
+    process 0 records (worker 0 of slice 0); elsewhere, and outside tpufleet, it does nothing."""
+    env = os.environ if environ is None else environ
+    path = env.get(PROGRESS_VAR)
+    if not path or not _process_zero(env):
+        return
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise ValueError(f"report_step: step must be a whole number from 0 to {MAX_STEP}, got {step!r}")
+    now = time.time()
+    with _reporter.lock:
+        r = _reporter
+        if r.path != path:
+            r.path, r.progress, r.written, r.last_write = path, None, None, -math.inf
+        r.progress = (
+            StepProgress(step, now, step, now) if r.progress is None else r.progress.advance(step, now)
+        )
+        if not r.hooked:
+            atexit.register(_flush)
+            r.hooked = True
+        if time.monotonic() - r.last_write >= PROGRESS_WRITE_S or r.written is None:
+            r.write()
+
+
+def _flush() -> None:
+    with _reporter.lock:
+        _reporter.write()
