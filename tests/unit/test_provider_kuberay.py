@@ -396,3 +396,38 @@ def test_a_missing_raycluster_is_named(api: FakeKubeApi) -> None:
     assert g.state is GroupState.FAILED and "no RayCluster 'nope' in namespace 'ml'" in g.message
     with pytest.raises(NotFoundError):
         p._get_cluster()
+
+
+def test_rendered_rbac_grants_exactly_what_the_provider_calls() -> None:
+    import kubernetes_validate
+
+    from tpufleet.render.kuberay import render_kuberay
+
+    spec = load_fleet([pool("v4", type="v4-16")])
+    objects = render_kuberay(spec, provider_rbac=True)
+    assert [o["kind"] for o in objects] == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+        "RayCluster",
+    ]
+    sa, role, binding = objects[:3]
+    version = kubernetes_validate.latest_version()
+    for obj in (sa, role, binding):
+        kubernetes_validate.validate(obj, version, strict=True)
+    # The provider's calls: GET/PATCH rayclusters/<fleet> (ray.io) and LIST pods, in the fleet's namespace.
+    assert role["rules"] == [
+        {
+            "apiGroups": ["ray.io"],
+            "resources": ["rayclusters"],
+            "resourceNames": ["fleet"],
+            "verbs": ["get", "patch"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NS}
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert [o["kind"] for o in render_kuberay(spec)] == ["ServiceAccount", "RayCluster"]  # opt-in

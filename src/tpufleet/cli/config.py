@@ -90,12 +90,14 @@ def _write(objects: list[dict[str, Any]], out_dir: Path, single: str | None) -> 
     return paths
 
 
-def _render(spec: FleetSpec, target: Target, rayjob: str | None) -> list[dict[str, Any]]:
+def _render(
+    spec: FleetSpec, target: Target, rayjob: str | None, provider_rbac: bool = False
+) -> list[dict[str, Any]]:
     if target is Target.gce:
-        if rayjob:
-            raise SpecError("--rayjob needs --target kuberay (the GCE launcher has no RayJob)")
+        if rayjob or provider_rbac:
+            raise SpecError("--rayjob and --provider-rbac need --target kuberay")
         return [render_launcher(spec)]
-    return render_kuberay(spec, rayjob)
+    return render_kuberay(spec, rayjob, provider_rbac=provider_rbac)
 
 
 def _check(objects: list[dict[str, Any]], target: Target) -> None:
@@ -134,6 +136,14 @@ def render_cmd(
         str | None, typer.Option("--rayjob", help="Wrap the cluster in a RayJob running ENTRYPOINT.")
     ] = None,
     check: Annotated[bool, typer.Option(help="Validate the result (CRDs / Ray's launcher).")] = False,
+    provider_rbac: Annotated[
+        bool,
+        typer.Option(
+            "--provider-rbac",
+            help="Also the ServiceAccount, Role and RoleBinding `tpufleet serve --provider kuberay` "
+            "needs (get/patch this RayCluster, list its pods); see docs/provisioning.md.",
+        ),
+    ] = False,
 ) -> None:
     """Render a fleet spec as KubeRay objects, a Ray cluster-launcher config for GCE TPU VMs, or
     the fleet's alert rules and Grafana dashboard."""
@@ -141,7 +151,7 @@ def render_cmd(
     if target is Target.observability:
         _render_observability(spec, out, rayjob, check)
         return
-    objects = _render(spec, target, rayjob)
+    objects = _render(spec, target, rayjob, provider_rbac)
     if check:
         _check(objects, target)
     if out is None:

@@ -17,7 +17,14 @@ from tpufleet.render.common import HEAD_PORTS, METRICS_PORT, WORKER_PORTS, Obj, 
 from tpufleet.render.observability import render_network_policy, render_pod_monitor, render_rules
 from tpufleet.spec import FleetSpec, PoolSpec
 
-__all__ = ["node_selector", "render_kuberay", "render_raycluster", "render_rayjob", "render_service_account"]
+__all__ = [
+    "node_selector",
+    "render_kuberay",
+    "render_provider_rbac",
+    "render_raycluster",
+    "render_rayjob",
+    "render_service_account",
+]
 
 
 def _ports(ports: dict[str, int]) -> list[Obj]:
@@ -152,9 +159,46 @@ def render_service_account(spec: FleetSpec) -> Obj | None:
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata}
 
 
-def render_kuberay(spec: FleetSpec, rayjob_entrypoint: str | None = None) -> list[Obj]:
-    """Every object for ``--target kuberay``, in the order ``kubectl apply`` should see them."""
+def render_provider_rbac(spec: FleetSpec) -> list[Obj]:
+    """What ``tpufleet serve --provider kuberay`` needs (provision/kuberay.py): a ServiceAccount for
+    the control plane, a Role that may read and patch this fleet's RayCluster (replicas and
+    scaleStrategy.workersToDelete) and read its pods, and the RoleBinding between them."""
+    name = f"{spec.name}-tpufleet-control-plane"
+    rules = [
+        {
+            "apiGroups": ["ray.io"],
+            "resources": ["rayclusters"],
+            "resourceNames": [spec.name],
+            "verbs": ["get", "patch"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    ]
+    subject = {"kind": "ServiceAccount", "name": name, "namespace": spec.namespace}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(spec, name)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta(spec, name),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(spec, name),
+            "subjects": [subject],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        },
+    ]
+
+
+def render_kuberay(
+    spec: FleetSpec, rayjob_entrypoint: str | None = None, *, provider_rbac: bool = False
+) -> list[Obj]:
+    """Every object for ``--target kuberay``, in the order ``kubectl apply`` should see them;
+    ``provider_rbac`` adds :func:`render_provider_rbac`'s objects first."""
     objects: list[Obj | None] = [
+        *(render_provider_rbac(spec) if provider_rbac else []),
         render_service_account(spec),
         render_network_policy(spec) if spec.network_policy.enabled else None,
         render_rayjob(spec, rayjob_entrypoint) if rayjob_entrypoint else render_raycluster(spec),
