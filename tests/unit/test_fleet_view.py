@@ -20,10 +20,12 @@ from tpufleet import catalog
 from tpufleet.api.app import create_app
 from tpufleet.api.page import FILES
 from tpufleet.api.server import ControlPlane
+from tpufleet.control.fleetview import duty_cycles
 from tpufleet.control.records import JobRequest
 from tpufleet.control.sandbox import SandboxCluster
 from tpufleet.control.service import ServiceConfig
 from tpufleet.control.store import Store
+from tpufleet.observe.tpumetrics import ChipReading
 
 STATIC = resources.files("tpufleet.api").joinpath("static")
 
@@ -239,3 +241,20 @@ def test_recent_jobs_are_the_callers_newest_finished_first(tmp_path: Path) -> No
         assert json.dumps(view)  # JSON all the way down
     finally:
         store.close()
+
+
+def test_measured_duty_cycles_are_shown_per_chip_and_unmeasured_ones_as_none(plane: ControlPlane) -> None:
+    readings = {
+        ("tpu-v4-16-0", 1): [ChipReading(chip=c, duty_cycle_percent=10.0 * c) for c in range(3)]
+        + [ChipReading(chip=3, hbm_used_bytes=1.0)],  # reported, but no duty cycle
+        ("tpu-v6e-8-0", 0): [ChipReading(chip=5, duty_cycle_percent=97.5)],
+    }
+    plane.app.state.duty_cycles = lambda: duty_cycles(readings)
+    plane.start()
+    _wait(lambda: len(plane.store.slices()) == 4, "the loop lists the slices")
+    http = TestClient(plane.app)
+    view = http.get("/api/v1/fleet", headers={"Authorization": f"Bearer {plane.admin_token}"}).json()
+    hosts = {(s["name"], h["worker_id"]): h["duty_cycle_percent"] for s in view["slices"] for h in s["hosts"]}
+    assert hosts[("tpu-v4-16-0", 1)] == [0.0, 10.0, 20.0, None]
+    assert hosts[("tpu-v6e-8-0", 0)] == [None] * 5 + [97.5, None, None]
+    assert hosts[("tpu-v4-16-0", 0)] is None and hosts[("tpu-v5litepod-16-0", 3)] is None

@@ -186,6 +186,7 @@ def create_app(
     app.state.limits = store.limits
     app.state.store, app.state.on_change = store, on_change
     app.state.status = lambda: {**STATUS_DEFAULTS, **(status() or {})}
+    app.state.duty_cycles = dict  # the fleet view's measured duty cycles (ControlPlane: its sampler's)
     app.add_middleware(
         BodyLimit, limits=app.state.limits, upload_path=f"{API}/packages", batch_path=f"{API}/jobs/batch"
     )
@@ -254,12 +255,12 @@ def list_slices(me: Who, store: Db) -> list[dict[str, Any]]:
 
 
 @router.get("/fleet", tags=["slices"], responses=_errs())
-def fleet(me: Who, store: Db) -> dict[str, Any]:
+def fleet(me: Who, store: Db, request: Request) -> dict[str, Any]:
     """The fleet page's (and ``tpufleet top``'s) one read: every slice with its hosts and chips,
     the queue head with positions and wait reasons, the caller's running and recent jobs, and each
     tenant's chips held against quota. A tenant's token sees every slice but only its own jobs and
     tenant (a slice another tenant holds says ``held_by_other``); see ``control/fleetview.py``."""
-    return fleet_view(store, me)
+    return fleet_view(store, me, duty=request.app.state.duty_cycles())
 
 
 @router.post("/slices/{name}/drain", tags=["slices"], responses=_errs(403, 404, 422))

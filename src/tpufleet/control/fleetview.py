@@ -4,7 +4,8 @@ One JSON-ready dict (``GET /api/v1/fleet``)::
 
     viewer   {"tenant", "admin"}
     slices   every slice with its hosts, each host with ``chips`` (the catalog's chips per host) and
-             ``duty_cycle_percent`` (one number per chip, or None where nothing was measured); the
+             ``duty_cycle_percent`` (a list with one entry per chip, None for a chip its device source
+             did not report; the whole list None when the host reported nothing fresh); the
              holder's ``tenant`` when the caller may see the holder, ``held_by_other`` otherwise
     queue    the first ``queue_limit`` queued jobs the caller may see, in queue order, each with
              ``position``: its place among every tenant's queued jobs of its slice type, ordered as
@@ -24,6 +25,7 @@ length (the queue positions are one windowed query in the database).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import func, select
@@ -38,9 +40,30 @@ RECENT_LIMIT = 10
 _HIDDEN_FIELDS = ("env", "working_dir")  # not drawn; kept out of a payload polled every second
 
 
+Duty = Mapping[tuple[str, int], Mapping[int, float]]  # (slice, worker id) -> chip -> duty cycle %
+
+
+def duty_cycles(readings: Mapping[tuple[str, int], Iterable[Any]]) -> dict[tuple[str, int], dict[int, float]]:
+    """``{(slice, worker_id): {chip: percent}}`` from a device sampler's fresh readings (objects with
+    ``chip`` and ``duty_cycle_percent``, e.g. ``observe.tpumetrics.ChipReading``); a chip whose
+    reading has no duty cycle is left out (shown as not measured)."""
+    out: dict[tuple[str, int], dict[int, float]] = {}
+    for key, chips in readings.items():
+        got = {int(c.chip): float(c.duty_cycle_percent) for c in chips if c.duty_cycle_percent is not None}
+        if got:
+            out[key] = got
+    return out
+
+
 def fleet_view(
-    store: Store, who: r.Principal, *, queue_limit: int = QUEUE_LIMIT, recent_limit: int = RECENT_LIMIT
+    store: Store,
+    who: r.Principal,
+    *,
+    duty: Duty | None = None,
+    queue_limit: int = QUEUE_LIMIT,
+    recent_limit: int = RECENT_LIMIT,
 ) -> dict[str, Any]:
+    """The view for ``who``; ``duty``: the measured duty cycles (:func:`duty_cycles`), none by default."""
     scope = who.tenant  # None: the admin sees everything
     with store.tx() as s:
         slice_rows = list(s.scalars(select(SliceRow).order_by(SliceRow.name)))
@@ -65,7 +88,7 @@ def fleet_view(
     return {
         "viewer": {"tenant": who.tenant, "admin": who.admin},
         "at": store.clock(),
-        "slices": [_slice(x, owner, scope) for x in slice_rows],
+        "slices": [_slice(x, owner, scope, duty or {}) for x in slice_rows],
         "queued": queued,
         "queue": [{**_job(j), "position": pos} for j, pos in queue],
         "active": [_job(j) for j in visible],
@@ -126,7 +149,7 @@ def _shape(accelerator_type: str) -> catalog.SliceType | None:
         return None
 
 
-def _slice(row: SliceRow, owner: dict[str, str], scope: str | None) -> dict[str, Any]:
+def _slice(row: SliceRow, owner: dict[str, str], scope: str | None, duty: Duty) -> dict[str, Any]:
     d = slice_record(row).to_dict()
     st = _shape(row.accelerator_type)
     holder_tenant = owner.get(row.holder) if row.holder else None
@@ -137,17 +160,21 @@ def _slice(row: SliceRow, owner: dict[str, str], scope: str | None) -> dict[str,
     d["holder"] = row.holder if visible else None
     d["tenant"] = holder_tenant if visible else None
     d["held_by_other"] = bool(row.holder) and not visible
-    d["hosts"] = [
-        {
-            "worker_id": h.get("worker_id"),
-            "address": h.get("address"),
-            "alive": bool(h.get("alive")),
-            "chips": st.chips_per_host if st else None,
-            "duty_cycle_percent": None,  # per chip, once device metrics are sampled
-        }
-        for h in sorted(row.hosts or (), key=lambda h: h.get("worker_id", 0))
-    ]
+    hosts = sorted(row.hosts or (), key=lambda h: int(h.get("worker_id", 0)))
+    d["hosts"] = [_host(row.name, h, st.chips_per_host if st else 0, duty) for h in hosts]
     return d
+
+
+def _host(slice_name: str, h: dict[str, Any], chips: int, duty: Duty) -> dict[str, Any]:
+    measured = duty.get((slice_name, int(h.get("worker_id", 0))))
+    return {
+        "worker_id": h.get("worker_id"),
+        "address": h.get("address"),
+        "alive": bool(h.get("alive")),
+        "chips": chips or None,
+        # one number per chip where the host's device source gave one; None: nothing measured
+        "duty_cycle_percent": [measured.get(c) for c in range(chips)] if measured else None,
+    }
 
 
 def _tenants(
