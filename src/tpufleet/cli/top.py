@@ -3,13 +3,15 @@
 One read of ``GET /api/v1/fleet`` per frame (the same data as the page, through the same token
 rules): every slice as a row of chips grouped by host, coloured by state and by the holding
 tenant and shaded by duty cycle where one was measured; tenants' chips held against quota and
-their cost; the head of the queue with each job's position and why it waits; the running jobs.
+their cost (``GET /api/v1/cost``, every 10 frames; a dash where it is unknown); the head of the
+queue with each job's position and why it waits; the running jobs with their goodput.
 ``--once`` prints one frame and exits (scripts, tests). User text (job names, reasons) is shown
 escaped: it never carries markup or terminal control sequences.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 import zlib
 from typing import Annotated, Any
@@ -21,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tpufleet.api.client import DEFAULT_SERVER
+from tpufleet.api.client import DEFAULT_SERVER, Client
 from tpufleet.cli._app import app, console
 from tpufleet.cli.control import ServerOpt, TokenOpt, _cell, _client
 from tpufleet.errors import TpufleetError
@@ -29,6 +31,7 @@ from tpufleet.errors import TpufleetError
 DASH = "—"
 CHIP = "■"
 QUEUE_ROWS = 10
+COST_EVERY = 10  # frames between two reads of the cost report
 _STATE_STYLE = {"FREE": "grey50", "BROKEN": "bold red", "DRAINING": "yellow", "HELD": "blue"}
 _TENANT_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 
@@ -97,13 +100,36 @@ def _usage(t: dict[str, Any]) -> Text:
     return Text(" ").join(parts)
 
 
-def _cost(t: dict[str, Any]) -> str:
-    cost = t.get("cost")
-    dollars = cost.get("dollars") if isinstance(cost, dict) else None
-    return f"${dollars:,.2f}" if isinstance(dollars, int | float) else DASH
+def money(dollars: object) -> str:
+    if not isinstance(dollars, int | float):
+        return DASH
+    return f"${dollars:,.{0 if dollars >= 100 else 2 if dollars >= 1 else 4}f}"
 
 
-def _tenants(view: dict[str, Any]) -> Table:
+def costs_of(client: Client) -> dict[str, Any] | None:
+    """``GET /api/v1/cost`` by tenant and by job, or None where the server has no cost report (an
+    older server) or refuses it: shown as a dash, never as zero."""
+    try:
+        report = client.request("GET", "/api/v1/cost")
+    except TpufleetError:
+        return None
+    return {
+        "tenants": {t["tenant"]: t for t in report.get("tenants") or ()},
+        "jobs": {j["job_id"]: j for j in report.get("jobs") or ()},
+    }
+
+
+def _cost(t: dict[str, Any], costs: dict[str, Any] | None) -> str:
+    row = (costs or {}).get("tenants", {}).get(t["name"])
+    if not row or not isinstance(row.get("dollars"), int | float):
+        return DASH
+    lost = row.get("badput_dollars")
+    return money(row["dollars"]) + (
+        f" ({money(lost)} badput)" if isinstance(lost, int | float) and lost > 0 else ""
+    )
+
+
+def _tenants(view: dict[str, Any], costs: dict[str, Any] | None) -> Table:
     table = Table(title="tenants", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("tenant", "held/quota chips", "borrowed", "running", "queued", "cost"):
         table.add_column(col)
@@ -115,7 +141,7 @@ def _tenants(view: dict[str, Any]) -> Table:
             borrowed,
             str(t.get("running", DASH)),
             str(t.get("queued", DASH)),
-            _cost(t),
+            _cost(t, costs),
         )
     return table
 
@@ -145,13 +171,16 @@ def _queue(view: dict[str, Any]) -> Table:
     return table
 
 
-def _goodput(j: dict[str, Any]) -> str:
+def _goodput(j: dict[str, Any], costs: dict[str, Any] | None) -> str:
+    """The job view's goodput ratio, else the cost report's; a job that reports no steps has none."""
     g = j.get("goodput")
     ratio = g.get("ratio") if isinstance(g, dict) else None
+    if ratio is None:
+        ratio = ((costs or {}).get("jobs", {}).get(j["id"]) or {}).get("goodput")
     return f"{100 * ratio:.1f} %" if isinstance(ratio, int | float) else DASH
 
 
-def _running(view: dict[str, Any]) -> Table:
+def _running(view: dict[str, Any], costs: dict[str, Any] | None) -> Table:
     table = Table(title="running", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("job", "name", "tenant", "state", "slices", "attempt", "for", "goodput"):
         table.add_column(col)
@@ -166,13 +195,15 @@ def _running(view: dict[str, Any]) -> Table:
             ", ".join(j["slices"]),
             str(j["attempt"]) + (" borrowing" if j.get("borrowing") else ""),
             f"{now - began:.0f} s" if began else DASH,
-            _goodput(j),
+            _goodput(j, costs),
         )
     return table
 
 
-def frame(view: dict[str, Any], server: str, problem: str | None = None) -> RenderableType:
-    """One screen of ``tpufleet top`` from a ``GET /api/v1/fleet`` answer."""
+def frame(
+    view: dict[str, Any], server: str, costs: dict[str, Any] | None = None, problem: str | None = None
+) -> RenderableType:
+    """One screen of ``tpufleet top`` from a ``GET /api/v1/fleet`` answer (and :func:`costs_of`)."""
     who = "admin: the whole fleet" if view["viewer"]["admin"] else f"tenant {view['viewer']['tenant']}"
     head = Text.assemble(("tpufleet top", "bold"), f"  {server}  {who}  ", (time.strftime("%H:%M:%S"), "dim"))
     if problem:
@@ -191,7 +222,7 @@ def frame(view: dict[str, Any], server: str, problem: str | None = None) -> Rend
         " draining",
         style="dim",
     )
-    return Group(head, _slices(view), legend, _tenants(view), _queue(view), _running(view))
+    return Group(head, _slices(view), legend, _tenants(view, costs), _queue(view), _running(view, costs))
 
 
 @app.command("top")
@@ -207,18 +238,22 @@ def top_cmd(
     client = _client(ctx, server, token)
     with client:
         view = client.fleet()  # a bad token or an unreachable server: one line, its exit code
+        costs = costs_of(client)
         if once:
-            console.print(frame(view, client.server))
+            console.print(frame(view, client.server, costs))
             return
-        with Live(frame(view, client.server), console=console, auto_refresh=False, screen=False) as live:
+        shown = frame(view, client.server, costs)
+        with Live(shown, console=console, auto_refresh=False, screen=False) as live:
             try:
-                while True:
+                for n in itertools.count(1):
                     time.sleep(interval)
                     problem = None
                     try:
                         view = client.fleet()
+                        if n % COST_EVERY == 0:  # the cost report reads every attempt: less often
+                            costs = costs_of(client)
                     except TpufleetError as err:
                         problem = str(err)
-                    live.update(frame(view, client.server, problem), refresh=True)
+                    live.update(frame(view, client.server, costs, problem), refresh=True)
             except KeyboardInterrupt:
                 pass

@@ -12,6 +12,9 @@
   let fleet = null;
   let selected = null; // job id shown in the detail panel
   let logs = null; // {job, attempt, offsets: {host: n}, text}
+  let costs = null; // GET /api/v1/cost: {tenants: {name: row}, jobs: {id: row}}, null until it answers
+  let costAt = 0;
+  const COST_MS = 10000; // the cost report reads every attempt: refreshed less often than the fleet
 
   const $ = (id) => document.getElementById(id);
 
@@ -86,6 +89,7 @@
     timer = null;
     try {
       fleet = await api("/api/v1/fleet");
+      await refreshCost();
       render(fleet);
       if (selected) await refreshJob();
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
@@ -96,6 +100,20 @@
       $("updated").classList.add("error");
     }
     if (token()) timer = setTimeout(tick, POLL_MS);
+  }
+
+  async function refreshCost() {
+    if (Date.now() - costAt < COST_MS) return;
+    costAt = Date.now();
+    try {
+      const report = await api("/api/v1/cost");
+      costs = { tenants: {}, jobs: {} };
+      for (const t of report.tenants || []) costs.tenants[t.tenant] = t;
+      for (const j of report.jobs || []) costs.jobs[j.job_id] = j;
+    } catch (err) {
+      if (!token()) throw err;
+      costs = null; // no cost report on this server (yet): shown as a dash, never as zero
+    }
   }
 
   // -- formatting -------------------------------------------------------------------------------
@@ -119,7 +137,8 @@
     return typeof x === "number" ? (100 * x).toFixed(1) + " %" : DASH;
   }
   function dollars(x) {
-    return typeof x === "number" ? "$" + x.toFixed(2) : DASH;
+    if (typeof x !== "number") return DASH;
+    return "$" + x.toFixed(x >= 100 ? 0 : x >= 1 ? 2 : 4);
   }
   function shape(j) {
     return (j.num_slices > 1 ? j.num_slices + " \u00d7 " : "") + j.accelerator_type;
@@ -242,12 +261,17 @@
     return parts.length ? parts.join(", ") : "no";
   }
   function cost(t) {
-    // filled in once cost accounting reports it on the fleet view; never a made-up number
-    if (t.cost && typeof t.cost.dollars === "number") return dollars(t.cost.dollars);
-    return DASH;
+    // from GET /api/v1/cost; an unknown price or no report is a dash, never a made-up number
+    const c = costs && costs.tenants[t.name];
+    if (!c || typeof c.dollars !== "number") return DASH;
+    const lost = typeof c.badput_dollars === "number" && c.badput_dollars > 0 ? " (" + dollars(c.badput_dollars) + " badput)" : "";
+    return dollars(c.dollars) + lost;
   }
   function goodput(j) {
-    return j.goodput && typeof j.goodput.ratio === "number" ? pct(j.goodput.ratio) : DASH;
+    // the job view's goodput, else the cost report's; a job that reports no steps has none
+    if (j.goodput && typeof j.goodput.ratio === "number") return pct(j.goodput.ratio);
+    const c = costs && costs.jobs[j.id];
+    return c && typeof c.goodput === "number" ? pct(c.goodput) : DASH;
   }
 
   function render(f) {
@@ -331,6 +355,9 @@
     fact(facts, "attempt", job.attempt + " of " + (job.max_retries + 1));
     fact(facts, "reason", job.reason_code ? job.reason_code + ": " + (job.reason || "") : job.reason);
     fact(facts, "submitted", since(job.submitted_at) + " ago");
+    const jc = costs && costs.jobs[job.id];
+    fact(facts, "chip-hours", jc && typeof jc.chip_hours === "number" ? jc.chip_hours.toFixed(3) : null);
+    fact(facts, "cost", jc && typeof jc.dollars === "number" ? dollars(jc.dollars) : null);
     const last = job.attempts.length ? job.attempts[job.attempts.length - 1] : null;
     const held = new Set(job.slices.length ? job.slices : last ? last.slices : []);
     const slices = (fleet ? fleet.slices : []).filter((s) => held.has(s.name));
