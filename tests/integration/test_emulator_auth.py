@@ -59,8 +59,15 @@ def test_a_client_without_the_right_token_is_refused_and_one_with_it_connects(
 
 
 def _agent_urls(fleet: EmulatedFleet) -> list[str]:
+    """The HTTP API of every node's dashboard agent that has one: the head's. An emulated host runs
+    a stand-in instead (emulator/rayhost.py) and advertises port -1, as Ray does for an agent whose
+    HTTP service is off, so it has no API to protect."""
     nodes = [n for n in read_nodes(fleet.ray_address) if n["Alive"]]
-    return [f"http://{n['NodeManagerAddress']}:{n['DashboardAgentListenPort']}" for n in nodes]
+    hosts = [n for n in nodes if "ray.io/tpu-slice-name" in (n.get("Labels") or {})]
+    assert hosts and {n["DashboardAgentListenPort"] for n in hosts} == {-1}
+    return [
+        f"http://{n['NodeManagerAddress']}:{n['DashboardAgentListenPort']}" for n in nodes if n not in hosts
+    ]
 
 
 def _status(url: str, token: str | None, method: str = "GET", body: bytes | None = None) -> int:
@@ -81,8 +88,8 @@ def test_job_submission_needs_the_token_and_the_head_runs_no_dashboard(fleet: Em
 
     token = fleet.auth_token_path.read_text()
     urls = _agent_urls(fleet)
-    assert urls
-    for base in urls:  # every node's dashboard agent serves Ray's job agent API
+    assert len(urls) == 1  # the head's
+    for base in urls:  # a dashboard agent serves Ray's job agent API
         submit = f"{base}/api/job_agent/jobs/"
         body = b'{"entrypoint": "cat /etc/hostname", "submission_id": "tenant-escape"}'
         assert _status(submit, None, "POST", body) == 401

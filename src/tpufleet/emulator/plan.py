@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 from tpufleet.catalog import SliceType
 from tpufleet.contract import HOST_VARS, MEGASCALE_VARS, host_env
@@ -140,6 +141,49 @@ def host_argv(
         "--include-log-monitor",
         "true" if log_monitor else "false",
         *_common_args(address, temp_dir, object_store_bytes),
+    ]
+
+
+# What a lean host's Ray processes get on top of the host env: no workers prestarted when the first
+# driver connects (Ray's default starts one per CPU on every host at once: a CPU storm and ~65 MiB
+# per worker on a big fleet); workers start when a task needs them, as Ray does for later drivers.
+LEAN_HOST_ENV = {"RAY_prestart_worker_first_driver": "0"}
+RAYHOST_SCRIPT = str(Path(__file__).with_name("rayhost.py"))
+
+
+def lean_host_argv(
+    python: str,
+    address: str,
+    gcs_address: str,
+    slice_type: SliceType,
+    cpus: int,
+    temp_dir: str,
+    object_store_bytes: int,
+    log_monitor: bool,
+) -> list[str]:
+    """One TPU host started by ``rayhost.py`` (Ray's worker-node start without the ``ray start`` CLI
+    and with a stand-in for the dashboard agent); the same flags as :func:`host_argv` where they
+    exist. ``-P``: the script's folder (this package) must not shadow top-level modules."""
+    return [
+        python,
+        "-P",
+        RAYHOST_SCRIPT,
+        "--address",
+        gcs_address,
+        "--node-ip-address",
+        address,
+        "--num-cpus",
+        str(cpus),
+        "--num-gpus",
+        "0",
+        "--resources",
+        json.dumps({"TPU": slice_type.chips_per_host}),
+        "--temp-dir",
+        temp_dir,
+        "--object-store-memory",
+        str(object_store_bytes),
+        "--include-log-monitor",
+        "true" if log_monitor else "false",
     ]
 
 

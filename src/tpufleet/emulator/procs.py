@@ -163,6 +163,61 @@ def kill_sessions(sessions: Sequence[Session], grace_s: float = 0.0, timeout_s: 
             return sorted(known)
 
 
+# What each process of a fleet is, from its command line (Ray retitles its Python processes
+# "ray::<what>"; the rest are found by their program). First match wins.
+_COMPONENTS = (
+    ("gcs_server", "gcs server"),
+    ("/raylet/raylet", "raylet"),
+    ("ray::DashboardAgent", "dashboard agent"),
+    ("dashboard/agent.py", "dashboard agent"),
+    ("ray::RuntimeEnvAgent", "runtime env agent"),
+    ("runtime_env/agent/main.py", "runtime env agent"),
+    ("tail --pid", "dashboard agent stand-in"),
+    ("tpufleet-agent-standin", "dashboard agent stand-in"),
+    ("log_monitor.py", "log monitor"),
+    ("autoscaler/_private/monitor.py", "autoscaler monitor"),
+    ("dashboard/dashboard.py", "dashboard"),
+    ("ray.util.client.server", "ray client server"),
+    ("rayhost.py", "launcher"),
+    (" start --", "launcher"),
+    ("ray::", "worker"),
+    ("default_worker.py", "worker"),
+)
+
+
+def component(cmdline: str) -> str:
+    """What a fleet process is (``raylet``, ``log monitor``, ``worker``...), from its command line."""
+    return next((name for needle, name in _COMPONENTS if needle in cmdline), "other")
+
+
+@dataclass(frozen=True)
+class ProcMemory:
+    """One process's memory: PSS (its share of every page it maps: what it really costs; summed
+    over processes it adds up to what they use together) and RSS (pages mapped, shared ones
+    counted in full)."""
+
+    pid: int
+    component: str
+    pss: int
+    rss: int
+
+
+def memory(pids: Iterable[int]) -> list[ProcMemory]:
+    """PSS and RSS of each of ``pids`` still alive (read with psutil from /proc/<pid>/smaps)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            mem = proc.memory_full_info()
+            cmdline = " ".join(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        out.append(ProcMemory(pid, component(cmdline), int(mem.pss), int(mem.rss)))
+    return out
+
+
 def rss_bytes(pids: Iterable[int]) -> int:
     """Sum of the resident set sizes of ``pids`` (those still alive)."""
     total = 0

@@ -50,6 +50,7 @@ class FleetState:
     head: Session | None = None
     slices: list[SliceRecord] = field(default_factory=list)
     next_host_seq: int = 0
+    lean: bool = False  # hosts started by rayhost.py (see plan.lean_host_argv); False: plain `ray start`
 
     @property
     def ray_address(self) -> str:

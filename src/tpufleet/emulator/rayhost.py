@@ -1,0 +1,123 @@
+"""Start one lean emulated host: the Ray node ``ray start --address`` would start, minus what an
+emulated host does not need. Run as a script (``python -P rayhost.py ...``, see
+:func:`tpufleet.emulator.plan.host_argv`), never imported by the rest of tpufleet.
+
+Why not ``ray start`` itself: its CLI module imports Ray Serve (pandas, numpy), 1.2-2.4 s of CPU
+and ~190 MiB per host before any Ray process starts; this launcher imports only what Ray's own
+worker-node path uses (``RayParams`` and ``Node``, the same calls ``ray start`` makes after parsing
+its flags, and what ``ray.cluster_utils.Cluster`` uses), so it takes ~0.4 s.
+
+What it starts is Ray's own: the raylet (scheduler, object store, worker pool), the runtime env
+agent (runtime_env, job working dirs), the log monitor (worker output to drivers) unless
+``--include-log-monitor false``. What it leaves out:
+
+- the **dashboard agent** (~80 MiB, ~2 s of CPU per host). The raylet insists on launching one and
+  ends itself if it exits, so the raylet gets a stand-in (:data:`AGENT_STANDIN`, a shell that
+  sleeps until the raylet is gone) which writes ``-1`` to the agent's port files: the state Ray
+  itself records when the agent's services are off (a minimal install, or metrics collection
+  disabled), so the raylet, the GCS and every worker treat this node's metrics export, agent gRPC
+  and agent HTTP (log and job APIs) as absent. Nothing Ray core, Ray Train or JAX needs runs
+  there; the head keeps its full agent (job submission, the state API's head-side work).
+- **prestarted workers**: set by the caller's environment (``RAY_prestart_worker_first_driver=0``,
+  :data:`tpufleet.emulator.plan.LEAN_HOST_ENV`), so workers start when a task needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any
+
+# The dashboard agent's stand-in, a POSIX shell script (no quotes or backslashes: the raylet splits
+# its agent command itself). The raylet appends nothing we rely on; the node id and session dir
+# come as arguments. Port files are written whole (temp file, then rename): the raylet polls them.
+AGENT_STANDIN = (
+    "for a; do case $a in --node-id=*) n=${a#*=};; --session-dir=*) d=${a#*=};; esac; done; "
+    "for p in metrics_agent_port metrics_export_port dashboard_agent_listen_port; "
+    "do echo -1 > $d/.${p}_$n && mv $d/.${p}_$n $d/${p}_$n; done; "
+    "exec tail --pid=$PPID -f /dev/null"
+)
+STANDIN_NAME = "tpufleet-agent-standin"
+
+
+def _flag(command: list[str], name: str) -> str:
+    prefix = f"--{name}="
+    return next(a[len(prefix) :] for a in command if a.startswith(prefix))
+
+
+def standin_command(node_id: str, session_dir: str) -> str:
+    """The ``--dashboard_agent_command`` value that starts the stand-in for one raylet."""
+    argv = [
+        "/bin/sh",
+        "-c",
+        AGENT_STANDIN,
+        STANDIN_NAME,
+        f"--node-id={node_id}",
+        f"--session-dir={session_dir}",
+    ]
+    return subprocess.list2cmdline(argv)
+
+
+def _without_dashboard_agent(services: Any, constants: Any) -> None:
+    """Make ``services.start_ray_process`` give every raylet the stand-in as its dashboard agent."""
+    original = services.start_ray_process
+
+    def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        if process_type == constants.PROCESS_TYPE_RAYLET:
+            standin = standin_command(_flag(command, "node_id"), _flag(command, "session_dir"))
+            command = [
+                f"--dashboard_agent_command={standin}" if a.startswith("--dashboard_agent_command=") else a
+                for a in command
+            ]
+        return original(command, process_type, *args, **kwargs)
+
+    services.start_ray_process = start_ray_process
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The subset of ``ray start``'s flags an emulated host uses, with the same names."""
+    p = argparse.ArgumentParser(prog="rayhost", description=__doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument("--address", required=True, help="the GCS address, ip:port")
+    p.add_argument("--node-ip-address", required=True)
+    p.add_argument("--num-cpus", type=int, required=True)
+    p.add_argument("--num-gpus", type=int, default=0)
+    p.add_argument("--resources", default="{}", help="JSON, as for ray start")
+    p.add_argument("--temp-dir", required=True)
+    p.add_argument("--object-store-memory", type=int, required=True)
+    p.add_argument("--include-log-monitor", choices=["true", "false"], default="true")
+    p.add_argument("--dashboard-agent", choices=["real", "standin"], default="standin")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    import ray._private.node as ray_node
+    import ray._private.parameter as ray_parameter
+    import ray._private.ray_constants as ray_constants
+    import ray._private.services as services
+
+    if args.dashboard_agent == "standin":
+        _without_dashboard_agent(services, ray_constants)
+    params = ray_parameter.RayParams(
+        node_ip_address=args.node_ip_address,
+        node_name=args.node_ip_address,
+        min_worker_port=0,
+        max_worker_port=0,
+        object_store_memory=args.object_store_memory,
+        num_cpus=args.num_cpus,
+        num_gpus=args.num_gpus,
+        resources=json.loads(args.resources),
+        labels={},
+        temp_dir=args.temp_dir,
+        include_log_monitor=args.include_log_monitor == "true",
+    )
+    params.gcs_address = args.address
+    ray_node.Node(params, head=False, shutdown_at_exit=False, spawn_reaper=False, connect_only=False)
+    print(f"emulated host started: raylet of node {params.node_ip_address} joined {args.address}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

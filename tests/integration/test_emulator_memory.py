@@ -1,0 +1,64 @@
+"""What an emulated host costs: its processes, measured with psutil (PSS), stay under a bound.
+
+The bound is generous on purpose (a regression guard, not the goal: bench/emulator_start.py
+measures that). An emulated host used to run ~250 MiB PSS before any task (a full dashboard agent,
+prestarted workers); a lean one runs ~100 MiB plus whatever idle workers its tasks left (at most
+one per logical CPU, ~65 MiB each).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+import ray
+
+from tpufleet.emulator import EmulatedFleet, procs
+from tpufleet.emulator import state as store
+
+pytestmark = pytest.mark.integration
+
+HOST_PSS_BOUND = 300 << 20
+
+
+def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_agent(
+    fleet: EmulatedFleet, ray_client: object
+) -> None:
+    @ray.remote(num_cpus=0)
+    def where() -> str:
+        import os
+
+        return f"{os.environ['TPU_NAME']}/{os.environ['TPU_WORKER_ID']}"
+
+    hosts = [
+        (n["NodeID"], n["Labels"])
+        for n in ray.nodes()
+        if n["Alive"] and "ray.io/tpu-slice-name" in n["Labels"]
+    ]
+    strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+    ran = ray.get(
+        [where.options(scheduling_strategy=strategy(node, soft=False)).remote() for node, _ in hosts]
+    )
+    assert sorted(ran) == sorted(
+        f"{lb['ray.io/tpu-slice-name']}/{lb['ray.io/tpu-worker-id']}" for _, lb in hosts
+    )
+
+    st = store.load(fleet.state_dir)
+    assert st is not None
+    measured = {}
+    for rec in st.slices:
+        for h in rec.hosts:
+            assert h.session is not None
+            by_component: dict[str, int] = defaultdict(int)
+            for mem in procs.memory(procs.members(h.session)):
+                by_component[mem.component] += mem.pss
+            measured[f"{rec.name}/{h.worker_id}"] = dict(by_component)
+    assert len(measured) == len(hosts) == 5
+    for host, parts in measured.items():
+        assert parts.get("raylet", 0) > 0 and parts.get("runtime env agent", 0) > 0, (host, parts)
+        assert parts.get("worker", 0) > 0, (host, parts)  # the task above ran there
+        assert "dashboard agent" not in parts and parts.get("dashboard agent stand-in", 0) > 0, (host, parts)
+        assert sum(parts.values()) < HOST_PSS_BOUND, (
+            host,
+            {k: f"{v / 2**20:.0f} MiB" for k, v in parts.items()},
+        )

@@ -1,0 +1,135 @@
+"""A lean emulated host: the launcher's command lines, the dashboard agent's stand-in, and the
+memory accounting (PSS/RSS per process, by component) the emulator's tests and bench rely on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from tpufleet import catalog
+from tpufleet.emulator import plan, procs, rayhost
+
+
+def test_a_lean_host_is_started_by_the_launcher_with_ray_start_s_flags() -> None:
+    argv = plan.lean_host_argv(
+        "/venv/bin/python", "10.1.2.3", "10.1.2.3:6379", catalog.slice_type("v4-16"), 2, "/tmp/t/h0", 1, False
+    )
+    assert argv[:3] == ["/venv/bin/python", "-P", plan.RAYHOST_SCRIPT]
+    assert Path(plan.RAYHOST_SCRIPT).is_file()
+    args = rayhost.parse(argv[3:])  # the launcher accepts exactly what plan gives it
+    assert (args.address, args.node_ip_address, args.num_cpus, args.num_gpus) == (
+        "10.1.2.3:6379",
+        "10.1.2.3",
+        2,
+        0,
+    )
+    assert (args.temp_dir, args.object_store_memory, args.include_log_monitor) == ("/tmp/t/h0", 1, "false")
+    assert args.resources == '{"TPU": 4}' and args.dashboard_agent == "standin"
+    assert plan.LEAN_HOST_ENV == {"RAY_prestart_worker_first_driver": "0"}
+
+
+def test_the_raylet_gets_the_stand_in_and_every_other_process_its_own_command() -> None:
+    calls: list[tuple[list[str], str]] = []
+    fake = SimpleNamespace(start_ray_process=lambda command, kind, *a, **k: calls.append((command, kind)))
+    constants = SimpleNamespace(PROCESS_TYPE_RAYLET="raylet")
+    rayhost._without_dashboard_agent(fake, constants)
+    raylet = [
+        "raylet",
+        "--node_id=abc",
+        "--session_dir=/s",
+        "--dashboard_agent_command=python agent.py",
+        "--x=1",
+    ]
+    fake.start_ray_process(raylet, "raylet")
+    fake.start_ray_process(["python", "log_monitor.py"], "log_monitor")
+    (got, _), (other, _) = calls
+    assert other == ["python", "log_monitor.py"]
+    assert got[:3] == raylet[:3] and got[4:] == raylet[4:]
+    assert got[3] == "--dashboard_agent_command=" + rayhost.standin_command("abc", "/s")
+
+
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen(sys.argv[1:])
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+def test_the_stand_in_reports_no_agent_services_and_ends_with_its_raylet(tmp_path: Path) -> None:
+    node = "ab" * 28
+    argv = ["/bin/sh", "-c", rayhost.AGENT_STANDIN, rayhost.STANDIN_NAME]
+    argv += [f"--node-id={node}", f"--session-dir={tmp_path}", "--agent-id", "7"]
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, *argv], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        standin = int(parent.stdout.readline())
+        names = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port")
+        deadline = time.monotonic() + 10
+        while not all((tmp_path / f"{n}_{node}").exists() for n in names) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # What Ray's own agent writes for a service that is off, and what Ray's persist_port reads
+        assert {(tmp_path / f"{n}_{node}").read_text().strip() for n in names} == {"-1"}
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}_{node}" for n in names)
+        time.sleep(0.5)
+        assert not _gone(standin)  # it stays while its raylet lives (Ray ends a raylet whose agent exits)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while not _gone(standin) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(standin)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_components_are_named_from_command_lines() -> None:
+    cases = {
+        "/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --raylet_socket_name=x": "raylet",
+        "/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --x": "gcs server",
+        "ray::DashboardAgent": "dashboard agent",
+        "ray::RuntimeEnvAgent": "runtime env agent",
+        "tail --pid=12 -f /dev/null": "dashboard agent stand-in",
+        "/venv/bin/python -u /venv/lib/ray/_private/log_monitor.py --x": "log monitor",
+        "ray::IDLE": "worker",
+        "ray::train_fn": "worker",
+        "/venv/bin/python -P /src/tpufleet/emulator/rayhost.py --address a": "launcher",
+        "/venv/bin/ray start --head --port 1": "launcher",
+        "/usr/bin/sleep 5": "other",
+    }
+    assert {c: procs.component(c) for c in cases} == cases
+
+
+def test_memory_reads_pss_and_rss_of_live_processes_only() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "b = bytearray(40 << 20); import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        found: list[Any] = []
+        while time.monotonic() < deadline:
+            found = procs.memory([child.pid])
+            if found and found[0].pss > 40 << 20:
+                break
+            time.sleep(0.1)
+        (mem,) = found
+        assert mem.pid == child.pid and mem.component == "other"
+        assert 40 << 20 < mem.pss <= mem.rss  # its private 40 MiB count in full; shared pages split
+    finally:
+        child.kill()
+        child.wait()
+    assert procs.memory([child.pid]) == []
