@@ -43,6 +43,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tpufleet import contract
 from tpufleet.control import contain, jobfiles
+from tpufleet.emulator import deviceplugin
+from tpufleet.runtime import PROGRESS_VAR, read_progress
 
 NAMESPACE = "tpufleet"
 MAX_LOG_CHUNK = 1 << 20
@@ -52,6 +54,7 @@ _RAY_TPU_MASKS = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BO
 # Never handed to a job from the runner's own environment: Ray's credentials and anything secret.
 _SECRET_ENV = re.compile(r"^RAY_AUTH|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 CANNOT_START = 127
+PROGRESS_FILE = "progress.json"  # in the run's scratch: what report_step writes
 
 
 def pool_runner_name(slice_name: str, worker_id: int) -> str:
@@ -105,6 +108,7 @@ class _Run:
     notes: list[str] = field(default_factory=list)
     jailed: bool = False
     ended: threading.Event = field(default_factory=threading.Event)
+    progress_file: Path | None = None  # where process 0's report_step writes (in the scratch)
 
     def state(self) -> tuple[str, int | None]:
         """RUNNING until the main process ended and nothing of the run is left, then EXITED."""
@@ -151,6 +155,7 @@ class HostRunner:
         self._cgroups = contain.cgroup_root()
         self._node = _node_id()
         self._jail_off = contain.jail_available()
+        deviceplugin.serve_from_env()  # an emulated host's TPU device plugin: a thread in this process
 
     def ping(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
@@ -203,6 +208,8 @@ class HostRunner:
         jobfiles.prepare_tenant_dir(paths)
         run.scratch = paths.run
         env.update(HOME=str(paths.home), TMPDIR="/tmp", TPUFLEET_CHECKPOINT_DIR=str(paths.checkpoint))
+        run.progress_file = paths.run / PROGRESS_FILE  # the job's report_step writes it (scratch)
+        env[PROGRESS_VAR] = str(run.progress_file)
         if request.package_error:
             raise RuntimeError(f"the package could not be fetched: {request.package_error}")
         package = request.package
@@ -303,6 +310,9 @@ class HostRunner:
     def _finished(self, run: _Run) -> None:
         if run.box is not None:
             run.box.close()
+        last = read_progress(run.progress_file) if run.progress_file is not None else None
+        if last is not None:  # kept beside the log: the scratch (and the job's file) goes next
+            run.log.with_suffix(".progress").write_text(json.dumps(last.to_dict()))
         if run.scratch is not None:
             shutil.rmtree(run.scratch, ignore_errors=True)
         run.log.with_suffix(".exit").write_text(str(run.exit_code))
@@ -321,6 +331,17 @@ class HostRunner:
         if exit_file.exists():
             return "EXITED", int(exit_file.read_text() or 1)
         return "UNKNOWN", None
+
+    def progress(self, job_id: str, attempt: int) -> dict[str, Any] | None:
+        """The steps the attempt's process 0 reported here (``runtime.report_step``), or None."""
+        with self._lock:
+            run = self._runs.get((job_id, attempt))
+            live = run is not None and not run.ended.is_set() and run.progress_file is not None
+            path = run.progress_file if live and run is not None else None
+        if path is None:  # ended (or another runner's): what was kept beside its log
+            path = self._log(job_id, attempt).with_suffix(".progress")
+        found = read_progress(path)
+        return found.to_dict() if found is not None else None
 
     def assignments(self) -> list[dict[str, Any]]:
         """Every attempt this runner knows, with its layout and state (for a restarted control plane)."""

@@ -35,7 +35,7 @@ from typing import Any
 
 from tpufleet import catalog
 from tpufleet.catalog import SliceType
-from tpufleet.emulator import auth, plan, procs
+from tpufleet.emulator import auth, deviceplugin, plan, procs
 from tpufleet.emulator import state as store
 from tpufleet.emulator.raynodes import read_nodes
 from tpufleet.emulator.state import FleetState, HostRecord, SliceRecord
@@ -207,6 +207,7 @@ class EmulatedFleet:
             plan.clean_base_env(os.environ)
             | plan.host_envs(rec.name, stype, st.address)[worker]
             | auth.server_env(self.auth_token_path)
+            | deviceplugin.host_env(st.address)  # TPU_DEVICE_PLUGIN_ADDR, served by a thread on the host
             | (plan.LEAN_HOST_ENV if st.lean else {})
         )
         temp_dir = f"{st.temp_dir}/h{st.next_host_seq}"
@@ -319,8 +320,9 @@ class EmulatedFleet:
 
     def _launch_head(self, st: FleetState) -> tuple[Popen[bytes], Path]:
         (client_port,) = procs.free_ports(1)
-        argv = plan.head_argv(
-            _ray_bin(),
+        head_argv = plan.lean_head_argv if st.lean else plan.head_argv
+        argv = head_argv(
+            sys.executable if st.lean else _ray_bin(),
             st.address,
             st.gcs_port,
             st.dashboard_port,

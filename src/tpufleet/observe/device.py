@@ -20,8 +20,12 @@ own inventory (what is paid for), whether or not it reported:
 - ``tpufleet_job_slice_info{job,tenant,slice}``: 1 per slice a running attempt holds (a job
   gauge, so the job label stays off the per-chip series; join with ``* on(slice) group_left(job)``).
 
-``tenant`` is the holder's tenant, empty on a free slice. Nothing here imports Ray: the targets
-(:class:`HostTarget`) and holders come from callables the control plane passes in.
+``tenant`` is the holder's tenant, empty on a free slice. The targets (:class:`HostTarget`) and
+holders come from callables the control plane passes in (:func:`register`); the only Ray call is
+reading the addresses emulated hosts publish (:func:`published_or_default`).
+
+In Prometheus the job gauge's ``job`` label meets the scrape job's: scrape the control plane with
+``honor_labels: true`` (docs/observability.md), or it arrives as ``exported_job``.
 """
 
 from __future__ import annotations
@@ -51,7 +55,10 @@ __all__ = [
     "Holder",
     "HostTarget",
     "endpoints_from_nodes",
+    "holders_of",
+    "published_or_default",
     "read_endpoint",
+    "register",
     "targets_from_slices",
 ]
 
@@ -373,3 +380,59 @@ def _families() -> dict[str, GaugeMetricFamily]:
             labels=["job", "tenant", "slice"],
         ),
     }
+
+
+# -- wiring into a control plane ------------------------------------------------------------------
+
+
+def published_or_default(
+    slices: Sequence[SliceInfo], default_port: int | None = None
+) -> dict[tuple[str, int], Endpoint]:
+    """Each alive host's device plugin: the address an emulated host published (Ray's internal KV,
+    see ``emulator/deviceplugin.py``), else ``<host address>:<default_port>`` when given (a GKE
+    fleet whose plugin answers on the Ray node's address: ``GKE_DEVICE_PLUGIN_PORT``)."""
+    hosts = [(s.name, h) for s in slices for h in s.hosts if h.alive]
+    published: dict[str, str] = {}
+    node_ids = [h.node_id for _, h in hosts if h.node_id]
+    if node_ids:
+        try:
+            import ray
+
+            if ray.is_initialized():
+                from tpufleet.emulator.deviceplugin import published_endpoints
+
+                published = published_endpoints(node_ids)
+        except Exception as err:  # Ray away for a moment: next round
+            log.debug("device plugin addresses unreadable: %s", err)
+    out = {}
+    for name, h in hosts:
+        if h.node_id in published:
+            out[(name, h.worker_id)] = Endpoint("device_plugin", published[h.node_id])
+        elif default_port is not None and h.address:
+            out[(name, h.worker_id)] = Endpoint("device_plugin", f"{h.address}:{default_port}")
+    return out
+
+
+def holders_of(open_attempts: Iterable[Any]) -> dict[str, Holder]:
+    """``{slice: Holder}`` from attempts that hold slices (``job_id``, ``tenant``, ``slices``)."""
+    return {name: Holder(a.job_id, a.tenant) for a in open_attempts for name in a.slices}
+
+
+def register(
+    registry: Any,
+    inventory: Callable[[], Sequence[SliceInfo]],
+    holders: Callable[[], Mapping[str, Holder]],
+    *,
+    default_port: int | None = None,
+    interval_s: float = 10.0,
+) -> DeviceSampler:
+    """Register a :class:`DeviceCollector` on ``registry`` over a new sampler of ``inventory``'s
+    hosts (not started: call ``start()`` with the control plane's loop, ``stop()`` on close)."""
+
+    def targets() -> list[HostTarget]:
+        slices = list(inventory())
+        return targets_from_slices(slices, published_or_default(slices, default_port))
+
+    sampler = DeviceSampler(targets, holders, interval_s=interval_s)
+    registry.register(DeviceCollector(sampler))
+    return sampler

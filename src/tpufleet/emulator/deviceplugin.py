@@ -1,0 +1,325 @@
+"""The emulated host's TPU device plugin: the GKE plugin's ``/metrics`` format, with measured numbers.
+
+A real GKE TPU host runs the device plugin; the TPU webhook tells every container where it is
+(``TPU_DEVICE_PLUGIN_ADDR=<node IP>:2112``) and Ray's reporter agent and tpufleet's sampler read
+it. An emulated host gets its own ``TPU_DEVICE_PLUGIN_ADDR`` (:func:`host_env`, a free port on
+the fleet's address) and serves the same families there (``duty_cycle``, ``memory_used``,
+``memory_total``, each with its ``_node`` twin, chips indexed across the slice as on real hosts)
+plus ``tpufleet_emulated_device_plugin 1``, which says the numbers are an emulator's.
+
+Where the numbers come from (measured, never made up): the job's processes on this host, found
+from ``/proc`` as the descendants of this host's raylet that are not Ray's own (the raylet's
+agents, idle workers, tpufleet's runner actor), i.e. what the runner started and any Ray actor a
+``ray``-kind job placed here. Every :data:`TICK_S` their CPU time is added up (per process, so
+one that exits keeps what it used); **duty cycle** = CPU seconds used over wall seconds in the
+last :data:`WINDOW_S`, capped at 100 % (the share of time the host's work was busy), the same on
+every chip of the host (a job owns all of them). **HBM used** = their resident memory, spread
+evenly over the chips; **HBM total** = the generation's HBM per chip (catalog). TensorCore and
+bandwidth utilization have no honest stand-in on a CPU and are left out, as on TPU types whose
+plugin does not report them.
+
+Cheap: no process of its own. :func:`serve_from_env` starts one daemon thread (an HTTP server)
+in a process that already lives on the host (the runner actor calls it); the ``/proc`` scan runs
+every :data:`TICK_S` only while something scrapes. A second caller on the same host finds the
+port taken and tries again every few seconds, so the plugin moves to another process on the host
+when its first one dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import logging
+import os
+import socket
+import threading
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpufleet import catalog
+
+__all__ = [
+    "ADDR_VAR",
+    "KV_PREFIX",
+    "TICK_S",
+    "WINDOW_S",
+    "HostWork",
+    "exposition",
+    "host_env",
+    "job_processes",
+    "published_endpoints",
+    "serve_from_env",
+]
+
+log = logging.getLogger(__name__)
+
+ADDR_VAR = "TPU_DEVICE_PLUGIN_ADDR"
+TICK_S = 2.0
+WINDOW_S = 10.0
+_IDLE_AFTER_S = 60.0  # no scrape for this long: stop scanning /proc until the next one
+_CLK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_IDLE_WORKERS = ("ray::IDLE", "ray::HostRunner", "ray::read", "ray::_")
+
+
+def host_env(address: str) -> dict[str, str]:
+    """``TPU_DEVICE_PLUGIN_ADDR`` for one new emulated host: a port free now on ``address``."""
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return {ADDR_VAR: f"{address}:{s.getsockname()[1]}"}
+
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    ppid: int
+    start: int
+    cpu_ticks: int
+    rss_pages: int
+    argv0: str
+    cmdline: str
+
+
+def _read(pid: int) -> _Proc | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    f = stat[stat.rindex(")") + 2 :].split()
+    if f[0] == "Z":
+        return None
+    argv0 = cmd[0].decode(errors="replace") if cmd else ""
+    text = b" ".join(cmd).decode(errors="replace")
+    return _Proc(pid, int(f[1]), int(f[19]), int(f[11]) + int(f[12]), int(f[21]), argv0, text)
+
+
+def _raylet_of(pid: int) -> int | None:
+    """The raylet this process descends from (Ray workers are the raylet's children)."""
+    seen = 0
+    while pid > 1 and seen < 64:
+        proc = _read(pid)
+        if proc is None:
+            return None
+        if Path(proc.argv0).name == "raylet":
+            return pid
+        pid, seen = proc.ppid, seen + 1
+    return None
+
+
+def _is_ray_worker(p: _Proc) -> bool:
+    return p.argv0.startswith("ray::") or "default_worker.py" in p.cmdline
+
+
+def job_processes(raylet: int, table: list[_Proc]) -> list[_Proc]:
+    """The host's work below ``raylet``: what Ray workers started (the runner's jobs) and Ray
+    workers busy with a job's actor or task; never the raylet's agents, idle workers or runners."""
+    children: dict[int, list[_Proc]] = {}
+    for p in table:
+        children.setdefault(p.ppid, []).append(p)
+    out: list[_Proc] = []
+    stack = [(c, False) for c in children.get(raylet, [])]
+    while stack:
+        proc, under_worker = stack.pop()
+        worker = _is_ray_worker(proc)
+        if worker:
+            if not proc.argv0.startswith(_IDLE_WORKERS):
+                out.append(proc)
+        elif under_worker:
+            out.append(proc)
+        stack += [(c, under_worker or worker) for c in children.get(proc.pid, [])]
+    return out
+
+
+@dataclass
+class HostWork:
+    """Running totals of one host's job processes (see the module docstring)."""
+
+    raylet: int
+    busy_s: float = 0.0
+    rss_bytes: int = 0
+    _cpu: dict[tuple[int, int], int] = field(default_factory=dict)  # (pid, start) -> ticks seen
+    _history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64))
+
+    def tick(self, now: float, table: list[_Proc] | None = None) -> None:
+        procs = job_processes(self.raylet, table if table is not None else _table())
+        first = not self._history
+        seen = {}
+        for p in procs:
+            key = (p.pid, p.start)
+            before = self._cpu.get(key, p.cpu_ticks if first else 0)
+            self.busy_s += max(0, p.cpu_ticks - before) / _CLK
+            seen[key] = p.cpu_ticks
+        self._cpu = seen
+        self.rss_bytes = sum(p.rss_pages for p in procs) * _PAGE
+        self._history.append((now, self.busy_s))
+
+    def duty_cycle_percent(self, window_s: float = WINDOW_S) -> float:
+        """CPU seconds over wall seconds in the last ``window_s`` (0 before two ticks), <= 100."""
+        if len(self._history) < 2:
+            return 0.0
+        now, busy = self._history[-1]
+        then, busy_then = next(((t, b) for t, b in self._history if now - t <= window_s), self._history[0])
+        if now - then <= 0:
+            then, busy_then = self._history[-2]
+        return max(0.0, min(100.0, 100.0 * (busy - busy_then) / max(now - then, 1e-9)))
+
+
+def _table() -> list[_Proc]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (p := _read(int(entry.name))) is not None:
+            out.append(p)
+    return out
+
+
+def exposition(env: dict[str, str], duty: float, rss_bytes: int) -> str:
+    """The device plugin's page for the host described by ``env`` (its host contract)."""
+    st = catalog.slice_type(env["TPU_ACCELERATOR_TYPE"])
+    chips, worker = st.chips_per_host, int(env.get("TPU_WORKER_ID", "0"))
+    total = st.generation.hbm_gib_per_chip * (1 << 30)
+    used = min(total, rss_bytes // max(1, chips))
+    base = {
+        "make": "cloud-tpu",
+        "model": st.generation.gke_accelerator,
+        "tpu_topology": str(st.topology),
+    }
+    pod = {"container": "tpufleet-job", "namespace": "tpufleet", "pod": f"{env.get('TPU_NAME', '')}-{worker}"}
+    uid = zlib.crc32(env.get("TPU_NAME", "").encode())  # one id per slice, as real accelerator ids
+    lines = [
+        f"# HELP {_EMULATED} 1: tpufleet's emulator; the numbers are measured from the host's processes",
+        f"# TYPE {_EMULATED} gauge",
+        f'{_EMULATED}{{slice="{env.get("TPU_NAME", "")}",worker="{worker}"}} 1',
+    ]
+    families = (
+        ("duty_cycle", "Percent of time when the TPU was actively processing", float(duty)),
+        ("memory_used", "Allocated TPU memory in bytes", float(used)),
+        ("memory_total", "Total memory available on the TPU in bytes", float(total)),
+    )
+    for name, help_text, value in families:
+        for suffix, labels in (("", {**pod, **base}), ("_node", base)):
+            lines += [f"# HELP {name}{suffix} {help_text}", f"# TYPE {name}{suffix} gauge"]
+            for chip in range(chips):
+                ident = {"accelerator_id": f"{uid}-{worker * chips + chip}", **labels}
+                text = ",".join(f'{k}="{v}"' for k, v in sorted(ident.items()))
+                lines.append(f"{name}{suffix}{{{text}}} {value}")
+    return "\n".join(lines) + "\n"
+
+
+_EMULATED = "tpufleet_emulated_device_plugin"  # tpumetrics.EMULATED_INFO (the reader's layer is above)
+
+
+class _Plugin:
+    def __init__(self, env: dict[str, str], work: HostWork) -> None:
+        self.env, self.work = env, work
+        self.lock = threading.Lock()
+        self.last_scrape = 0.0
+        self.wake = threading.Event()
+
+    def page(self) -> str:
+        with self.lock:
+            self.last_scrape = time.monotonic()
+            if not self.work._history:
+                self.work.tick(time.monotonic())
+            self.wake.set()
+            return exposition(self.env, self.work.duty_cycle_percent(), self.work.rss_bytes)
+
+    def ticker(self) -> None:
+        while True:
+            if time.monotonic() - self.last_scrape > _IDLE_AFTER_S:
+                self.wake.clear()
+                self.wake.wait()
+            with self.lock, contextlib.suppress(Exception):
+                self.work.tick(time.monotonic())
+            time.sleep(TICK_S)
+
+
+def _handler(plugin: _Plugin) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404, "only /metrics here")
+                return
+            body = plugin.page().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+_started = threading.Lock()
+_running: list[threading.Thread] = []
+
+
+def serve_from_env(environ: dict[str, str] | None = None, retry_s: float = 5.0) -> bool:
+    """On an emulated host (``TPUFLEET_EMULATED=1`` and ``TPU_DEVICE_PLUGIN_ADDR`` set), start the
+    plugin's thread in this process (once); returns whether it was started. Binding is retried
+    every ``retry_s`` while another process of the host holds the port."""
+    env = dict(os.environ if environ is None else environ)
+    if env.get("TPUFLEET_EMULATED") != "1" or ADDR_VAR not in env or "TPU_ACCELERATOR_TYPE" not in env:
+        return False
+    with _started:
+        if _running:
+            return False
+        raylet = _raylet_of(os.getpid())
+        if raylet is None:
+            return False
+        _publish(env[ADDR_VAR])
+        plugin = _Plugin(env, HostWork(raylet))
+        thread = threading.Thread(
+            target=_bind_and_serve, args=(plugin, retry_s), name="tpu-device-plugin", daemon=True
+        )
+        thread.start()
+        _running.append(thread)
+    return True
+
+
+KV_PREFIX = "tpufleet:device-plugin:"  # + Ray node id -> the host's TPU_DEVICE_PLUGIN_ADDR
+
+
+def _publish(address: str) -> None:
+    """Tell the control plane where this host's plugin is: Ray's internal KV, keyed by node id
+    (Ray node labels cannot hold ``ip:port``). Only from a process connected to Ray."""
+    with contextlib.suppress(Exception):
+        import ray
+        from ray.experimental import internal_kv
+
+        if ray.is_initialized():
+            node = ray.get_runtime_context().get_node_id()
+            internal_kv._internal_kv_put(f"{KV_PREFIX}{node}", address, overwrite=True)
+
+
+def published_endpoints(node_ids: list[str]) -> dict[str, str]:
+    """``{node id: TPU_DEVICE_PLUGIN_ADDR}`` of the given emulated hosts that published one (from a
+    process connected to the fleet's Ray)."""
+    from ray.experimental import internal_kv
+
+    out = {}
+    for node in node_ids:
+        value = internal_kv._internal_kv_get(f"{KV_PREFIX}{node}")
+        if value:
+            out[node] = value.decode() if isinstance(value, bytes) else str(value)
+    return out
+
+
+def _bind_and_serve(plugin: _Plugin, retry_s: float) -> None:
+    host, _, port = plugin.env[ADDR_VAR].rpartition(":")
+    while True:
+        try:
+            server = http.server.ThreadingHTTPServer((host, int(port)), _handler(plugin))
+            break
+        except OSError:
+            time.sleep(retry_s)
+    server.daemon_threads = True
+    threading.Thread(target=plugin.ticker, name="tpu-device-plugin-tick", daemon=True).start()
+    log.info("emulated TPU device plugin on %s", plugin.env[ADDR_VAR])
+    server.serve_forever()
