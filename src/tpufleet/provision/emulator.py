@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tpufleet import catalog
-from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecError
+from tpufleet.errors import ClusterError, ConflictError, NotFoundError
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, PhysicalSlice, SliceRequest
+from tpufleet.provision.requests import validate
 
 __all__ = ["EmulatorConfig", "EmulatorProvider", "Launch", "Machine", "Reap", "Remove", "SliceSeen"]
 
 log = logging.getLogger(__name__)
-_NAME = re.compile(r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -87,20 +85,6 @@ class _Group:
     @property
     def slices(self) -> tuple[str, ...]:
         return tuple(f"{self.request.name}-{i}" for i in range(self.request.count))
-
-
-def validate(request: SliceRequest) -> None:
-    """A request the emulator (and Ray's slice names) can carry out, else a SpecError."""
-    if not _NAME.fullmatch(request.name):
-        raise SpecError(
-            f"slice group name {request.name!r} must be 1-40 lowercase letters, digits or '-', "
-            "starting with a letter, e.g. train-v4",
-            field="name",
-            value=request.name,
-        )
-    catalog.slice_type(request.accelerator_type)  # SpecError with the closest types
-    if request.count < 1:
-        raise SpecError(f"count must be >= 1, got {request.count}", field="count", value=request.count)
 
 
 class Machine:

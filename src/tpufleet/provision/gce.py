@@ -30,7 +30,7 @@ from typing import Any
 from tpufleet import catalog
 from tpufleet.errors import ClusterError
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, PhysicalSlice, SliceRequest
-from tpufleet.provision.emulator import validate
+from tpufleet.provision.requests import validate
 from tpufleet.render.launcher import RUNTIME_VERSIONS
 
 __all__ = ["GceConfig", "GceProvider", "make_client", "startup_script"]
@@ -85,7 +85,13 @@ class GceConfig:
         return f"projects/{self.project}/locations/{self.zone}"
 
 
-def startup_script(ray_address: str, ray_version: str) -> str:
+def startup_script(
+    ray_address: str,
+    ray_version: str,
+    *,
+    metadata_url: str = "http://metadata.google.internal/computeMetadata/v1/instance/attributes",
+    profile: str = "/etc/profile.d/tpufleet.sh",
+) -> str:
     """The TPU VM's startup script: the host contract from the metadata server, then ``ray start``.
 
     Every host of the slice runs it at boot (as root). The variables are those of DESIGN.md's host
@@ -94,7 +100,7 @@ def startup_script(ray_address: str, ray_version: str) -> str:
     ``worker-network-endpoints``' addresses, as JAX's cloud TPU cluster detection reads them), written
     to ``/etc/profile.d/tpufleet.sh`` for every later process, and given to the raylet.
     """
-    md = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
+    md = metadata_url
     lines = [
         "#!/bin/bash",
         "set -euo pipefail",
@@ -104,11 +110,11 @@ def startup_script(ray_address: str, ray_version: str) -> str:
         "accel=$(md accelerator-type)",
         r"""topology=$(md tpu-env | sed -n "s/^TOPOLOGY: *'\(.*\)'/\1/p")""",
         "hosts=$(md worker-network-endpoints | tr ',' '\\n' | cut -d: -f3 | paste -sd, -)",
-        "cat > /etc/profile.d/tpufleet.sh <<EOF",
+        f"cat > {shlex.quote(profile)} <<EOF",
         "export TPU_NAME=$name TPU_WORKER_ID=$worker TPU_ACCELERATOR_TYPE=$accel TPU_TOPOLOGY=$topology",
         "export TPU_WORKER_HOSTNAMES=$hosts",
         "EOF",
-        ". /etc/profile.d/tpufleet.sh",
+        f". {shlex.quote(profile)}",
         f'python3 -m pip install -q "ray[default]=={ray_version}" "jax[tpu]"',
         f"ray start --address={shlex.quote(ray_address)}",
     ]

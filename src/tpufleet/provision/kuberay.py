@@ -34,7 +34,7 @@ from typing import Any
 from tpufleet import catalog
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, PhysicalSlice, SliceRequest
-from tpufleet.provision.emulator import validate
+from tpufleet.provision.requests import validate
 
 __all__ = ["KubeRayConfig", "KubeRayProvider", "make_api_client"]
 
