@@ -217,24 +217,38 @@ class Transitions:
     ) -> list[tuple[str, Stored]]:
         """Store why each waiting job waits; only reasons that changed are written (and returned).
 
-        A new reason code or head-of-line flag is always written at once; with ``refresh`` set,
-        only that many changes of the message alone (its numbers move as the fleet does) are
-        written per call, the others on later calls, so a long queue costs a bounded write."""
+        A job's first reason and any head-of-line flag (the policy reads it back next cycle) are
+        always written at once. With ``refresh`` set, other changes are bounded: at most that many
+        per call, new codes before new wordings of the same code (the numbers in a message move as
+        the fleet does); half of the budget goes to the front of the queue (``waits`` come in the
+        policy's order), the other half in turn over the rest, so a long queue costs a bounded write
+        and every stored reason catches up within a few cycles."""
         changes: list[tuple[str, Stored]] = []
+        codes: list[tuple[str, Stored]] = []
         wordings: list[tuple[str, Stored]] = []
+        said: dict[int, tuple[str, str]] = {}  # one NotFit is shared by many waits: read it once
         for w in waits:
-            new = (w.reason.code.value, w.reason.message, w.head_of_line)
+            words = said.get(id(w.reason))
+            if words is None:
+                words = said[id(w.reason)] = (w.reason.code.value, w.reason.message)
+            new = (words[0], words[1], w.head_of_line)
             old = stored.get(w.job)
             if old is None or old == new:
                 continue
-            if refresh is not None and (old[0], old[2]) == (new[0], new[2]):
-                wordings.append((w.job, new))
-            else:
+            if refresh is None or old[0] is None or old[2] != new[2]:
                 changes.append((w.job, new))
-        if refresh is not None and wordings:
-            start = self._wording_turn % len(wordings)
-            changes += (wordings[start:] + wordings[:start])[:refresh]
-            self._wording_turn += refresh
+            elif old[0] != new[0]:
+                codes.append((w.job, new))
+            else:
+                wordings.append((w.job, new))
+        if refresh is not None:
+            rest = codes + wordings
+            front, rest = rest[: refresh // 2], rest[refresh // 2 :]
+            changes += front
+            if rest:
+                start = self._wording_turn % len(rest)
+                changes += (rest[start:] + rest[:start])[: refresh - len(front)]
+                self._wording_turn += refresh - len(front)
         if changes:  # one statement, executed for every change (executemany), in one transaction
             table = cast(Table, JobRow.__table__)
             statement = (

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["in_order"]
 
@@ -27,26 +27,52 @@ K = TypeVar("K", bound=tuple[object, ...])
 def in_order(
     queues: Iterable[tuple[Hashable, list[T]]],
     key: Callable[[U], K],
-    settle: Callable[[list[T], int], tuple[int, U] | None],
+    settle: Callable[[list[T], int, K | None], tuple[int, U] | None],
 ) -> Iterator[U]:
     """Yield what ``settle`` makes of the items of all ``queues``, smallest ``key`` first.
 
-    ``settle(queue, start)`` is called when ``queue[start]`` reaches the front of its queue. It
-    decides items from ``start`` on (they are skipped) until one it cannot decide, and returns that
-    one's index and what it made of it, which goes into the heap under ``key(it)``; None when it
-    decided them all. Keys must be unique per item (include an id) so ties never compare further.
+    ``settle(queue, start, bound)`` is called when ``queue[start]`` reaches the front of its queue.
+    It decides items from ``start`` on (they are skipped) until one it cannot decide, and returns
+    that one's index and what it made of it, which goes into the heap under ``key(it)``; None when
+    it decided them all. Keys must be unique per item (include an id) so ties never compare further.
+
+    ``bound`` is the smallest key of the other queues' front items, or None while the heap is still
+    being filled (then nothing is known to come first). An item whose key is below ``bound`` is the
+    very next one in the global order, so ``settle`` may handle it on the spot exactly as the
+    consumer would when it is yielded; an item the heap would pop at once is yielded without the
+    trip through the heap, for the same reason. Both keep the order, and so the result, exact: they
+    only skip a push and a pop that would have been next to each other.
     """
     heap: list[tuple[K, int, list[T], U]] = []
-
-    def push(queue: list[T], start: int) -> None:
-        found = settle(queue, start)
+    for _, queue in queues:
+        found = settle(queue, 0, None)
         if found is not None:
             index, item = found
             heapq.heappush(heap, (key(item), index, queue, item))
-
-    for _, queue in queues:
-        push(queue, 0)
     while heap:
         _, index, queue, item = heapq.heappop(heap)
-        yield item
-        push(queue, index + 1)
+        while True:
+            yield item
+            found = settle(queue, index + 1, heap[0][0] if heap else _TOP)
+            if found is None:
+                break
+            index, item = found
+            k = key(item)
+            if heap and heap[0][0] < k:
+                heapq.heappush(heap, (k, index, queue, item))
+                break
+
+
+class _Top(tuple):  # type: ignore[type-arg]
+    """A bound above every key: the queue is the only one left."""
+
+    __slots__ = ()
+
+    def __gt__(self, other: object) -> bool:
+        return True
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+
+_TOP: Any = _Top()

@@ -185,16 +185,23 @@ class _Cycle:
             pool.victims.sort(key=victim_order)
 
     def run(self) -> list[Decision]:
-        deferred: dict[TenantName, list[_Entry]] = {}
+        self.deferred: dict[TenantName, list[_Entry]] = {}
         for entry in in_order(self.queues, self._key, self._settle_in_quota_pass):
             self._settled.clear()  # placing a job changes the state that settled them
             if entry.in_quota:
                 self._place_in_quota(entry)
             else:
-                deferred.setdefault(entry.job.tenant, []).append(entry)
-        for entry in in_order(deferred.items(), self._key, self._settle_borrowing_pass):
+                self._defer(entry)
+        for entry in in_order(self.deferred.items(), self._key, self._settle_borrowing_pass):
             self._place_borrower(entry)
         return self.out
+
+    def _defer(self, entry: _Entry) -> None:
+        """Keep a job that is not in quota for the borrowing pass (nothing else changes)."""
+        queue = self.deferred.get(entry.job.tenant)
+        if queue is None:
+            queue = self.deferred[entry.job.tenant] = []
+        queue.append(entry)
 
     # -- 1. checks ---------------------------------------------------------------------------------
 
@@ -236,12 +243,16 @@ class _Cycle:
             self._settled.clear()
         return False
 
-    def _settle_in_quota_pass(self, queue: list[JobView], start: int) -> tuple[int, _Entry] | None:
+    def _settle_in_quota_pass(
+        self, queue: list[JobView], start: int, bound: _Key | None
+    ) -> tuple[int, _Entry] | None:
         """Decide the jobs from ``start`` on whose fate nothing can change; the first job that needs the walk.
 
         Jobs alike (same tenant, type, size and priority: all ``_fate`` reads of a job but its id)
         share the reason while the state stays as it was: between two placements only ``blocked``
-        changes, and both clear ``_settled``. Most queued jobs of a large queue end here.
+        changes, and both clear ``_settled``. Most queued jobs of a large queue end here. A job that
+        is not in quota and comes next anyway (its key is below ``bound``) is deferred on the spot,
+        as ``run`` would when the walk yields it.
         """
         settled, out = self._settled, self.out
         for index in range(start, len(queue)):
@@ -251,7 +262,11 @@ class _Cycle:
             if reason is None:
                 fate = self._fate(job)
                 if isinstance(fate, _Entry):
-                    return index, fate
+                    if fate.in_quota or bound is None or not self._key(fate) < bound:
+                        return index, fate
+                    settled.clear()
+                    self._defer(fate)
+                    continue
                 reason = settled[shape] = fate
             out.append(Wait(job.id, reason))
         return None
@@ -279,12 +294,32 @@ class _Cycle:
             return _Entry(job, pool, gen, chips, in_quota)
         return self._blocked(job, pool, gen, chips, quota if beyond else None)
 
-    def _settle_borrowing_pass(self, queue: list[_Entry], start: int) -> tuple[int, _Entry] | None:
+    def _settle_borrowing_pass(
+        self, queue: list[_Entry], start: int, bound: _Key | None
+    ) -> tuple[int, _Entry] | None:
+        """Place the jobs from ``start`` on that cannot take anything (their type is closed) or that
+        come next anyway (key below ``bound``); the first other one goes through the walk.
+
+        A job whose type is closed only waits, which changes nothing, so jobs alike (same tenant,
+        type, size and priority) that follow it in this run wait for the same reason."""
+        out = self.out
+        alike: dict[tuple[str, int, int], NotFit] = {}
         for index in range(start, len(queue)):
             entry = queue[index]
-            if entry.pool.head is None or entry.pool.avail > 0:
-                return index, entry
-            self._place_borrower(entry)
+            pool = entry.pool
+            if pool.head is None or pool.avail > 0:
+                if bound is None or not self._key(entry) < bound:
+                    return index, entry
+                alike.clear()
+                self._place_borrower(entry)
+                continue
+            job = entry.job
+            shape = (job.accelerator_type, job.num_slices, job.priority)  # one tenant per queue
+            reason = alike.get(shape)
+            if reason is None:
+                quota = self._quota_if_beyond(job, entry.gen, entry.chips)
+                reason = alike[shape] = self._blocked(job, pool, entry.gen, entry.chips, quota)
+            out.append(Wait(job.id, reason))
         return None
 
     def _reclaim_futile(self, job: JobView, pool: TypePool) -> bool:

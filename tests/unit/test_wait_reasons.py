@@ -1,0 +1,63 @@
+"""How the loop stores why queued jobs wait: bounded writes that still catch up.
+
+A job's first reason and every head-of-line flip are written at once (the policy reads the flag
+back next cycle); other changes (a new code, or a new wording of the same code) are written at most
+``refresh`` per call, half to the front of the queue and half in turn over the rest, so that every
+stored reason equals the policy's within a few calls.
+"""
+
+from __future__ import annotations
+
+from tpufleet.control.records import JobRequest
+from tpufleet.control.store import Store
+from tpufleet.control.transitions import Stored, Transitions
+from tpufleet.scheduler.model import JobId, NotFit, NotFitCode, Wait
+
+FREE = NotFit(NotFitCode.WAITING_FOR_FREE_SLICES, "no free v4-16 slice")
+HEAD = NotFit(NotFitCode.RESERVED_FOR_HEAD_OF_LINE, "reserved for the head of line")
+
+
+def _queued(store: Store, n: int) -> list[str]:
+    store.create_tenant("a", {"v4": 64})
+    return [
+        store.submit("a", JobRequest.build(command=["true"], accelerator_type="v4-16")).id for _ in range(n)
+    ]
+
+
+def _stored(tr: Transitions) -> dict[str, Stored]:
+    return tr.job_views()[1]
+
+
+def test_first_reasons_and_head_of_line_flips_are_written_at_once(store: Store) -> None:
+    ids = _queued(store, 12)
+    tr = Transitions(store)
+    written = tr.wait_reasons([Wait(JobId(j), FREE) for j in ids], _stored(tr), refresh=2)
+    assert len(written) == 12  # none had a reason yet
+    flips = [Wait(JobId(j), FREE, head_of_line=(i == 5)) for i, j in enumerate(ids)]
+    written = tr.wait_reasons(flips, _stored(tr), refresh=2)
+    assert [j for j, _ in written] == [ids[5]]
+    assert _stored(tr)[ids[5]] == (FREE.code.value, FREE.message, True)
+
+
+def test_other_changes_are_bounded_front_first_and_all_catch_up(store: Store) -> None:
+    ids = _queued(store, 20)
+    tr = Transitions(store)
+    tr.wait_reasons([Wait(JobId(j), FREE) for j in ids], _stored(tr), refresh=4)
+    moved = [Wait(JobId(j), HEAD) for j in ids]
+    first = tr.wait_reasons(moved, _stored(tr), refresh=4)
+    assert len(first) == 4
+    assert [j for j, _ in first][:2] == ids[:2]  # the front of the queue is always fresh
+    calls = 1
+    while any(v[0] != HEAD.code.value for v in _stored(tr).values()):
+        assert len(tr.wait_reasons(moved, _stored(tr), refresh=4)) <= 4
+        calls += 1
+        assert calls <= 10, "stored reasons never caught up with the policy's"
+    assert all(v == (HEAD.code.value, HEAD.message, False) for v in _stored(tr).values())
+
+
+def test_without_a_budget_every_change_is_written(store: Store) -> None:
+    ids = _queued(store, 30)
+    tr = Transitions(store)
+    tr.wait_reasons([Wait(JobId(j), FREE) for j in ids], _stored(tr))
+    assert len(tr.wait_reasons([Wait(JobId(j), HEAD) for j in ids], _stored(tr))) == 30
+    assert {v[0] for v in _stored(tr).values()} == {HEAD.code.value}
