@@ -189,7 +189,8 @@ def test_the_page_shows_the_fleet_a_running_job_and_updates_when_it_ends(
     assert page.locator("#job-title").text_content() == f"{job} · {HOSTILE}"
     page.locator("#job-attempts tr[data-attempt='1']").wait_for(timeout=10_000)
     assert page.locator("#job-hosts .host").count() == 2
-    page.wait_for_function("document.getElementById('job-logs').textContent.includes('running 10 s')")
+    # locators, not wait_for_function: the page's CSP forbids the eval that one polls with
+    page.locator("#job-logs", has_text="running 10 s").wait_for(timeout=10_000)
 
     # the job ends: the page moves it to Finished and frees its slice, without a reload
     page.locator(f'#recent tr[data-job="{job}"][data-state="SUCCEEDED"]').wait_for(timeout=30_000)

@@ -227,7 +227,7 @@
     return cell;
   }
   function tenantCell(name) {
-    const cell = el("td", {}, [el("span", { cls: "swatch" }), el("span", { text: name })]);
+    const cell = el("td", { cls: "nowrap" }, [el("span", { cls: "swatch" }), el("span", { text: name })]);
     cell.firstChild.style.setProperty("--hue", String(hue(name)));
     return cell;
   }
@@ -283,7 +283,7 @@
     $("queued").textContent = f.queued > f.queue.length ? "(first " + f.queue.length + " of " + f.queued + ")" : "(" + f.queued + ")";
     rows("queue", f.queue, (j) =>
       el("tr", { data: { job: j.id } }, [
-        td(j.position),
+        el("td", { text: j.position, title: "place among the queued jobs of its slice type" }),
         jobLink(j),
         tenantCell(j.tenant),
         td(shape(j)),
