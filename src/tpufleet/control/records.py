@@ -67,23 +67,81 @@ DEFAULT_LIMITS = Limits()
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a bearer token belongs to: a tenant, or the admin when ``tenant`` is None."""
+ADMIN_SCOPE, JOBS_SCOPE, METRICS_SCOPE = "admin", "jobs", "metrics"
+TOKEN_SCOPES = (JOBS_SCOPE, METRICS_SCOPE)  # what `token create --scope` accepts
+PREEMPTION_MODES = ("lower_priority", "never")  # a tenant's `preemption` setting; the first is the default
+
+
+    """Who a bearer token belongs to: a tenant, or the admin when ``tenant`` is None.
+
+    ``scope``: ``admin`` (tenants, slices, every job), ``jobs`` (the tenant's jobs) or ``metrics``
+    (only ``GET /metrics``); left empty it is ``admin`` without a tenant and ``jobs`` with one.
+    ``token_id``: the token's id, the actor of what it does (None where no stored token is behind it).
+    """
 
     tenant: str | None
 
     @property
+    scope: str = ""
+    token_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.scope:
+            object.__setattr__(self, "scope", ADMIN_SCOPE if self.tenant is None else JOBS_SCOPE)
     def admin(self) -> bool:
-        return self.tenant is None
+        return self.tenant is None and self.scope == ADMIN_SCOPE
+
+    @property
+    def actor(self) -> str:
+        """How events name who did something: ``admin``, or the tenant token's id."""
+        return "admin" if self.admin else (self.token_id or f"tenant:{self.tenant}")
 
 
 @dataclass(frozen=True)
 class TenantRecord:
     name: str
     quota: dict[str, int]
+    """A tenant. ``state``: ``active``; ``deleting`` after ``tenant delete --force`` while its
+    cancelled jobs still stop; ``deleted`` (``deleted_at`` set) once none holds slices."""
+
     weight: float
     created_at: float
 
     def to_dict(self) -> dict[str, Any]:
+    preemption: str = PREEMPTION_MODES[0]
+    deleted_at: float | None = None
+    state: str = "active"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """A token as listings show it: never the secret."""
+
+    id: str
+    tenant: str | None
+    scope: str
+    created_at: float
+    last_used_at: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One event of the audit log (``GET /api/v1/events``)."""
+
+    id: int
+    at: float
+    kind: str
+    tenant: str | None
+    actor: str | None
+    job_id: str | None
+    slice: str | None
+    message: str
         return asdict(self)
 
 
@@ -360,3 +418,22 @@ def validate_tenant(name: str, quota: Mapping[str, int], weight: float) -> dict[
             )
         out[gen.name] = out.get(gen.name, 0) + chips
     return out
+    check_weight(weight)
+    return check_quota(quota)
+
+
+def check_weight(weight: float) -> None:
+
+
+def check_preemption(preemption: str) -> str:
+    if preemption not in PREEMPTION_MODES:
+        raise SpecError(
+            f"{str(preemption)[:40]!r} is not a preemption setting; use {' or '.join(PREEMPTION_MODES)}",
+            field="preemption",
+        )
+    return preemption
+
+
+def check_quota(quota: Mapping[str, int]) -> dict[str, int]:
+    """The quota keyed by canonical generation (``v5litepod`` -> ``v5e``); a SpecError naming a bad
+    generation or chip count."""

@@ -30,16 +30,29 @@ class TenantRow(Base):
     quota: Mapped[dict[str, Any]]  # generation name -> nominal chips
     weight: Mapped[float]
     created_at: Mapped[float]
+    preemption: Mapped[str] = mapped_column(  # lower_priority or never (records.PREEMPTION_MODES)
+        String(16), default="lower_priority", server_default="lower_priority"
+    )
+    # Soft delete: set when the admin deleted it; its jobs, events and logs stay, its name stays taken.
+    deleted_at: Mapped[float | None]
 
 
 class TokenRow(Base):
-    """A bearer token, stored only as its SHA-256; ``tenant`` is None for an admin token."""
+    """A bearer token, stored only as its SHA-256; ``tenant`` is None for an admin token.
+
+    ``id`` names it in listings, events and ``token revoke`` (never the secret); ``scope`` is
+    ``admin``, ``jobs`` (a tenant's jobs) or ``metrics`` (only ``GET /metrics``). ``last_used_at``
+    is written at most once a minute per token; a revoked token (``revoked_at``) is refused."""
 
     __tablename__ = "tokens"
 
     token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    id: Mapped[str] = mapped_column(String(16), unique=True)
     tenant: Mapped[str | None] = mapped_column(ForeignKey("tenants.name"), index=True)
+    scope: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[float]
+    last_used_at: Mapped[float | None]
+    revoked_at: Mapped[float | None]
 
 
 class PackageRow(Base):
@@ -135,7 +148,12 @@ class EventRow(Base):
 class LogCursorRow(Base):
     """One host's output stream of one attempt: where the cluster's stream was read up to, and how
     many characters the store holds. ``host`` is the host's index within the attempt (slice order,
+    """Something that happened to a job, a slice or a tenant. ``actor`` is set on the audit log's
+    events (``GET /api/v1/events``): who did it, ``admin``, a token id, or ``scheduler`` for a
+    preemption; ``tenant`` is the tenant it concerns."""
+
     then worker id). ``complete``: nothing more will be stored. ``truncated``: the stream reached the
+    __table_args__ = (Index("ix_events_tenant_id", "tenant", "id"),)
     per-host cap and the rest was not kept; ``note``: why the stored log is not the whole output
     (the cap, or a host whose output could not be read to the end)."""
 
@@ -143,6 +161,8 @@ class LogCursorRow(Base):
 
     job_id: Mapped[str] = mapped_column(String(16), primary_key=True)
     attempt: Mapped[int] = mapped_column(primary_key=True)
+    tenant: Mapped[str | None] = mapped_column(String(63))
+    actor: Mapped[str | None] = mapped_column(String(80))
     host: Mapped[int] = mapped_column(primary_key=True)
     slice: Mapped[str] = mapped_column(String(128))
     worker_id: Mapped[int]

@@ -9,11 +9,10 @@ leaves half a change behind; state changes that race with the loop are compare-a
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,11 +29,9 @@ from tpufleet.control.schema import (
     JobRow,
     PackageRow,
     SliceRow,
-    TenantRow,
-    TokenRow,
 )
+from tpufleet.control.tenancy import TenantOps, new_token, token_hash
 from tpufleet.errors import (
-    AuthError,
     ClusterError,
     ConflictError,
     NotFoundError,
@@ -43,6 +40,8 @@ from tpufleet.errors import (
 )
 from tpufleet.scheduler import lifecycle as lc
 
+__all__ = ["Clock", "Store", "make_engine", "new_job_id", "new_token", "token_hash"]
+
 Clock = Callable[[], float]
 
 
@@ -50,14 +49,6 @@ def new_job_id() -> str:
     """Eight hex digits: short enough to type, random enough for a fleet's lifetime (ids are
     checked for collisions on insert)."""
     return secrets.token_hex(4)
-
-
-def new_token() -> str:
-    return "tf_" + secrets.token_urlsafe(32)
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def make_engine(url: str) -> Engine:
@@ -102,8 +93,9 @@ def _private_file(path: str) -> None:
             os.chmod(p, 0o600)
 
 
-class Store:
+class Store(TenantOps):
     """Tenants, tokens, jobs and slices as the API sees them. Thread-safe (one session per call).
+    Tenants, tokens and the audit log: :class:`~tpufleet.control.tenancy.TenantOps`.
 
     The constructor does no I/O: ``Store(url)`` builds an engine that connects on first use and
     assumes the schema is there. :meth:`open` is the usual way in: it checks (and by default
@@ -181,55 +173,6 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
-    # -- tokens ------------------------------------------------------------------------------
-    def issue_token(self, tenant: str | None = None) -> str:
-        """A new token for ``tenant`` (None: admin). Only its hash is stored."""
-        token = new_token()
-        with self.tx() as s:
-            s.add(TokenRow(token_hash=token_hash(token), tenant=tenant, created_at=self.clock()))
-        return token
-
-    def authenticate(self, token: str | None) -> r.Principal:
-        if not token:
-            raise AuthError("missing bearer token; pass --token or set TPUFLEET_TOKEN")
-        with self.tx() as s:
-            row = s.get(TokenRow, token_hash(token))
-        if row is None:
-            raise AuthError("unknown token; ask the admin for a tenant token (tpufleet tenant create)")
-        return r.Principal(tenant=row.tenant)
-
-    # -- tenants -----------------------------------------------------------------------------
-    def create_tenant(
-        self, name: str, quota: Mapping[str, int], weight: float = 1.0
-    ) -> tuple[r.TenantRecord, str]:
-        """Create a tenant; returns it and its token (shown once)."""
-        clean = r.validate_tenant(name, quota, weight)
-        token = new_token()
-        try:
-            with self.tx() as s:
-                if s.get(TenantRow, name) is not None:
-                    raise ConflictError(f"tenant {name!r} already exists")
-                row = TenantRow(name=name, quota=clean, weight=float(weight), created_at=self.clock())
-                s.add(row)
-                s.flush()
-                s.add(TokenRow(token_hash=token_hash(token), tenant=name, created_at=self.clock()))
-                self.add_event(s, f"tenant {name} created", kind="tenant")
-        except IntegrityError as err:
-            raise ConflictError(f"tenant {name!r} already exists") from err
-        return _tenant(row), token
-
-    def tenants(self) -> list[r.TenantRecord]:
-        with self.tx() as s:
-            return [_tenant(t) for t in s.scalars(select(TenantRow).order_by(TenantRow.name))]
-
-    def tenant(self, name: str) -> r.TenantRecord:
-        with self.tx() as s:
-            row = s.get(TenantRow, name) if r.TENANT_NAME.fullmatch(name) else None
-            if row is None:
-                names = s.scalars(select(TenantRow.name)).all()
-                raise NotFoundError(f"tenant {name!r} not found{suggest(closest(name, names))}")
-            return _tenant(row)
-
     # -- jobs --------------------------------------------------------------------------------
     def submit(self, tenant: str, request: r.JobRequest) -> r.JobRecord:
         self.tenant(tenant)
@@ -243,6 +186,7 @@ class Store:
     def _insert_job(self, tenant: str, req: r.JobRequest) -> r.JobRecord:
         now = self.clock()
         with self.tx() as s:
+            self.check_live_tenant(s, tenant)
             self._check_can_queue(s, tenant, req)
             job_id = self.new_id()
             while s.scalar(select(JobRow.seq).where(JobRow.id == job_id)) is not None:
@@ -270,7 +214,13 @@ class Store:
             )
             s.add(row)
             s.flush()
-            self.add_event(s, f"submitted by {tenant}: {' '.join(req.command)}", job_id=job_id, kind="submit")
+            self.add_event(
+                s,
+                f"submitted by {tenant}: {' '.join(req.command)}",
+                job_id=job_id,
+                kind="submit",
+                tenant=tenant,
+            )
             return job_record(row)
 
     def submit_many(self, tenant: str | Sequence[str], requests: Sequence[r.JobRequest]) -> list[str]:
@@ -294,6 +244,8 @@ class Store:
         now = self.clock()
         with self.tx() as s:
             self._check_batch(s, owners, requests)
+            for owner in dict.fromkeys(owners):
+                self.check_live_tenant(s, owner)
             ids = self._fresh_ids(s, len(requests))
             rows = [
                 {
@@ -314,6 +266,8 @@ class Store:
                     "kind": "submit",
                     "message": f"submitted by {owner}: {' '.join(req.command)}",
                 }
+                    "tenant": owner,
+                    "actor": None,
                 for job_id, owner, req in zip(ids, owners, requests, strict=True)
             ]
             s.execute(insert(EventRow), events)
@@ -483,10 +437,13 @@ class Store:
             raise NotFoundError(f"package {str(package_id)[:80]!r} not found for tenant {tenant!r}")
         return data
 
-    def request_cancel(self, job_id: str, tenant: str | None = None) -> r.JobRecord:
+    def request_cancel(
+        self, job_id: str, tenant: str | None = None, *, actor: str | None = None
+    ) -> r.JobRecord:
         """Cancel a job (``lifecycle.request_cancel``): a queued one at once; an active one is marked
         and the loop stops every process and frees its slices (the decision is written before it is
-        acted on). A compare-and-set on the state: a change the loop made meanwhile is read again."""
+        acted on). A compare-and-set on the state: a change the loop made meanwhile is read again.
+        ``actor`` (who asked: ``admin`` or a token id) puts the cancel in the audit log."""
         for _ in range(10):
             now = self.clock()
             with self.tx() as s:
@@ -506,7 +463,9 @@ class Store:
                     .execution_options(synchronize_session=False)
                 )
                 if getattr(changed, "rowcount", 0):
-                    self.add_event(s, "cancel requested", job_id=job_id, kind="cancel")
+                    self.add_event(
+                        s, "cancel requested", job_id=job_id, kind="cancel", tenant=row.tenant, actor=actor
+                    )
                     s.refresh(row)
                     return job_record(row)
         raise ConflictError(f"job {job_id} kept changing state; try the cancel again")
@@ -531,14 +490,27 @@ class Store:
         slice: str | None = None,
         kind: str = "info",
     ) -> None:
-        s.add(EventRow(job_id=job_id, slice=slice, at=self.clock(), kind=kind, message=message))
+        tenant: str | None = None,
+        actor: str | None = None,
+        """An event in ``s``'s transaction; with ``actor`` (who did it) it is in the audit log."""
+        s.add(
+            EventRow(
+                job_id=job_id,
+                slice=slice,
+                at=self.clock(),
+                kind=kind,
+                message=message,
+                tenant=tenant,
+                actor=actor,
+            )
+        )
 
     # -- slices ------------------------------------------------------------------------------
     def slices(self) -> list[r.SliceRecord]:
         with self.tx() as s:
             return [slice_record(x) for x in s.scalars(select(SliceRow).order_by(SliceRow.name))]
 
-    def set_draining(self, name: str, draining: bool) -> r.SliceRecord:
+    def set_draining(self, name: str, draining: bool, *, actor: str | None = None) -> r.SliceRecord:
         """Drain a slice (no new job is placed on it; its holder runs to the end) or undrain it."""
         with self.tx() as s:
             row = s.get(SliceRow, name) if _key_like(name) else None
@@ -548,7 +520,7 @@ class Store:
             row.draining = draining
             row.state = slice_state(row)
             row.updated_at = self.clock()
-            self.add_event(s, "drain" if draining else "undrain", slice=name, kind="slice")
+            self.add_event(s, "drain" if draining else "undrain", slice=name, kind="slice", actor=actor)
             return slice_record(row)
 
     # -- logs --------------------------------------------------------------------------------
@@ -677,10 +649,6 @@ def slice_record(x: SliceRow) -> r.SliceRecord:
         problems=tuple(x.problems or ()),
         draining=x.draining,
     )
-
-
-def _tenant(t: TenantRow) -> r.TenantRecord:
-    return r.TenantRecord(name=t.name, quota=dict(t.quota), weight=t.weight, created_at=t.created_at)
 
 
 def _attempt(a: AttemptRow) -> r.AttemptRecord:
