@@ -17,6 +17,7 @@ import base64
 import binascii
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -37,6 +38,7 @@ from tpufleet.control.records import (
     DEFAULT_MAX_RETRIES,
     PAGE_DEFAULT,
     PAGE_MAX,
+    PREEMPTION_MODES,
     QUEUED,
     TENANT_NAME,
     TERMINAL,
@@ -45,7 +47,7 @@ from tpufleet.control.records import (
     Principal,
 )
 from tpufleet.control.store import Store
-from tpufleet.errors import AuthError, ClusterError, SpecError, TpufleetError
+from tpufleet.errors import AuthError, ClusterError, ForbiddenError, SpecError, TpufleetError
 
 API = "/api/v1"
 
@@ -79,6 +81,30 @@ class TenantCreate(BaseModel):
         default_factory=dict, description="nominal chips per generation (0 to 1,000,000), e.g. {'v4': 32}"
     )
     weight: float = Field(1.0, description="fair-share weight, above 0 and at most 1000")
+    preemption: str = Field(
+        PREEMPTION_MODES[0],
+        description="lower_priority: its higher-priority jobs may preempt its own lower-priority ones; never",
+    )
+
+
+class TenantUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    quota: dict[str, int] | None = Field(
+        None, description="merged per generation: the generations given are set, 0 removes one"
+    )
+    weight: float | None = Field(None, description="fair-share weight, above 0 and at most 1000")
+    preemption: str | None = Field(None, description="lower_priority or never")
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    tenant: str = Field(description="the tenant the token is for")
+    scope: str = Field("jobs", description="jobs (the tenant's jobs) or metrics (only GET /metrics)")
+
+
+class EventPage(BaseModel):
+    items: list[dict[str, Any]]
+    next: str | None = Field(description="pass as ?after= for the next page; null on the last page")
 
 
 class JobSubmit(BaseModel):
@@ -143,7 +169,9 @@ def _store(request: Request) -> Store:
 
 
 def _who(request: Request) -> Principal:
-    return _store(request).authenticate(auth.bearer_token(request))
+    who = _store(request).authenticate(auth.bearer_token(request))
+    auth.check_scope(who, request.url.path)
+    return who
 
 
 def _changed(request: Request) -> None:
@@ -170,11 +198,13 @@ def create_app(
     on_change: Callable[[], None] = lambda: None,
     status: Callable[[], dict[str, Any]] = dict,
     limits: Limits | None = None,
+    admin_token_path: Path | None = None,
 ) -> FastAPI:
     """The API over ``store``. ``status`` is the loop's health (``cycles``, ``stalled``,
     ``last_error``, ``cycle_ms_last``, ``cycle_ms_p50``; missing keys read as their defaults):
     ``/healthz`` shows only whether it cycles, ``GET /api/v1/status`` (admin) all of it. ``limits``:
-    the caps on what callers send, set on the store too (default: the store's)."""
+    the caps on what callers send, set on the store too (default: the store's). ``admin_token_path``:
+    the file ``POST /api/v1/tokens/rotate-admin`` writes the new admin token to (mode 0600)."""
     app = FastAPI(
         title="tpufleet",
         version=tpufleet.__version__,
@@ -185,6 +215,7 @@ def create_app(
         store.limits = limits  # one set of caps for the API and the store (package checks, queued cap)
     app.state.limits = store.limits
     app.state.store, app.state.on_change = store, on_change
+    app.state.admin_token_path = admin_token_path
     app.state.status = lambda: {**STATUS_DEFAULTS, **(status() or {})}
     app.state.duty_cycles = dict  # the fleet view's measured duty cycles (ControlPlane: its sampler's)
     app.add_middleware(
@@ -214,7 +245,7 @@ def create_app(
 
 @router.get("/whoami", tags=["auth"], responses=_errs())
 def whoami(me: Who) -> dict[str, Any]:
-    return {"tenant": me.tenant, "admin": me.admin}
+    return {"tenant": me.tenant, "admin": me.admin, "scope": me.scope, "token_id": me.token_id}
 
 
 @router.get("/status", tags=["health"], responses=_errs(403))
@@ -228,17 +259,129 @@ def scheduler_status(me: Who, store: Db, request: Request) -> dict[str, Any]:
 
 @router.post("/tenants", status_code=201, tags=["tenants"], responses=_errs(400, 403, 409, 413, 422))
 def create_tenant(body: TenantCreate, me: Who, store: Db, request: Request) -> dict[str, Any]:
-    """Create a tenant (admin). Its token is in the answer, and only there."""
+    """Create a tenant (admin). Its token is in the answer, and only there. The name of a deleted
+    tenant stays taken (409)."""
     auth.require_admin(me)
-    tenant, token = store.create_tenant(body.name, body.quota, body.weight)
+    tenant, token = store.create_tenant(body.name, body.quota, body.weight, body.preemption, actor=me.actor)
     _changed(request)
     return {**tenant.to_dict(), "token": token}
 
 
-@router.get("/tenants", tags=["tenants"], responses=_errs(403))
-def list_tenants(me: Who, store: Db) -> list[dict[str, Any]]:
+@router.get("/tenants", tags=["tenants"], responses=_errs(403, 422))
+def list_tenants(
+    me: Who,
+    store: Db,
+    include_deleted: Annotated[
+        bool, Query(description="also deleted tenants (state deleting or deleted)")
+    ] = False,
+) -> list[dict[str, Any]]:
+    """Live tenants by name (admin); ``include_deleted=true`` adds the deleted ones."""
     auth.require_admin(me)
-    return [t.to_dict() for t in store.tenants()]
+    return [t.to_dict() for t in store.tenants(include_deleted=include_deleted)]
+
+
+@router.get("/tenants/{name}", tags=["tenants"], responses=_errs(403, 404, 422))
+def get_tenant(name: str, me: Who, store: Db) -> dict[str, Any]:
+    """One tenant (admin), live or deleted: ``state`` is active, deleting or deleted."""
+    auth.require_admin(me)
+    return store.tenant(name).to_dict()
+
+
+@router.patch("/tenants/{name}", tags=["tenants"], responses=_errs(400, 403, 404, 409, 422))
+def update_tenant(name: str, body: TenantUpdate, me: Who, store: Db, request: Request) -> dict[str, Any]:
+    """Change a tenant's quota (merged per generation; 0 removes one), weight or preemption
+    setting (admin). Used from the scheduling loop's next cycle; lowering a quota below what the
+    tenant holds stops nothing: the excess counts as borrowed, reclaimable by other tenants."""
+    auth.require_admin(me)
+    out = store.update_tenant(
+        name, quota=body.quota, weight=body.weight, preemption=body.preemption, actor=me.actor
+    ).to_dict()
+    _changed(request)
+    return out
+
+
+@router.delete("/tenants/{name}", tags=["tenants"], responses=_errs(403, 404, 409, 422))
+def delete_tenant(
+    name: str,
+    me: Who,
+    store: Db,
+    request: Request,
+    force: Annotated[
+        bool, Query(description="cancel its queued and running jobs (checkpoint signal, grace) first")
+    ] = False,
+) -> dict[str, Any]:
+    """Delete a tenant (admin): 409 naming its queued and running jobs unless ``force``. Soft:
+    its jobs, attempts, logs and events stay readable to the admin; its tokens stop working; its
+    name stays taken. ``state`` is ``deleting`` while cancelled jobs still stop, then ``deleted``;
+    ``cancelled``: the jobs this call cancelled."""
+    auth.require_admin(me)
+    tenant, cancelled = store.delete_tenant(name, force=force, actor=me.actor)
+    _changed(request)
+    return {**tenant.to_dict(), "cancelled": cancelled}
+
+
+@router.post("/tokens", status_code=201, tags=["tokens"], responses=_errs(400, 403, 404, 409, 422))
+def create_token(body: TokenCreate, me: Who, store: Db) -> dict[str, Any]:
+    """A new token for a tenant (admin): scope ``jobs`` or ``metrics``. The secret is in the
+    answer (``token``), and only there."""
+    auth.require_admin(me)
+    record, token = store.create_token(body.tenant, body.scope, actor=me.actor)
+    return {**record.to_dict(), "token": token}
+
+
+@router.get("/tokens", tags=["tokens"], responses=_errs(403, 404, 422))
+def list_tokens(
+    me: Who,
+    store: Db,
+    tenant: Annotated[str | None, Query(description="only this tenant's tokens")] = None,
+) -> list[dict[str, Any]]:
+    """Tokens that work (admin): id, tenant, scope, created and last-used times; never a secret.
+    Last use is recorded at most once a minute per token."""
+    auth.require_admin(me)
+    return [t.to_dict() for t in store.tokens(tenant)]
+
+
+@router.post("/tokens/rotate-admin", tags=["tokens"], responses=_errs(403))
+def rotate_admin(me: Who, store: Db, request: Request) -> dict[str, Any]:
+    """A new admin token; every other admin token is revoked at once (admin). The server writes it
+    to its ``<state-dir>/admin-token`` (mode 0600, ``path``); the answer has it too (``token``)."""
+    auth.require_admin(me)
+    record, token, revoked = store.rotate_admin(actor=me.actor)
+    path: Path | None = request.app.state.admin_token_path
+    if path is not None:
+        auth.write_token_file(path, token)
+    return {**record.to_dict(), "token": token, "revoked": revoked, "path": str(path) if path else None}
+
+
+@router.post("/tokens/{token_id}/revoke", tags=["tokens"], responses=_errs(403, 404, 409, 422))
+def revoke_token(token_id: str, me: Who, store: Db) -> dict[str, Any]:
+    """Revoke a token by id (admin): every request with it is a 401 from now on. The last admin
+    token is not revoked (409: rotate it instead)."""
+    auth.require_admin(me)
+    return store.revoke_token(token_id, actor=me.actor).to_dict()
+
+
+@router.get("/events", tags=["events"], response_model=EventPage, responses=_errs(400, 403, 422))
+def list_events(
+    me: Who,
+    store: Db,
+    tenant: Annotated[str | None, Query(description="admin: one tenant's events")] = None,
+    limit: Annotated[
+        int,
+        Query(ge=1, le=PAGE_MAX, description=f"events per page: default {PAGE_DEFAULT}, at most {PAGE_MAX}"),
+    ] = PAGE_DEFAULT,
+    after: Annotated[str | None, Query(description="the `next` of the previous page")] = None,
+) -> dict[str, Any]:
+    """The audit log, oldest first, a page at a time (``{"items", "next"}`` as ``GET /jobs``):
+    tenant and token changes, cancels, drains and preemptions, each with ``actor`` (``admin``, a
+    token id, or ``scheduler``) and ``tenant``. A tenant's token reads only its own tenant's."""
+    if not me.admin and tenant is not None and tenant != me.tenant:
+        raise ForbiddenError(f"your token is for tenant {me.tenant!r}; it reads only its own tenant's events")
+    scope = auth.job_scope(me) or tenant
+    if scope is not None and not TENANT_NAME.fullmatch(scope):
+        raise SpecError(f"{scope[:70]!r} is not a tenant name", field="tenant")
+    items, last = store.audit_events(scope, limit=limit, after=decode_cursor(after))
+    return {"items": [e.to_dict() for e in items], "next": None if last is None else encode_cursor(last)}
 
 
 @router.get("/slices", tags=["slices"], responses=_errs())
@@ -267,7 +410,7 @@ def fleet(me: Who, store: Db, request: Request) -> dict[str, Any]:
 def drain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Place no new job on the slice (admin); its current holder runs to the end."""
     auth.require_admin(me)
-    out = store.set_draining(name, True).to_dict()
+    out = store.set_draining(name, True, actor=me.actor).to_dict()
     _changed(request)
     return out
 
@@ -275,7 +418,7 @@ def drain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
 @router.post("/slices/{name}/undrain", tags=["slices"], responses=_errs(403, 404, 422))
 def undrain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     auth.require_admin(me)
-    out = store.set_draining(name, False).to_dict()
+    out = store.set_draining(name, False, actor=me.actor).to_dict()
     _changed(request)
     return out
 
@@ -444,7 +587,7 @@ def job_logs(
 
 @router.post("/jobs/{job_id}/cancel", tags=["jobs"], responses=_errs(404, 409, 422))
 def cancel(job_id: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
-    job = store.request_cancel(job_id, tenant=auth.job_scope(me))
+    job = store.request_cancel(job_id, tenant=auth.job_scope(me), actor=me.actor)
     _changed(request)
     return job.to_dict()
 

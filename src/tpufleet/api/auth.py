@@ -1,8 +1,10 @@
 """Bearer tokens: who is calling, and what they may touch.
 
-The admin token manages tenants and slices and sees every job; a tenant's token sees and changes
-only that tenant's jobs (403 otherwise); a missing or unknown token is 401. Tokens are stored only
-as SHA-256 hashes (``control/store.py``); the plain token is shown once, when it is created.
+The admin token manages tenants, tokens and slices and sees every job; a tenant's token (scope
+``jobs``) sees and changes only that tenant's jobs (403 otherwise); a ``metrics`` token may only
+read ``GET /metrics`` (403 everywhere else, see :func:`check_scope`); a missing, unknown or revoked
+token is 401. Tokens are stored only as SHA-256 hashes (``control/tenancy.py``); the plain token is
+shown once, when it is created.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from pathlib import Path
 
 from fastapi import Request
 
-from tpufleet.control.records import Principal
+from tpufleet.control.records import ADMIN_SCOPE, METRICS_SCOPE, Principal
 from tpufleet.control.store import Store
 from tpufleet.errors import AuthError, ForbiddenError, SpecError
 
 ADMIN_TOKEN_FILE = "admin-token"
+METRICS_PATHS = frozenset({"/metrics", "/api/v1/metrics"})  # all a metrics-scope token may read
 
 
 def bearer_token(request: Request) -> str | None:
@@ -33,6 +36,21 @@ def bearer_token(request: Request) -> str | None:
 def require_admin(who: Principal) -> None:
     if not who.admin:
         raise ForbiddenError(f"this needs the admin token; your token is for tenant {who.tenant!r}")
+
+
+def check_scope(who: Principal, path: str) -> None:
+    """Every authenticated route checks this: a ``metrics`` token reads ``GET /metrics`` and nothing else."""
+    if who.scope == METRICS_SCOPE and path not in METRICS_PATHS:
+        raise ForbiddenError("a metrics token may only read GET /metrics; use a jobs or admin token for this")
+
+
+def require_metrics_reader(who: Principal) -> None:
+    """``GET /metrics``: the admin token or a ``metrics``-scope token (a tenant's jobs token: 403)."""
+    if who.scope not in (ADMIN_SCOPE, METRICS_SCOPE):
+        raise ForbiddenError(
+            "reading metrics needs the admin token or a metrics token (tpufleet token create --tenant T "
+            "--scope metrics)"
+        )
 
 
 def job_scope(who: Principal) -> str | None:
@@ -66,9 +84,20 @@ def ensure_admin_token(store: Store, path: Path) -> tuple[str, bool]:
         except AuthError:
             pass
     token = store.issue_token(tenant=None)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.chmod(path, 0o600)
+    write_token_file(path, token)
     return token, True
+
+
+def write_token_file(path: Path, token: str) -> None:
+    """Write ``token`` to ``path``, mode 0600 from the start, replacing the file atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -102,11 +102,25 @@ class ControlPlane:
         self.store = Store.open(self.db_url, clock=clock, new_id=new_id, limits=limits)
         self.service = Service(self.store, cluster, state_dir=self.state_dir, decide=decide, config=config)
         self.admin_token_path = self.state_dir / ADMIN_TOKEN_FILE
-        self.admin_token, self.admin_token_created = ensure_admin_token(self.store, self.admin_token_path)
-        self.app = create_app(self.store, on_change=self.service.wake, status=self.status, limits=limits)
+        self._admin_token, self.admin_token_created = ensure_admin_token(self.store, self.admin_token_path)
+        self.app = create_app(
+            self.store,
+            on_change=self.service.wake,
+            status=self.status,
+            limits=limits,
+            admin_token_path=self.admin_token_path,
+        )
         self._http: uvicorn.Server | None = None
         self._http_thread: threading.Thread | None = None
         self.url: str | None = None
+
+    @property
+    def admin_token(self) -> str:
+        """The admin token: the one in ``<state-dir>/admin-token`` (``token rotate-admin`` replaces it)."""
+        try:
+            return self.admin_token_path.read_text().strip() or self._admin_token
+        except OSError:
+            return self._admin_token
 
     def status(self) -> dict[str, Any]:
         """The scheduling loop's health (``Service.stats``): /healthz and GET /api/v1/status."""

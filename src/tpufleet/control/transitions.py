@@ -107,10 +107,12 @@ class Transitions:
         return Snapshot(self.tenant_views(), self.slice_views(), views), reasons
 
     def tenant_views(self) -> list[TenantView]:
+        """Every live tenant, read whole each cycle: a change (``tenant update``) counts from the
+        next cycle; a deleted tenant is gone (its cancelled jobs still stopping hold their slices)."""
+        query = select(TenantRow).where(TenantRow.deleted_at.is_(None))
         with self.store.tx() as s:
-            return [
-                TenantView(TenantName(t.name), dict(t.quota), t.weight) for t in s.scalars(select(TenantRow))
-            ]
+            rows = s.scalars(query)
+            return [TenantView(TenantName(t.name), dict(t.quota), t.weight, t.preemption) for t in rows]
 
     def slice_views(self) -> list[SliceView]:
         with self.store.tx() as s:
@@ -281,7 +283,14 @@ class Transitions:
                 return False
             if life is None or not _cas(s, job.seq, r.ACTIVE, **columns(life), updated_at=self.clock()):
                 return False
-            self.store.add_event(s, f"attempt {job.attempt}: {message}", job_id=job_id, kind=str(kind))
+            self.store.add_event(
+                s,
+                f"attempt {job.attempt}: {message}",
+                job_id=job_id,
+                kind=str(kind),
+                tenant=job.tenant,
+                actor="scheduler" if kind is lc.StopKind.PREEMPT else None,  # preemptions are audited
+            )
             return True
 
     # -- attempt transitions -----------------------------------------------------------------
