@@ -65,13 +65,13 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-@dataclass(frozen=True)
-class Principal:
 ADMIN_SCOPE, JOBS_SCOPE, METRICS_SCOPE = "admin", "jobs", "metrics"
 TOKEN_SCOPES = (JOBS_SCOPE, METRICS_SCOPE)  # what `token create --scope` accepts
 PREEMPTION_MODES = ("lower_priority", "never")  # a tenant's `preemption` setting; the first is the default
 
 
+@dataclass(frozen=True)
+class Principal:
     """Who a bearer token belongs to: a tenant, or the admin when ``tenant`` is None.
 
     ``scope``: ``admin`` (tenants, slices, every job), ``jobs`` (the tenant's jobs) or ``metrics``
@@ -80,14 +80,14 @@ PREEMPTION_MODES = ("lower_priority", "never")  # a tenant's `preemption` settin
     """
 
     tenant: str | None
-
-    @property
     scope: str = ""
     token_id: str | None = None
 
     def __post_init__(self) -> None:
         if not self.scope:
             object.__setattr__(self, "scope", ADMIN_SCOPE if self.tenant is None else JOBS_SCOPE)
+
+    @property
     def admin(self) -> bool:
         return self.tenant is None and self.scope == ADMIN_SCOPE
 
@@ -99,15 +99,13 @@ PREEMPTION_MODES = ("lower_priority", "never")  # a tenant's `preemption` settin
 
 @dataclass(frozen=True)
 class TenantRecord:
-    name: str
-    quota: dict[str, int]
     """A tenant. ``state``: ``active``; ``deleting`` after ``tenant delete --force`` while its
     cancelled jobs still stop; ``deleted`` (``deleted_at`` set) once none holds slices."""
 
+    name: str
+    quota: dict[str, int]
     weight: float
     created_at: float
-
-    def to_dict(self) -> dict[str, Any]:
     preemption: str = PREEMPTION_MODES[0]
     deleted_at: float | None = None
     state: str = "active"
@@ -142,6 +140,8 @@ class EventRecord:
     job_id: str | None
     slice: str | None
     message: str
+
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -406,23 +406,13 @@ def validate_tenant(name: str, quota: Mapping[str, int], weight: float) -> dict[
             "1 to 63 characters, e.g. team-a",
             field="name",
         )
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 1000:
-        raise SpecError(f"weight must be a number above 0 and at most 1000, got {weight!r}", field="weight")
-    out: dict[str, int] = {}
-    for gen_name, chips in quota.items():
-        gen = catalog.generation(gen_name)  # SpecError listing the generations
-        if isinstance(chips, bool) or not isinstance(chips, int) or not 0 <= chips <= MAX_QUOTA_CHIPS:
-            shown = chips if not isinstance(chips, int) or chips < 10**12 else f"{chips:.3g}"
-            raise SpecError(
-                f"{gen_name}={shown}: chips must be an integer from 0 to {MAX_QUOTA_CHIPS:,}", field="quota"
-            )
-        out[gen.name] = out.get(gen.name, 0) + chips
-    return out
     check_weight(weight)
     return check_quota(quota)
 
 
 def check_weight(weight: float) -> None:
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 1000:
+        raise SpecError(f"weight must be a number above 0 and at most 1000, got {weight!r}", field="weight")
 
 
 def check_preemption(preemption: str) -> str:
@@ -437,3 +427,13 @@ def check_preemption(preemption: str) -> str:
 def check_quota(quota: Mapping[str, int]) -> dict[str, int]:
     """The quota keyed by canonical generation (``v5litepod`` -> ``v5e``); a SpecError naming a bad
     generation or chip count."""
+    out: dict[str, int] = {}
+    for gen_name, chips in quota.items():
+        gen = catalog.generation(gen_name)  # SpecError listing the generations
+        if isinstance(chips, bool) or not isinstance(chips, int) or not 0 <= chips <= MAX_QUOTA_CHIPS:
+            shown = chips if not isinstance(chips, int) or chips < 10**12 else f"{chips:.3g}"
+            raise SpecError(
+                f"{gen_name}={shown}: chips must be an integer from 0 to {MAX_QUOTA_CHIPS:,}", field="quota"
+            )
+        out[gen.name] = out.get(gen.name, 0) + chips
+    return out

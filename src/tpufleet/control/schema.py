@@ -135,7 +135,12 @@ class AttemptRow(Base):
 
 
 class EventRow(Base):
+    """Something that happened to a job, a slice or a tenant. ``actor`` is set on the audit log's
+    events (``GET /api/v1/events``): who did it, ``admin``, a token id, or ``scheduler`` for a
+    preemption; ``tenant`` is the tenant it concerns."""
+
     __tablename__ = "events"
+    __table_args__ = (Index("ix_events_tenant_id", "tenant", "id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str | None] = mapped_column(String(16), index=True)
@@ -143,17 +148,14 @@ class EventRow(Base):
     at: Mapped[float]
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text)
+    tenant: Mapped[str | None] = mapped_column(String(63))
+    actor: Mapped[str | None] = mapped_column(String(80))
 
 
 class LogCursorRow(Base):
     """One host's output stream of one attempt: where the cluster's stream was read up to, and how
     many characters the store holds. ``host`` is the host's index within the attempt (slice order,
-    """Something that happened to a job, a slice or a tenant. ``actor`` is set on the audit log's
-    events (``GET /api/v1/events``): who did it, ``admin``, a token id, or ``scheduler`` for a
-    preemption; ``tenant`` is the tenant it concerns."""
-
     then worker id). ``complete``: nothing more will be stored. ``truncated``: the stream reached the
-    __table_args__ = (Index("ix_events_tenant_id", "tenant", "id"),)
     per-host cap and the rest was not kept; ``note``: why the stored log is not the whole output
     (the cap, or a host whose output could not be read to the end)."""
 
@@ -161,8 +163,6 @@ class LogCursorRow(Base):
 
     job_id: Mapped[str] = mapped_column(String(16), primary_key=True)
     attempt: Mapped[int] = mapped_column(primary_key=True)
-    tenant: Mapped[str | None] = mapped_column(String(63))
-    actor: Mapped[str | None] = mapped_column(String(80))
     host: Mapped[int] = mapped_column(primary_key=True)
     slice: Mapped[str] = mapped_column(String(128))
     worker_id: Mapped[int]

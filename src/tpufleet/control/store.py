@@ -243,9 +243,9 @@ class Store(TenantOps):
     def _insert_jobs(self, owners: list[str], requests: Sequence[r.JobRequest]) -> list[str]:
         now = self.clock()
         with self.tx() as s:
-            self._check_batch(s, owners, requests)
             for owner in dict.fromkeys(owners):
                 self.check_live_tenant(s, owner)
+            self._check_batch(s, owners, requests)
             ids = self._fresh_ids(s, len(requests))
             rows = [
                 {
@@ -265,9 +265,9 @@ class Store(TenantOps):
                     "at": now,
                     "kind": "submit",
                     "message": f"submitted by {owner}: {' '.join(req.command)}",
-                }
                     "tenant": owner,
                     "actor": None,
+                }
                 for job_id, owner, req in zip(ids, owners, requests, strict=True)
             ]
             s.execute(insert(EventRow), events)
@@ -489,9 +489,9 @@ class Store(TenantOps):
         job_id: str | None = None,
         slice: str | None = None,
         kind: str = "info",
-    ) -> None:
         tenant: str | None = None,
         actor: str | None = None,
+    ) -> None:
         """An event in ``s``'s transaction; with ``actor`` (who did it) it is in the audit log."""
         s.add(
             EventRow(
