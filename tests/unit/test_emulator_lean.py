@@ -12,26 +12,64 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from tpufleet import catalog
 from tpufleet.emulator import plan, procs, rayhost
 
 
-def test_a_lean_host_is_started_by_the_launcher_with_ray_start_s_flags() -> None:
-    argv = plan.lean_host_argv(
-        "/venv/bin/python", "10.1.2.3", "10.1.2.3:6379", catalog.slice_type("v4-16"), 2, "/tmp/t/h0", 1, False
-    )
+def test_lean_hosts_and_head_take_ray_start_s_own_flags_through_the_launcher() -> None:
+    v4 = catalog.slice_type("v4-16")
+    host = ("10.1.2.3", "10.1.2.3:6379", v4, 2, "/tmp/t/h0", 1, False)
+    argv = plan.lean_host_argv("/venv/bin/python", *host)
     assert argv[:3] == ["/venv/bin/python", "-P", plan.RAYHOST_SCRIPT]
     assert Path(plan.RAYHOST_SCRIPT).is_file()
-    args = rayhost.parse(argv[3:])  # the launcher accepts exactly what plan gives it
-    assert (args.address, args.node_ip_address, args.num_cpus, args.num_gpus) == (
+    assert argv[3:] == plan.host_argv("ray", *host)[2:]  # exactly what `ray start` would be given
+    args = rayhost.parse(argv[3:])  # and the launcher accepts every one of them
+    assert (args.head, args.address, args.node_ip_address, args.num_gpus) == (
+        False,
         "10.1.2.3:6379",
         "10.1.2.3",
-        2,
         0,
     )
-    assert (args.temp_dir, args.object_store_memory, args.include_log_monitor) == ("/tmp/t/h0", 1, "false")
+    assert args.num_cpus == int(argv[argv.index("--num-cpus") + 1])
+    assert (args.temp_dir, args.object_store_memory, args.include_log_monitor) == ("/tmp/t/h0", 1, False)
     assert args.resources == '{"TPU": 4}' and args.dashboard_agent == "standin"
     assert plan.LEAN_HOST_ENV == {"RAY_prestart_worker_first_driver": "0"}
+
+    head = ("10.1.2.3", 6000, 6001, 6002, "/tmp/t", 1)
+    argv = plan.lean_head_argv("/venv/bin/python", *head)
+    assert argv[3:] == plan.head_argv("ray", *head)[2:]
+    args = rayhost.parse(argv[3:])
+    assert (args.head, args.port, args.address, args.num_cpus) == (True, 6000, None, 0)
+    assert (args.dashboard_port, args.ray_client_server_port) == (6001, 6002)
+    assert args.dashboard_agent == "real"  # the head keeps Ray's agent (job submission goes there)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--node-ip-address", "a", "--num-cpus", "1", "--temp-dir", "/t", "--object-store-memory", "1"],
+        [
+            "--head",
+            "--node-ip-address",
+            "a",
+            "--num-cpus",
+            "0",
+            "--temp-dir",
+            "/t",
+            "--object-store-memory",
+            "1",
+        ],
+        ["--address", "a:1", "--node-ip-address", "a", "--num-cpus", "1", "--temp-dir", "/t"],
+        ["--address", "a:1", "--include-log-monitor", "yes"],
+        ["--address", "a:1", "--block"],
+    ],
+)
+def test_the_launcher_refuses_what_ray_start_would_not_mean(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        rayhost.parse(argv)
+    assert exc.value.code == 2
 
 
 def test_the_raylet_gets_the_stand_in_and_every_other_process_its_own_command() -> None:

@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tpufleet.catalog import SliceType
 from tpufleet.contract import HOST_VARS, MEGASCALE_VARS, host_env
@@ -151,40 +152,18 @@ LEAN_HOST_ENV = {"RAY_prestart_worker_first_driver": "0"}
 RAYHOST_SCRIPT = str(Path(__file__).with_name("rayhost.py"))
 
 
-def lean_host_argv(
-    python: str,
-    address: str,
-    gcs_address: str,
-    slice_type: SliceType,
-    cpus: int,
-    temp_dir: str,
-    object_store_bytes: int,
-    log_monitor: bool,
-) -> list[str]:
-    """One TPU host started by ``rayhost.py`` (Ray's worker-node start without the ``ray start`` CLI
-    and with a stand-in for the dashboard agent); the same flags as :func:`host_argv` where they
-    exist. ``-P``: the script's folder (this package) must not shadow top-level modules."""
-    return [
-        python,
-        "-P",
-        RAYHOST_SCRIPT,
-        "--address",
-        gcs_address,
-        "--node-ip-address",
-        address,
-        "--num-cpus",
-        str(cpus),
-        "--num-gpus",
-        "0",
-        "--resources",
-        json.dumps({"TPU": slice_type.chips_per_host}),
-        "--temp-dir",
-        temp_dir,
-        "--object-store-memory",
-        str(object_store_bytes),
-        "--include-log-monitor",
-        "true" if log_monitor else "false",
-    ]
+def lean_host_argv(python: str, *args: Any) -> list[str]:
+    """:func:`host_argv` (same arguments after ``python``) started by ``rayhost.py``, which takes
+    ``ray start``'s flags and starts Ray's worker node without the ``ray start`` CLI, with a
+    stand-in for the dashboard agent. ``-P``: the script's folder (this package) must not shadow
+    top-level modules."""
+    return [python, "-P", RAYHOST_SCRIPT, *host_argv("ray", *args)[2:]]
+
+
+def lean_head_argv(python: str, *args: Any) -> list[str]:
+    """:func:`head_argv` (same arguments after ``python``) started by ``rayhost.py``: Ray's head
+    node, the processes ``ray start --head`` starts, without the CLI's imports."""
+    return [python, "-P", RAYHOST_SCRIPT, *head_argv("ray", *args)[2:]]
 
 
 def contract_of(env: Mapping[str, str]) -> dict[str, str]:

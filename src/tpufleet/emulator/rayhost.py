@@ -76,19 +76,73 @@ def _without_dashboard_agent(services: Any, constants: Any) -> None:
     services.start_ray_process = start_ray_process
 
 
+def _bool(text: str) -> bool:
+    if text not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text == "true"
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The subset of ``ray start``'s flags an emulated host uses, with the same names."""
-    p = argparse.ArgumentParser(prog="rayhost", description=__doc__.splitlines()[0] if __doc__ else "")
-    p.add_argument("--address", required=True, help="the GCS address, ip:port")
+    """The flags of ``ray start`` that the emulator's command lines use (``plan.head_argv``,
+    ``plan.host_argv``), with ``ray start``'s names and meaning; any other is an error."""
+    p = argparse.ArgumentParser(prog="rayhost", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--head", action="store_true")
+    p.add_argument("--port", type=int, help="the head's GCS port")
+    p.add_argument("--address", help="the GCS address (ip:port) a host joins")
     p.add_argument("--node-ip-address", required=True)
     p.add_argument("--num-cpus", type=int, required=True)
     p.add_argument("--num-gpus", type=int, default=0)
     p.add_argument("--resources", default="{}", help="JSON, as for ray start")
     p.add_argument("--temp-dir", required=True)
     p.add_argument("--object-store-memory", type=int, required=True)
-    p.add_argument("--include-log-monitor", choices=["true", "false"], default="true")
-    p.add_argument("--dashboard-agent", choices=["real", "standin"], default="standin")
-    return p.parse_args(argv)
+    p.add_argument("--include-log-monitor", type=_bool, default=True)
+    p.add_argument("--include-dashboard", type=_bool, default=None)
+    p.add_argument("--dashboard-port", type=int)
+    p.add_argument("--ray-client-server-port", type=int)
+    p.add_argument("--min-worker-port", type=int, default=0)
+    p.add_argument("--max-worker-port", type=int, default=0)
+    p.add_argument("--dashboard-agent-listen-port", type=int, default=0)
+    p.add_argument("--disable-usage-stats", action="store_true")
+    p.add_argument(
+        "--dashboard-agent",
+        choices=["real", "standin"],
+        help="not a ray start flag: the head's default is Ray's agent, a host's the stand-in",
+    )
+    args = p.parse_args(argv)
+    if args.head == (args.address is not None):
+        p.error("give either --head (with --port) or --address")
+    if args.head and args.port is None:
+        p.error("--head needs --port")
+    if args.dashboard_agent is None:
+        args.dashboard_agent = "real" if args.head else "standin"
+    return args
+
+
+def params_of(args: argparse.Namespace, ray_parameter: Any) -> Any:
+    """The ``RayParams`` ``ray start`` builds from the same flags."""
+    params = ray_parameter.RayParams(
+        node_ip_address=args.node_ip_address,
+        node_name=args.node_ip_address,
+        min_worker_port=args.min_worker_port,
+        max_worker_port=args.max_worker_port,
+        ray_client_server_port=args.ray_client_server_port,
+        object_store_memory=args.object_store_memory,
+        num_cpus=args.num_cpus,
+        num_gpus=args.num_gpus,
+        resources=json.loads(args.resources),
+        labels={},
+        temp_dir=args.temp_dir,
+        include_dashboard=args.include_dashboard,
+        dashboard_port=args.dashboard_port,
+        dashboard_agent_listen_port=args.dashboard_agent_listen_port,
+        include_log_monitor=args.include_log_monitor,
+    )
+    if args.head:
+        params.gcs_server_port = args.port
+        params.update_if_absent(redis_shard_ports=None, num_redis_shards=None, redis_max_clients=None)
+    else:
+        params.gcs_address = args.address
+    return params
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,22 +154,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.dashboard_agent == "standin":
         _without_dashboard_agent(services, ray_constants)
-    params = ray_parameter.RayParams(
-        node_ip_address=args.node_ip_address,
-        node_name=args.node_ip_address,
-        min_worker_port=0,
-        max_worker_port=0,
-        object_store_memory=args.object_store_memory,
-        num_cpus=args.num_cpus,
-        num_gpus=args.num_gpus,
-        resources=json.loads(args.resources),
-        labels={},
-        temp_dir=args.temp_dir,
-        include_log_monitor=args.include_log_monitor == "true",
-    )
-    params.gcs_address = args.address
-    ray_node.Node(params, head=False, shutdown_at_exit=False, spawn_reaper=False, connect_only=False)
-    print(f"emulated host started: raylet of node {params.node_ip_address} joined {args.address}", flush=True)
+    params = params_of(args, ray_parameter)
+    node = ray_node.Node(params, head=args.head, shutdown_at_exit=False, spawn_reaper=False)
+    what = "head" if args.head else "host"
+    print(f"emulated {what} started: Ray node {node.node_id} at {node.address}", flush=True)
     return 0
 
 
