@@ -4,6 +4,8 @@ tests/integration/test_provider_emulator.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tpufleet.errors import ConflictError, SpecError
@@ -147,3 +149,23 @@ def test_create_is_idempotent_by_name_and_refuses_a_different_request() -> None:
 def test_bad_requests_are_spec_errors(request_: SliceRequest, match: str) -> None:
     with pytest.raises(SpecError, match=match):
         Machine().create(request_)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--notice", "-1"], "--notice must be >= 0 seconds, got -1"),
+        (["--notice", "5"], "no emulated fleet in"),
+    ],
+)
+def test_preempt_with_notice_user_errors_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tpufleet.cli import app
+    from tpufleet.errors import TpufleetError
+
+    where = tmp_path / "none"
+    result = CliRunner().invoke(app, ["emulate", "preempt", "tpu-v4-16-0", *args, "--state-dir", str(where)])
+    assert isinstance(result.exception, TpufleetError), (result.output, result.exception)
+    assert result.exception.exit_code == 2 and message in str(result.exception)
+    assert not (where / "notices.json").exists()

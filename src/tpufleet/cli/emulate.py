@@ -124,6 +124,8 @@ def preempt_cmd(
     state_dir: StateDir = None,
 ) -> None:
     """Remove every host of a slice at once, as a spot preemption does (with --notice, after a notice)."""
+    if notice < 0:
+        raise SpecError(f"--notice must be >= 0 seconds, got {notice:g}")
     fleet = _fleet(state_dir)
     if notice:
         import time
