@@ -22,10 +22,17 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from tpufleet.api.server import ControlPlane
+from tpufleet.control.fleetview import duty_cycles
+from tpufleet.control.sandbox import SandboxCluster
+from tpufleet.control.service import ServiceConfig
+from tpufleet.observe.tpumetrics import ChipReading
 
 pytestmark = pytest.mark.e2e
 
@@ -296,3 +303,54 @@ def test_top_with_a_bad_token_says_so_in_one_line(server: Server) -> None:
     out = _top(server, "not-a-token")
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") <= 1 and "error:" in out.stderr
+
+
+def test_chips_are_shaded_by_their_measured_duty_cycle(browser: Any, tmp_path: Path) -> None:
+    """A control plane in this process over a sandbox v4-16, its duty cycles given as a device
+    sampler's readings of host 0 (host 1 reports nothing): busier chips are drawn darker, and the
+    silent host's chips say "—" instead of a number."""
+    cluster = SandboxCluster.of("v4-16:1", job_seconds=300)
+    cp = ControlPlane(cluster, state_dir=tmp_path / "cp", config=ServiceConfig(interval_s=0.05))
+    percents = (5.0, 35.0, 65.0, 95.0)
+    readings = {
+        ("tpu-v4-16-0", 0): [ChipReading(chip=c, duty_cycle_percent=p) for c, p in enumerate(percents)]
+    }
+    cp.app.state.duty_cycles = lambda: duty_cycles(readings)
+    try:
+        url = cp.start_http()
+        admin = {"Authorization": f"Bearer {cp.admin_token}"}
+        token = httpx.post(
+            f"{url}/api/v1/tenants", json={"name": "research", "quota": {"v4": 8}}, headers=admin
+        )
+        job = httpx.post(
+            f"{url}/api/v1/jobs",
+            json={"command": ["python", "t.py"], "accelerator_type": "v4-16"},
+            headers={"Authorization": f"Bearer {token.json()['token']}"},
+        ).json()["id"]
+        page = browser.new_page()
+        _sign_in(page, url, cp.admin_token)
+        held = page.locator(f'.slice[data-holder="{job}"]')
+        held.wait_for(timeout=15_000)
+        busy, silent = (
+            held.locator(".host").nth(0).locator(".chip"),
+            held.locator(".host").nth(1).locator(".chip"),
+        )
+        assert busy.count() == 4 and silent.count() == 4
+        assert [busy.nth(i).get_attribute("title").split("\n")[-1] for i in range(4)] == [
+            f"duty cycle {p:.0f} %" for p in percents
+        ]
+        assert all(silent.nth(i).get_attribute("title").endswith("duty cycle —") for i in range(4))
+        assert held.locator(".chip.measured").count() == 4  # only host 0's
+        lightness = [
+            _lightness(busy.nth(i).evaluate("e => getComputedStyle(e).backgroundColor")) for i in range(4)
+        ]
+        assert lightness == sorted(lightness, reverse=True) and lightness[0] - lightness[3] > 0.3, lightness
+        page.close()
+    finally:
+        cp.close()
+
+
+def _lightness(css: str) -> float:
+    """HSL lightness (0..1) of an ``rgb(r, g, b)`` computed colour."""
+    r, g, b = (int(x) / 255 for x in re.findall(r"\d+", css)[:3])
+    return (max(r, g, b) + min(r, g, b)) / 2
