@@ -258,3 +258,17 @@ def test_measured_duty_cycles_are_shown_per_chip_and_unmeasured_ones_as_none(pla
     assert hosts[("tpu-v4-16-0", 1)] == [0.0, 10.0, 20.0, None]
     assert hosts[("tpu-v6e-8-0", 0)] == [None] * 5 + [97.5, None, None]
     assert hosts[("tpu-v4-16-0", 0)] is None and hosts[("tpu-v5litepod-16-0", 3)] is None
+
+
+def test_a_deleted_tenant_leaves_the_view_once_its_jobs_are_gone(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        for name in ("alpha", "gone"):
+            store.create_tenant(name, {"v4": 8}, 1.0)
+        store.delete_tenant("gone")
+        http = TestClient(create_app(store))
+        admin = {"Authorization": f"Bearer {store.issue_token(None)}"}
+        view = http.get("/api/v1/fleet", headers=admin).json()
+        assert [(t["name"], t["deleted"]) for t in view["tenants"]] == [("alpha", False)]
+    finally:
+        store.close()

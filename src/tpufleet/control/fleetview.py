@@ -14,7 +14,8 @@ One JSON-ready dict (``GET /api/v1/fleet``)::
     active   the caller's jobs that hold slices (ADMITTED, STARTING, RUNNING)
     recent   the caller's last ``recent_limit`` finished jobs, newest first
     tenants  each tenant the caller may see (the admin: all; a tenant: itself) with ``quota`` and
-             ``held`` chips per generation, ``borrowing`` chips (held beyond quota), and job counts
+             ``held`` chips per generation, ``borrowing`` chips (held beyond quota), and job counts;
+             a deleted tenant only while it still has jobs (``deleted`` true)
 
 A tenant's token sees every slice (as ``GET /slices`` shows it) but only its own jobs and tenant;
 a slice held by another tenant's job says ``held_by_other`` and names neither the job nor the
@@ -195,6 +196,9 @@ def _tenants(
     for t in tenants:
         quota = {gen: int(n) for gen, n in sorted((t.quota or {}).items())}
         mine = dict(sorted(held[t.name].items()))
+        deleted = t.deleted_at is not None
+        if deleted and not mine and t.name not in counts:
+            continue  # a deleted tenant is shown only while its last jobs still stop
         out.append(
             {
                 "name": t.name,
@@ -203,6 +207,7 @@ def _tenants(
                 "held": mine,
                 "borrowing": {g: n - quota.get(g, 0) for g, n in mine.items() if n > quota.get(g, 0)},
                 "has_borrowing_jobs": t.name in borrowing_jobs,
+                "deleted": deleted,
                 **counts.get(t.name, {"queued": 0, "running": 0}),
             }
         )
