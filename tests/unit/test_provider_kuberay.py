@@ -24,7 +24,7 @@ from spec_builders import crds_or_skip, load_fleet, pool
 
 from tpufleet.errors import NotFoundError
 from tpufleet.provision.base import GroupState, HostHealth, SliceRequest
-from tpufleet.provision.kuberay import KubeRayConfig, KubeRayProvider, make_api_client
+from tpufleet.provision.kuberay import ANNOTATION, KubeRayConfig, KubeRayProvider, make_api_client
 from tpufleet.render.kuberay import render_raycluster
 
 NS = "ml"
@@ -252,6 +252,27 @@ def _group(p: KubeRayProvider, name: str) -> Any:
     return next(g for g in p.poll() if g.name == name)
 
 
+def _record(**groups: tuple[str, int, bool, str, list[str]]) -> dict[str, str]:
+    """The provider's annotation for groups given as (type, count, spot, worker group, replicas)."""
+    value = {
+        name: {
+            "acceleratorType": t,
+            "count": n,
+            "spot": spot,
+            "tenant": None,
+            "workerGroup": wg,
+            "replicas": rs,
+        }
+        for name, (t, n, spot, wg, rs) in sorted(groups.items())
+    }
+    return {ANNOTATION: json.dumps(value, sort_keys=True)}
+
+
+def _scales(api: FakeKubeApi) -> list[dict[str, Any]]:
+    """The bodies of the patches that change workerGroupSpecs (not the annotation-only ones)."""
+    return [p[4] for p in api.patches() if "spec" in p[4]]
+
+
 def _specs_with(api: FakeKubeApi, group: str, **changes: Any) -> list[dict[str, Any]]:
     """The workerGroupSpecs as the provider must send them: every group, one changed."""
     specs = copy.deepcopy(api.cluster["spec"]["workerGroupSpecs"])
@@ -272,7 +293,13 @@ def test_create_patches_replicas_of_the_matching_worker_group(
             RC,
             {},
             "application/merge-patch+json",
-            {"metadata": {"resourceVersion": "100"}, "spec": {"workerGroupSpecs": expected}},
+            {
+                "metadata": {
+                    "resourceVersion": "100",
+                    "annotations": _record(burst=("v4-16", 2, True, "v4spot", [])),
+                },
+                "spec": {"workerGroupSpecs": expected},
+            },
         )
     ]
     assert api.group("v4spot")["replicas"] == 2 and api.group("v4")["replicas"] == 1
@@ -303,23 +330,32 @@ def test_scale_up_then_scale_down_names_a_pod_of_the_replica(
 ) -> None:
     provider.create(SliceRequest("a", "v6e-8"))
     provider.create(SliceRequest("b", "v6e-8"))  # scale up: one more replica
-    assert [p[4]["spec"]["workerGroupSpecs"][2]["replicas"] for p in api.patches()] == [1, 2]
-    assert [p[4]["metadata"]["resourceVersion"] for p in api.patches()] == ["100", "101"]
+    assert [b["spec"]["workerGroupSpecs"][2]["replicas"] for b in _scales(api)] == [1, 2]
+    assert [b["metadata"]["resourceVersion"] for b in _scales(api)] == ["100", "101"]
     api.reconcile()
     assert {g.name: g.state for g in provider.poll()} == {"a": GroupState.ACTIVE, "b": GroupState.ACTIVE}
-    a_slice = _group(provider, "a").slices[0].name
-    (a_replica,) = [
-        r
+    by_index = {
+        api.pods[pods[0]]["metadata"]["labels"]["ray.io/worker-group-replica-index"]: r
         for r, pods in api.replica_pods("v6e").items()
-        if pods
-        and api.pods[pods[0]]["metadata"]["labels"]["ray.io/worker-group-replica-index"]
-        == a_slice.rsplit("-", 1)[1]
-    ]
+    }
+    a_replica = by_index[_group(provider, "a").slices[0].name.rsplit("-", 1)[1]]
+    b_replica = by_index[_group(provider, "b").slices[0].name.rsplit("-", 1)[1]]
+    # The poll recorded which replica is whose, in the provider's annotation only.
+    assert api.patches()[-1][4] == {
+        "metadata": {
+            "annotations": _record(
+                a=("v6e-8", 1, False, "v6e", [a_replica]), b=("v6e-8", 1, False, "v6e", [b_replica])
+            )
+        }
+    }
     pod = api.replica_pods("v6e")[a_replica][0]
     expected = _specs_with(api, "v6e", replicas=1, scaleStrategy={"workersToDelete": [pod]})
     provider.delete("a")  # scale down: exactly a's replica goes
     assert api.patches()[-1][4] == {
-        "metadata": {"resourceVersion": "102"},
+        "metadata": {
+            "resourceVersion": "103",
+            "annotations": _record(b=("v6e-8", 1, False, "v6e", [b_replica])),
+        },
         "spec": {"workerGroupSpecs": expected},
     }
     assert _group(provider, "a").state is GroupState.DELETING
@@ -341,8 +377,8 @@ def test_a_concurrent_writer_makes_the_patch_retry_on_the_new_version(
 
     api.after_get = [None, ray_autoscaler_writes]  # the 2nd GET (the patch's read) goes stale
     provider.create(SliceRequest("g", "v6e-8"))
-    assert [p[4]["metadata"]["resourceVersion"] for p in api.patches()] == ["100", "101"]
-    assert [r[0] for r in api.requests if r[1] == RC] == ["GET", "GET", "PATCH", "GET", "PATCH"]
+    assert [b["metadata"]["resourceVersion"] for b in _scales(api)] == ["100", "101"]
+    assert [r[0] for r in api.requests if r[1] == RC][1:] == ["GET", "GET", "PATCH", "GET", "PATCH"]
     assert api.group("v6e")["replicas"] == 1
     assert api.group("v4")["replicas"] == 2  # the other writer's change survived
 
@@ -390,12 +426,26 @@ def test_the_crd_really_rejects_a_bad_patch(api: FakeKubeApi) -> None:
 
 
 def test_a_missing_raycluster_is_named(api: FakeKubeApi) -> None:
-    p = KubeRayProvider(KubeRayConfig(NS, "nope"), api_client=make_api_client(api.host))
-    p.create(SliceRequest("g", "v4-16"))
-    g = _group(p, "g")
-    assert g.state is GroupState.FAILED and "no RayCluster 'nope' in namespace 'ml'" in g.message
-    with pytest.raises(NotFoundError):
-        p._get_cluster()
+    with pytest.raises(NotFoundError, match="no RayCluster 'nope' in namespace 'ml'"):
+        KubeRayProvider(KubeRayConfig(NS, "nope"), api_client=make_api_client(api.host))
+
+
+def test_a_restarted_provider_knows_its_groups_from_the_annotation(
+    api: FakeKubeApi, provider: KubeRayProvider
+) -> None:
+    provider.create(SliceRequest("a", "v6e-8"))
+    provider.create(SliceRequest("b", "v6e-8", count=2))
+    api.reconcile()
+    before = {g.name: g.slices for g in provider.poll()}
+    scales = len(_scales(api))
+    again = KubeRayProvider(KubeRayConfig(NS, "fleet"), api_client=make_api_client(api.host))
+    assert {g.name: g.slices for g in again.poll()} == before
+    again.create(SliceRequest("b", "v6e-8", count=2))  # re-created after a restart: nothing more is asked
+    assert len(_scales(api)) == scales
+    again.delete("b")
+    api.reconcile()
+    assert [g.name for g in again.poll()] == ["a"]
+    assert api.group("v6e")["replicas"] == 1 and len(api.replica_pods("v6e")) == 1
 
 
 def test_rendered_rbac_grants_exactly_what_the_provider_calls() -> None:

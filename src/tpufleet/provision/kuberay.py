@@ -18,6 +18,9 @@ worker group per pool, counted in slices). Through the official ``kubernetes`` c
   delete is a preemption notice (its ``deletionTimestamp`` is the deadline); a replica whose pods
   are gone was preempted: SUSPENDED until KubeRay's replacement replica (it keeps ``replicas``) is up.
 
+The groups (request, worker group, replica names) are kept in the RayCluster's annotation
+``tpufleet.dev/slice-groups``, so a restarted provider knows which replicas are whose.
+
 Physical slice names are ``<worker group>-<replica index>``, as the GKE TPU webhook names
 ``TPU_NAME``. The RBAC this needs is rendered with the fleet (render/kuberay.py:
 ``render_provider_rbac``).
@@ -25,6 +28,7 @@ Physical slice names are ``<worker group>-<replica index>``, as the GKE TPU webh
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +46,9 @@ REPLICA_NAME = "ray.io/worker-group-replica-name"
 REPLICA_INDEX = "ray.io/worker-group-replica-index"
 HOST_INDEX = "ray.io/replica-host-index"
 GROUP = "ray.io/group"
+# The provider's own record of its groups, on the RayCluster, so a restarted control plane knows
+# which replicas are whose (a create after a restart must not add replicas again).
+ANNOTATION = "tpufleet.dev/slice-groups"
 _CRD = ("ray.io", "v1", "rayclusters")
 
 
@@ -130,8 +137,33 @@ class KubeRayProvider:
         self._clock = clock
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
-        # Replicas that exist before this provider runs belong to the fleet's own pools, not to a group.
-        self._foreign = {p.replica for p in self._pods()}
+        cluster = self._get_cluster()  # NotFoundError at once for a wrong name
+        raw = (cluster["metadata"].get("annotations") or {}).get(ANNOTATION, "{}")
+        for name, r in json.loads(raw).items():
+            req = SliceRequest(name, r["acceleratorType"], int(r["count"]), bool(r["spot"]), r.get("tenant"))
+            self._groups[name] = _Group(req, worker_group=r["workerGroup"], replicas=list(r["replicas"]))
+        self._written = self._record()
+        # Replicas no recorded group owns belong to the fleet's own pools.
+        claimed = {r for g in self._groups.values() for r in g.replicas}
+        self._foreign = {p.replica for p in self._pods()} - claimed
+
+    def _record(self) -> str:
+        """The annotation's value: every live group's request, worker group and replicas."""
+        return json.dumps(
+            {
+                name: {
+                    "acceleratorType": g.request.accelerator_type,
+                    "count": g.request.count,
+                    "spot": g.request.spot,
+                    "tenant": g.request.tenant,
+                    "workerGroup": g.worker_group,
+                    "replicas": g.replicas,
+                }
+                for name, g in sorted(self._groups.items())
+                if not g.deleting and not g.error
+            },
+            sort_keys=True,
+        )
 
     # -- the Kubernetes API ------------------------------------------------------------------------
 
@@ -164,14 +196,21 @@ class KubeRayProvider:
             if target is None:
                 raise NotFoundError(f"RayCluster {self.config.cluster} has no worker group {worker_group!r}")
             change(target)
+            with self._lock:
+                record = self._record()
             body = {
-                "metadata": {"resourceVersion": cluster["metadata"]["resourceVersion"]},
+                "metadata": {
+                    "resourceVersion": cluster["metadata"]["resourceVersion"],
+                    "annotations": {ANNOTATION: record},
+                },
                 "spec": {"workerGroupSpecs": specs},
             }
             try:
                 self._custom.patch_namespaced_custom_object(
                     group, version, self.config.namespace, plural, self.config.cluster, body
                 )
+                with self._lock:
+                    self._written = record
                 return
             except ApiException as err:
                 if err.status != 409:
@@ -276,7 +315,26 @@ class KubeRayProvider:
                     del self._groups[name]
                 else:
                     out.append(status)
-            return out
+            record = self._record()
+        if record != self._written:
+            self._write_record(record)
+        return out
+
+    def _write_record(self, record: str) -> None:
+        """Keep the annotation up to date with the replicas just given to groups (a merge patch of
+        that one key; the provider owns it). A failure is retried at the next poll."""
+        from kubernetes.client.exceptions import ApiException
+
+        group, version, plural = _CRD
+        body = {"metadata": {"annotations": {ANNOTATION: record}}}
+        try:
+            self._custom.patch_namespaced_custom_object(
+                group, version, self.config.namespace, plural, self.config.cluster, body
+            )
+        except ApiException:
+            return
+        with self._lock:
+            self._written = record
 
     def close(self) -> None:
         pass
@@ -288,8 +346,10 @@ class KubeRayProvider:
         a replica no group wants (KubeRay replacing one of the pools' own) belongs to the pools."""
         for g in self._groups.values():
             if not g.deleting:
-                g.lost |= {g.names[r] for r in g.replicas if r not in by_replica}
+                g.lost |= {g.names.get(r, r) for r in g.replicas if r not in by_replica}
             g.replicas = [r for r in g.replicas if r in by_replica]
+            for r in g.replicas:  # replicas restored from the annotation get their names here
+                g.names.setdefault(r, f"{g.worker_group}-{by_replica[r][0].index}")
         owned = self._foreign | {r for g in self._groups.values() for r in g.replicas}
         free = sorted((r for r in by_replica if r not in owned), key=lambda r: by_replica[r][0].index)
         for g in self._groups.values():
