@@ -446,3 +446,17 @@ def test_startup_script_exports_the_host_contract_from_metadata_and_joins_ray(tm
         ["bash", "-c", f". {profile} && env | grep ^TPU_ | sort"], capture_output=True, text=True, env={}
     ).stdout
     assert exported.splitlines() == [f"{k}={v}" for k, v in sorted(contract.items())]
+
+
+def test_config_from_the_fleet_spec() -> None:
+    from spec_builders import load_fleet
+
+    from tpufleet.errors import SpecError
+    from tpufleet.provision.gce import config_from_spec
+
+    config = config_from_spec(load_fleet(), "10.0.0.1:6379")
+    assert (config.project, config.zone, config.ray_version) == ("my-project", "us-east5-b", "2.60.0")
+    assert config.service_account == "ray-tpu@my-project.iam.gserviceaccount.com"
+    assert config.parent == "projects/my-project/locations/us-east5-b"
+    with pytest.raises(SpecError, match="--provider gce needs a gce section"):
+        config_from_spec(load_fleet(gce=None), "10.0.0.1:6379")

@@ -481,3 +481,11 @@ def test_rendered_rbac_grants_exactly_what_the_provider_calls() -> None:
     ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert [o["kind"] for o in render_kuberay(spec)] == ["ServiceAccount", "RayCluster"]  # opt-in
+
+
+def test_config_from_the_fleet_spec_names_the_rendered_raycluster() -> None:
+    from tpufleet.provision.kuberay import config_from_spec
+
+    spec = load_fleet([pool("v4", type="v4-16")])
+    rendered = render_raycluster(spec)["metadata"]
+    assert config_from_spec(spec) == KubeRayConfig(rendered["namespace"], rendered["name"])

@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpufleet import catalog
-from tpufleet.errors import ClusterError
+from tpufleet.errors import ClusterError, SpecError
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, PhysicalSlice, SliceRequest
 from tpufleet.provision.requests import validate
 from tpufleet.render.launcher import RUNTIME_VERSIONS
+from tpufleet.spec import FleetSpec
 
-__all__ = ["GceConfig", "GceProvider", "make_client", "startup_script"]
+__all__ = ["GceConfig", "GceProvider", "config_from_spec", "make_client", "startup_script"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,25 @@ class GceConfig:
     @property
     def parent(self) -> str:
         return f"projects/{self.project}/locations/{self.zone}"
+
+
+def config_from_spec(spec: FleetSpec, ray_address: str) -> GceConfig:
+    """The provider's settings from the fleet spec ``render --target gce`` reads: its ``gce``
+    project and zone, the Ray version, the TPU VMs' service account."""
+    if spec.gce is None:
+        raise SpecError(
+            "--provider gce needs a gce section, e.g. gce: {project_id: my-project, zone: us-east5-b}",
+            field="gce",
+        )
+    sa = spec.service_account.gcp_service_account if spec.service_account else None
+    return GceConfig(
+        project=spec.gce.project_id,
+        zone=spec.gce.zone,
+        ray_address=ray_address,
+        ray_version=spec.ray.version,
+        service_account=sa or "",
+        labels={"tpufleet-fleet": spec.name},
+    )
 
 
 def startup_script(

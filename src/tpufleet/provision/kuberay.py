@@ -39,8 +39,9 @@ from tpufleet import catalog
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, PhysicalSlice, SliceRequest
 from tpufleet.provision.requests import validate
+from tpufleet.spec import FleetSpec
 
-__all__ = ["KubeRayConfig", "KubeRayProvider", "make_api_client"]
+__all__ = ["ANNOTATION", "KubeRayConfig", "KubeRayProvider", "config_from_spec", "make_api_client"]
 
 REPLICA_NAME = "ray.io/worker-group-replica-name"
 REPLICA_INDEX = "ray.io/worker-group-replica-index"
@@ -56,6 +57,11 @@ _CRD = ("ray.io", "v1", "rayclusters")
 class KubeRayConfig:
     namespace: str
     cluster: str  # the RayCluster's name
+
+
+def config_from_spec(spec: FleetSpec) -> KubeRayConfig:
+    """The RayCluster ``render --target kuberay`` makes from the spec: its name, in its namespace."""
+    return KubeRayConfig(namespace=spec.namespace, cluster=spec.name)
 
 
 def make_api_client(host: str | None = None) -> Any:
