@@ -125,8 +125,8 @@ def job_processes(raylet: int, table: list[_Proc]) -> list[_Proc]:
     while stack:
         proc, under_worker = stack.pop()
         worker = _is_ray_worker(proc)
-        if worker:
-            if not proc.argv0.startswith(_IDLE_WORKERS):
+        if worker:  # counted once titled with a job's actor or task (a new worker is not yet)
+            if proc.argv0.startswith("ray::") and not proc.argv0.startswith(_IDLE_WORKERS):
                 out.append(proc)
         elif under_worker:
             out.append(proc)
