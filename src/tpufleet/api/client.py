@@ -91,12 +91,79 @@ class Client:
     def whoami(self) -> dict[str, Any]:
         return dict(self.request("GET", f"{API}/whoami"))
 
-    def create_tenant(self, name: str, quota: Mapping[str, int], weight: float = 1.0) -> dict[str, Any]:
-        body = {"name": name, "quota": dict(quota), "weight": weight}
+    def create_tenant(
+        self, name: str, quota: Mapping[str, int], weight: float = 1.0, preemption: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "quota": dict(quota), "weight": weight}
+        if preemption is not None:
+            body["preemption"] = preemption
         return dict(self.request("POST", f"{API}/tenants", json=body))
 
-    def tenants(self) -> list[dict[str, Any]]:
-        return list(self.request("GET", f"{API}/tenants"))
+    def tenants(self, include_deleted: bool = False) -> list[dict[str, Any]]:
+        params = {"include_deleted": "true"} if include_deleted else None
+        return list(self.request("GET", f"{API}/tenants", params=params))
+
+    def tenant(self, name: str) -> dict[str, Any]:
+        return dict(self.request("GET", f"{API}/tenants/{_seg(name)}"))
+
+    def update_tenant(
+        self,
+        name: str,
+        *,
+        quota: Mapping[str, int] | None = None,
+        weight: float | None = None,
+        preemption: str | None = None,
+    ) -> dict[str, Any]:
+        """Change a tenant (admin): ``quota`` merged per generation (0 removes one)."""
+        body: dict[str, Any] = {}
+        if quota is not None:
+            body["quota"] = dict(quota)
+        if weight is not None:
+            body["weight"] = weight
+        if preemption is not None:
+            body["preemption"] = preemption
+        return dict(self.request("PATCH", f"{API}/tenants/{_seg(name)}", json=body))
+
+    def delete_tenant(self, name: str, *, force: bool = False) -> dict[str, Any]:
+        """Delete a tenant (admin); ``force`` cancels its jobs first. ``state``: deleting or deleted."""
+        params = {"force": "true"} if force else None
+        return dict(self.request("DELETE", f"{API}/tenants/{_seg(name)}", params=params))
+
+    def create_token(self, tenant: str, scope: str = "jobs") -> dict[str, Any]:
+        """A new token (admin): ``{"id", "tenant", "scope", ..., "token"}``, the secret shown once."""
+        return dict(self.request("POST", f"{API}/tokens", json={"tenant": tenant, "scope": scope}))
+
+    def tokens(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        params = {"tenant": tenant} if tenant else None
+        return list(self.request("GET", f"{API}/tokens", params=params))
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return dict(self.request("POST", f"{API}/tokens/{_seg(token_id)}/revoke"))
+
+    def rotate_admin(self) -> dict[str, Any]:
+        """A new admin token, the old ones revoked: ``{"id", "token", "revoked", "path"}``."""
+        return dict(self.request("POST", f"{API}/tokens/rotate-admin"))
+
+    def audit_page(
+        self, tenant: str | None = None, limit: int | None = None, after: str | None = None
+    ) -> dict[str, Any]:
+        """One page of the audit log: ``{"items": [...], "next": cursor or None}``."""
+        given = {"tenant": tenant, "limit": limit, "after": after}
+        params = {k: v for k, v in given.items() if v is not None}
+        return dict(self.request("GET", f"{API}/events", params=params or None))
+
+    def audit(self, tenant: str | None = None, *, last: int | None = None) -> list[dict[str, Any]]:
+        """The audit log, oldest first, every page; ``last``: only the newest that many."""
+        out: list[dict[str, Any]] = []
+        after = None
+        while True:
+            page = self.audit_page(tenant, PAGE_MAX, after)
+            out.extend(page["items"])
+            if last is not None:
+                del out[:-last]
+            after = page["next"]
+            if after is None:
+                return out
 
     def slices(self) -> list[dict[str, Any]]:
         return list(self.request("GET", f"{API}/slices"))

@@ -291,17 +291,24 @@ def tenant_create(
     name: Annotated[str, typer.Argument(help="Tenant name: lowercase letters, digits, '-'.")],
     quota: Annotated[list[str], typer.Option("--quota", help="Nominal chips per generation: v4=32.")] = [],  # noqa: B006
     weight: Annotated[float, typer.Option(help="Fair-share weight.")] = 1.0,
+    preemption: Annotated[
+        str,
+        typer.Option(
+            "--preemption",
+            metavar="never|lower_priority",
+            help="lower_priority: its higher-priority jobs may preempt its own lower-priority ones; never.",
+        ),
+    ] = "lower_priority",
     as_json: JsonOpt = False,
     server: ServerOpt = DEFAULT_SERVER,
     token: TokenOpt = None,
 ) -> None:
-    """Create a tenant and print its token (shown once)."""
-    chips: dict[str, int] = {}
-    for gen, value in _kv(quota, "--quota").items():
-        if not value.strip().isdigit():
-            raise SpecError(f"{gen}={value!r}: chips must be a whole number, e.g. v4=32", field="--quota")
-        chips[gen] = int(value)
-    out = _client(ctx, server, token).create_tenant(name, chips, weight)
+    """Create a tenant and print its token (shown once). --quota v4=32,v6e=16 (or repeated)."""
+    from tpufleet.cli.tenants import check_preemption, parse_quota
+
+    chips = parse_quota(quota)
+    check_preemption(preemption)
+    out = _client(ctx, server, token).create_tenant(name, chips, weight, preemption)
     if as_json:
         print_json({"name": out["name"], "token": out["token"]})
         return
@@ -311,17 +318,29 @@ def tenant_create(
 
 @app.command("tenants", epilog=ERRORS)
 def tenants_cmd(
-    ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+    ctx: typer.Context,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Deleted tenants too (state deleting or deleted).")
+    ] = False,
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
 ) -> None:
-    """List tenants with their quotas and weights (admin token)."""
-    rows = _client(ctx, server, token).tenants()
+    """List tenants with their quotas, weights and preemption settings (admin token).
+
+    Deleted tenants are left out unless --all: then they show with their state, deleting (its
+    cancelled jobs still stop) or deleted."""
+    rows = _client(ctx, server, token).tenants(include_deleted=all_)
     if as_json:
         print_json(rows)
         return
-    table = Table("name", "quota (chips)", "weight", title=f"tenants ({len(rows)})", title_justify="left")
+    columns = ["name", "quota (chips)", "weight", "preemption"] + (["state"] if all_ else [])
+    table = Table(*columns, title=f"tenants ({len(rows)})", title_justify="left")
     for t in rows:
         quota = ", ".join(f"{g}={c}" for g, c in t["quota"].items()) or "-"
-        table.add_row(_cell(t["name"]), _cell(quota), f"{t['weight']:g}")
+        cells: list[Text | str] = [_cell(t["name"]), _cell(quota), f"{t['weight']:g}"]
+        cells.append(_cell(t.get("preemption", "-")))
+        table.add_row(*cells, *([_cell(t.get("state", "active"))] if all_ else []))
     console.print(table)
 
 
