@@ -19,8 +19,8 @@ One JSON-ready dict (``GET /api/v1/fleet``)::
 
 A tenant's token sees every slice (as ``GET /slices`` shows it) but only its own jobs and tenant;
 a slice held by another tenant's job says ``held_by_other`` and names neither the job nor the
-tenant. Numbers that are not measured are None, never 0. Reads only; bounded whatever the queue
-length (the queue positions are one windowed query in the database).
+tenant. Numbers that are not measured are None, never 0. Reads only; the answer's size does not
+grow with the queue (``bench/fleetview.py`` times a read at 10,000 and 100,000 queued jobs).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def fleet_view(
         if scope is not None:
             tenant_q = tenant_q.where(TenantRow.name == scope)
         tenants = list(s.scalars(tenant_q))
-        counts = _counts_by_tenant(s, scope)
+        counts = _counts_by_tenant(s, [t.name for t in tenants])
     owner = {j.id: j.tenant for j in active}
     visible = [j for j in active if scope is None or j.tenant == scope]
     return {
@@ -108,22 +108,35 @@ def _job(row: JobRow) -> dict[str, Any]:
 
 def _queue(s: Any, scope: str | None, limit: int) -> list[tuple[JobRow, int]]:
     """The first ``limit`` queued jobs of ``scope`` in queue order, with their position among
-    every queued job of their slice type (one windowed query, whatever the queue length)."""
+    every queued job of their slice type. The head is one top-N query. For the admin it is the
+    whole queue's head, so positions are counted along it; for a tenant, one windowed query ranks
+    the queued jobs of the slice types its head has (``bench/fleetview.py`` times both)."""
     order = (JobRow.priority.desc(), JobRow.head_of_line.desc(), JobRow.seq)
+    query = select(JobRow).where(JobRow.state == r.QUEUED)
+    if scope is not None:
+        query = query.where(JobRow.tenant == scope)
+    head = list(s.scalars(query.order_by(*order).limit(limit)))
+    if scope is None:
+        seen: dict[str, int] = defaultdict(int)
+        out = []
+        for job in head:
+            seen[job.accelerator_type] += 1
+            out.append((job, seen[job.accelerator_type]))
+        return out
+    if not head:
+        return []
     ranked = (
         select(
             JobRow.seq.label("seq"),
             func.row_number().over(partition_by=JobRow.accelerator_type, order_by=order).label("position"),
-            func.row_number().over(order_by=order).label("overall"),
         )
-        .where(JobRow.state == r.QUEUED)
+        .where(JobRow.state == r.QUEUED, JobRow.accelerator_type.in_({j.accelerator_type for j in head}))
         .subquery()
     )
-    query = select(JobRow, ranked.c.position).join(ranked, ranked.c.seq == JobRow.seq)
-    if scope is not None:
-        query = query.where(JobRow.tenant == scope)
-    rows = s.execute(query.order_by(ranked.c.overall).limit(limit)).all()
-    return [(row, int(position)) for row, position in rows]
+    wanted = [j.seq for j in head]
+    positions = dict(s.execute(select(ranked.c.seq, ranked.c.position).where(ranked.c.seq.in_(wanted))).all())
+    # read in two statements: under READ COMMITTED a job admitted in between has no position; it left
+    return [(job, int(positions[job.seq])) for job in head if job.seq in positions]
 
 
 def _count(s: Any, scope: str | None, states: tuple[str, ...]) -> int:
@@ -133,13 +146,17 @@ def _count(s: Any, scope: str | None, states: tuple[str, ...]) -> int:
     return int(s.scalar(query) or 0)
 
 
-def _counts_by_tenant(s: Any, scope: str | None) -> dict[str, dict[str, int]]:
-    query = select(JobRow.tenant, JobRow.state, func.count()).where(JobRow.state.in_((r.QUEUED, *r.ACTIVE)))
-    if scope is not None:
-        query = query.where(JobRow.tenant == scope)
-    out: dict[str, dict[str, int]] = defaultdict(lambda: {"queued": 0, "running": 0})
-    for tenant, state, n in s.execute(query.group_by(JobRow.tenant, JobRow.state)):
-        out[tenant]["queued" if state == r.QUEUED else "running"] += int(n)
+def _counts_by_tenant(s: Any, names: list[str]) -> dict[str, dict[str, int]]:
+    """Queued and running jobs of each tenant named (only those that have some): one small query
+    per tenant on the (tenant, state) index, which beats one GROUP BY over the whole queue."""
+    out: dict[str, dict[str, int]] = {}
+    for name in names:
+        query = select(JobRow.state, func.count()).where(
+            JobRow.tenant == name, JobRow.state.in_((r.QUEUED, *r.ACTIVE))
+        )
+        for state, n in s.execute(query.group_by(JobRow.state)):
+            row = out.setdefault(name, {"queued": 0, "running": 0})
+            row["queued" if state == r.QUEUED else "running"] += int(n)
     return out
 
 
