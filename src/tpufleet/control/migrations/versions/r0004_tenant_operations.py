@@ -60,16 +60,17 @@ def _add(table: str, column: sa.Column[object]) -> bool:
 
 
 def downgrade() -> None:
+    # Plain DROP COLUMN (SQLite 3.35+) for tenants and events: rebuilding tenants would break the
+    # foreign keys that point at it. tokens is rebuilt (its id has a unique constraint); nothing
+    # refers to tokens.
     op.drop_index("ix_events_tenant_id", table_name="events")
-    with op.batch_alter_table("events") as batch:
-        batch.drop_column("actor")
-        batch.drop_column("tenant")
+    op.drop_column("events", "actor")
+    op.drop_column("events", "tenant")
     with op.batch_alter_table("tokens") as batch:
         batch.drop_constraint("tokens_id_key", type_="unique")
         batch.drop_column("revoked_at")
         batch.drop_column("last_used_at")
         batch.drop_column("scope")
         batch.drop_column("id")
-    with op.batch_alter_table("tenants") as batch:
-        batch.drop_column("deleted_at")
-        batch.drop_column("preemption")
+    op.drop_column("tenants", "deleted_at")
+    op.drop_column("tenants", "preemption")
