@@ -272,3 +272,33 @@ def test_a_deleted_tenant_leaves_the_view_once_its_jobs_are_gone(tmp_path: Path)
         assert [(t["name"], t["deleted"]) for t in view["tenants"]] == [("alpha", False)]
     finally:
         store.close()
+
+
+def test_queue_places_match_a_plain_sort_of_each_slice_types_queue(tmp_path: Path) -> None:
+    """Admin and tenant views give every listed job its place among all queued jobs of its type,
+    ordered by priority then submission, on a queue mixing types, priorities and tenants."""
+    store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        tenants = ("alpha", "beta", "gamma")
+        for name in tenants:
+            store.create_tenant(name, {"v4": 8}, 1.0)
+        shapes, jobs = ("v4-16", "v6e-8", "v4-32"), []
+        for i in range(60):
+            tenant, shape, prio = tenants[(i * 7) % 3], shapes[(i * 5) % 3], (i * 11) % 4
+            req = JobRequest.build(command=["x"], accelerator_type=shape, priority=prio)
+            jobs.append((store.submit(tenant, req).id, tenant, shape, prio, i))
+        expected = {}
+        for shape in shapes:
+            ordered = sorted((j for j in jobs if j[2] == shape), key=lambda j: (-j[3], j[4]))
+            expected.update({j[0]: place for place, j in enumerate(ordered, 1)})
+        http = TestClient(create_app(store, limits=None))
+        for who in (None, *tenants):
+            token = store.issue_token(who)
+            view = http.get("/api/v1/fleet", headers={"Authorization": f"Bearer {token}"}).json()
+            mine = [j for j in jobs if who is None or j[1] == who]
+            assert view["queued"] == len(mine)
+            order = sorted(mine, key=lambda j: (-j[3], j[4]))[:50]  # the head, in queue order
+            assert [q["id"] for q in view["queue"]] == [j[0] for j in order], who
+            assert {q["id"]: q["position"] for q in view["queue"]} == {j[0]: expected[j[0]] for j in order}
+    finally:
+        store.close()
