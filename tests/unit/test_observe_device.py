@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -320,3 +321,27 @@ def test_targets_cover_missing_hosts_and_endpoints_come_from_node_labels() -> No
         (0, 4, True, Endpoint("device_plugin", "10.0.0.5:4100")),
         (1, 4, False, None),
     ]
+
+
+def test_register_wires_inventory_and_holders_into_a_registry_and_the_thread_samples() -> None:
+    sl = SliceInfo("s", "v6e-4", "2x2", 1, (HostInfo(0, None, "127.0.0.1", True),))
+    registry = CollectorRegistry()
+    sampler = device.register(registry, lambda: [sl], lambda: {"s": Holder("job-9", "beta")}, interval_s=0.05)
+    assert _families_of(registry)["tpufleet_tpu_duty_cycle_percent"] == []  # nothing sampled yet
+    sampler.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not _families_of(registry)["tpufleet_tpu_duty_cycle_percent"]:
+            time.sleep(0.05)
+    finally:
+        sampler.stop()
+    duty = _families_of(registry)["tpufleet_tpu_duty_cycle_percent"]
+    assert [(lab["chip"], lab["tenant"], v) for lab, v in duty] == [(str(i), "beta", 0.0) for i in range(4)]
+    assert _families_of(registry)["tpufleet_host_up"] == [
+        ({"slice": "s", "host": "0", "accelerator_type": "v6e-4"}, 1.0)
+    ]
+
+
+def _families_of(registry: CollectorRegistry) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = generate_latest(registry).decode()
+    return {f.name: [(s.labels, s.value) for s in f.samples] for f in text_string_to_metric_families(text)}
