@@ -14,6 +14,7 @@
   let logs = null; // {job, attempt, offsets: {host: n}, text}
   let costs = null; // GET /api/v1/cost: {tenants: {name: row}, jobs: {id: row}}, null until it answers
   let costAt = 0;
+  let slicesDrawn = null; // the slices as last drawn (JSON), to skip an unchanged redraw
   const COST_MS = 10000; // the cost report reads every attempt: refreshed less often than the fleet
 
   const $ = (id) => document.getElementById(id);
@@ -58,6 +59,9 @@
     if (timer) clearTimeout(timer);
     timer = null;
     fleet = null;
+    slicesDrawn = null;
+    costs = null;
+    costAt = 0;
     closeJob();
     $("fleet").hidden = true;
     $("signout").hidden = true;
@@ -276,7 +280,12 @@
 
   function render(f) {
     $("viewer").textContent = f.viewer.admin ? "admin: the whole fleet" : "tenant " + f.viewer.tenant;
-    $("slices").replaceChildren(...f.slices.map((s) => sliceNode(s, false)));
+    const drawn = JSON.stringify(f.slices);
+    if (drawn !== slicesDrawn) {
+      // redrawn only when a slice changed: thousands of chips stay put (and their tooltips open)
+      $("slices").replaceChildren(...f.slices.map((s) => sliceNode(s, false)));
+      slicesDrawn = drawn;
+    }
     rows("tenants", f.tenants, (t) =>
       el("tr", { data: { tenant: t.name } }, [tenantCell(t.name), usage(t), td(borrowed(t)), td(t.running), td(t.queued), td(cost(t))])
     );
