@@ -251,6 +251,31 @@ def test_a_tenant_token_sees_the_slices_but_not_another_tenants_job(server: Serv
     )
 
 
+def test_a_failing_job_shows_each_attempt_and_why_it_ended(server: Server, browser: Any) -> None:
+    env = {"TPUFLEET_SANDBOX_SECONDS": "1", "TPUFLEET_SANDBOX_EXIT": "3"}
+    job = server.submit(
+        "research",
+        command=["python", "bad.py"],
+        accelerator_type="v4-16",
+        name="exits-3",
+        env=env,
+        max_retries=1,
+    )
+    page = browser.new_page()
+    _sign_in(page, server.url, server.admin)
+    finished = page.locator(f'#recent tr[data-job="{job}"][data-state="FAILED"]')
+    finished.wait_for(timeout=30_000)
+    finished.locator(".job-name").click()
+    attempts = page.locator("#job-attempts tbody tr[data-attempt]")
+    page.locator("#job-attempts tr[data-attempt='2']").wait_for(timeout=10_000)
+    assert attempts.count() == 2
+    assert [attempts.nth(i).locator(".badge").text_content() for i in range(2)] == ["FAILED", "FAILED"]
+    page.locator("#job-logs", has_text="sandbox: exit 3").wait_for(timeout=10_000)
+    assert "attempt 2" in page.locator("#job-logs-note").text_content()
+    assert server.job(job)["state"] == "FAILED"
+    page.close()
+
+
 def test_a_bad_token_is_refused_on_the_page(server: Server, browser: Any) -> None:
     page = browser.new_page()
     page.goto(server.url + "/")

@@ -6,7 +6,7 @@
 (function () {
   const KEY = "tpufleet.token";
   const POLL_MS = 1000;
-  const LOG_KEEP = 200000; // characters of log kept on the page
+  const LOG_KEEP = 50000; // characters of log kept on the page per host (the newest)
   const DASH = "\u2014";
   let timer = null;
   let fleet = null;
@@ -398,9 +398,10 @@
       $("job-logs-note").textContent = "(no attempt has run yet)";
       return;
     }
-    if (!logs || logs.job !== job.id || logs.attempt !== job.attempt) {
+    // read afresh when another job is shown or the job moved to another attempt; else only what is new
+    if (!logs || logs.job !== job.id || logs.seen !== job.attempt) {
       const first = await api("/api/v1/jobs/" + encodeURIComponent(job.id) + "/logs");
-      logs = { job: job.id, attempt: first.attempt, offsets: {}, parts: {}, labels: {}, complete: false };
+      logs = { job: job.id, seen: job.attempt, attempt: first.attempt, offsets: {}, parts: {}, labels: {}, complete: false };
       for (const h of first.hosts) take(h);
     } else if (!logs.complete) {
       for (const host of Object.keys(logs.offsets)) {
