@@ -460,3 +460,12 @@ def test_config_from_the_fleet_spec() -> None:
     assert config.parent == "projects/my-project/locations/us-east5-b"
     with pytest.raises(SpecError, match="--provider gce needs a gce section"):
         config_from_spec(load_fleet(gce=None), "10.0.0.1:6379")
+
+
+def test_no_credentials_is_one_line_naming_the_fix(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpufleet.errors import InputError
+
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with pytest.raises(InputError, match="gcloud auth application-default login") as err:
+        make_client()
+    assert "\n" not in str(err.value)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpufleet import catalog
-from tpufleet.errors import ClusterError, SpecError
+from tpufleet.errors import ClusterError, InputError, SpecError
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, PhysicalSlice, SliceRequest
 from tpufleet.provision.requests import validate
 from tpufleet.render.launcher import RUNTIME_VERSIONS
@@ -146,11 +146,19 @@ def make_client(endpoint: str | None = None, *, anonymous: bool = False) -> Any:
     anonymous credentials against ``endpoint`` (a local server answering as the API, for tests)."""
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
+    from google.auth.exceptions import GoogleAuthError
     from google.cloud import tpu_v2
 
     options = ClientOptions(api_endpoint=endpoint) if endpoint else None
     creds = AnonymousCredentials() if anonymous else None  # type: ignore[no-untyped-call]
-    return tpu_v2.TpuClient(credentials=creds, transport="rest", client_options=options)
+    try:
+        return tpu_v2.TpuClient(credentials=creds, transport="rest", client_options=options)
+    except GoogleAuthError as err:
+        cause = str(err).split(". ")[0].rstrip(".")
+        raise InputError(
+            f"no Google Cloud credentials for --provider gce ({cause}): run `gcloud auth "
+            "application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file"
+        ) from None
 
 
 @dataclass
