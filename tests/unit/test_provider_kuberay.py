@@ -489,3 +489,15 @@ def test_config_from_the_fleet_spec_names_the_rendered_raycluster() -> None:
     spec = load_fleet([pool("v4", type="v4-16")])
     rendered = render_raycluster(spec)["metadata"]
     assert config_from_spec(spec) == KubeRayConfig(rendered["namespace"], rendered["name"])
+
+
+def test_no_kubernetes_credentials_is_one_line_naming_the_fix(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpufleet.errors import InputError
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    with pytest.raises(InputError, match="no Kubernetes credentials for --provider kuberay") as err:
+        make_api_client()
+    assert "\n" not in str(err.value)

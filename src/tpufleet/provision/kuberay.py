@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpufleet import catalog
-from tpufleet.errors import ClusterError, ConflictError, NotFoundError
+from tpufleet.errors import ClusterError, ConflictError, InputError, NotFoundError
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, PhysicalSlice, SliceRequest
 from tpufleet.provision.requests import validate
 from tpufleet.spec import FleetSpec
@@ -74,7 +74,14 @@ def make_api_client(host: str | None = None) -> Any:
     try:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
+        try:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        except (config.ConfigException, OSError) as err:
+            raise InputError(
+                f"no Kubernetes credentials for --provider kuberay ({str(err).splitlines()[0]}): run the "
+                "control plane in the cluster as the ServiceAccount `render --provider-rbac` makes, "
+                "or point KUBECONFIG at a kubeconfig"
+            ) from None
     return client.ApiClient()
 
 
