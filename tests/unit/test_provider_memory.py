@@ -6,7 +6,7 @@ import pytest
 
 from tpufleet.control.fake import FakeClock
 from tpufleet.control.sandbox import SandboxCluster
-from tpufleet.errors import SpecError
+from tpufleet.errors import ConflictError, SpecError
 from tpufleet.provision.base import GroupState, HostHealth, Provider, SliceRequest
 from tpufleet.provision.memory import MemoryProvider
 
@@ -22,6 +22,8 @@ def test_it_is_a_provider_and_moves_through_the_queued_resource_states() -> None
     assert isinstance(p, Provider)
     p.create(SliceRequest("g", "v4-16", count=2))
     p.create(SliceRequest("g", "v4-16", count=2))  # idempotent by name
+    with pytest.raises(ConflictError):
+        p.create(SliceRequest("g", "v4-16", count=3))
     assert states(p) == {"g": "PROVISIONING"}
     clock.advance(5)
     (status,) = p.poll()

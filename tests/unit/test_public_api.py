@@ -5,6 +5,7 @@ import tpufleet
 
 def test_all_is_pinned():
     assert sorted(tpufleet.__all__) == [
+        "SliceManager",
         "SliceType",
         "Topology",
         "TpufleetError",

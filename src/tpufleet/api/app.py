@@ -239,6 +239,9 @@ def create_app(
         return JSONResponse(body, status_code=503 if stalled else 200)
 
     app.include_router(router, prefix=API)
+    from tpufleet.api import slicegroups  # the slice manager's routes (they import this module)
+
+    app.include_router(slicegroups.router, prefix=API)
     page.install(app)  # the fleet page at / (static files only; its data comes from /api/v1 with a token)
     return app
 

@@ -47,7 +47,10 @@ TERMINAL = tuple(TERMINAL_STATES)  # the lifecycle's, as plain strings for compa
 ERRORS = "Errors: bad input exits 2 with one line; an unreachable server exits 1."
 
 tenant_app = typer.Typer(help="Manage tenants (admin token).", no_args_is_help=True)
-slice_app = typer.Typer(help="Drain or undrain a slice (admin token).", no_args_is_help=True)
+slice_app = typer.Typer(
+    help="Create, delete and measure slice groups; drain or undrain a slice (admin token).",
+    no_args_is_help=True,
+)
 app.add_typer(tenant_app, name="tenant")
 app.add_typer(slice_app, name="slice")
 
@@ -186,6 +189,27 @@ def serve_cmd(
         float,
         typer.Option("--job-seconds", min=0, help="With --sandbox: how long every host of a job runs."),
     ] = 1.0,
+    fleet: Annotated[
+        Path | None,
+        typer.Option(
+            "--fleet",
+            metavar="SPEC",
+            help="A fleet spec (the one `render` reads): its pools (slices, min_slices, max_slices, spot), "
+            "autoscaling.idle_timeout_s and tenants; slices are made and removed through --provider.",
+            show_default=False,
+        ),
+    ] = None,
+    provider: Annotated[
+        str | None,
+        typer.Option(
+            "--provider",
+            metavar="KIND",
+            help="Who makes slices: emulator (starts an emulated fleet in <state-dir>/fleet and tears it "
+            "down on exit), gce, kuberay, or memory (with --sandbox; --sandbox none starts with no "
+            "slices). Enables the slice manager (`tpufleet slice create`) and autoscaling.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane: store, scheduling loop, Ray executor and REST API (/api/v1, /healthz).
 
@@ -207,15 +231,37 @@ def serve_cmd(
         raise SpecError("--job-seconds goes with --sandbox SLICES")
     if emulator and "ray_address" in given:
         raise SpecError("give --ray-address or --emulator, not both")
-    if sandbox is not None:
-        from tpufleet.control.sandbox import SandboxCluster
+    from tpufleet.cli.slices import check_provider, provisioning
 
-        cluster: ClusterClient = SandboxCluster.of(sandbox, job_seconds=job_seconds)
+    check_provider(fleet, provider, sandbox is not None)
+    sandboxed = None
+    if sandbox is not None:
+        from tpufleet.control.sandbox import SandboxCluster, sandbox_slices
+
+        empty = sandbox.strip().lower() in ("", "none")
+        sandboxed = SandboxCluster([] if empty else sandbox_slices(sandbox), job_seconds=job_seconds)
+        cluster: ClusterClient = sandboxed
         state_dir = state_dir or default_state_dir() / "sandbox"  # never the real fleet's database
         where = f"a sandbox fleet ({sandbox}; jobs run {job_seconds:g} s, nothing is executed)"
+    elif provider == "emulator":
+        if given:
+            raise SpecError(
+                "--provider emulator starts its own emulated fleet: not with --ray-address/--emulator"
+            )
+        state_dir = state_dir or default_state_dir()
     else:
         ray_address, cluster = _ray(ray_address, emulator, emulator_dir)
         where = f"Ray at {ray_address}"
+    prov, started = provisioning(fleet, provider, sandboxed, state_dir)
+    if started is not None:
+        from tpufleet.api.server import ray_cluster
+
+        ray_address, where = started, f"the emulated fleet in {state_dir}/fleet (Ray at {started})"
+        try:
+            cluster = ray_cluster(started)
+        except BaseException:
+            prov.close() if prov else None
+            raise
     limits = Limits(
         working_dir_url_prefixes=tuple(_url_prefix(p) for p in allow_working_dir_url),
         max_queued_per_tenant=max_queued_per_tenant,
@@ -227,6 +273,8 @@ def serve_cmd(
         start_timeout_s=start_timeout,
     )
     cp = ControlPlane(cluster, state_dir=state_dir, db_url=db, limits=limits, config=config)
+    if prov is not None:
+        prov.attach(cp)
     note = "created" if cp.admin_token_created else "kept"
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
     context.remember(
@@ -237,7 +285,11 @@ def serve_cmd(
     )
     console_err.print(f"admin token ({note}): {cp.admin_token_path} (mode 0600)", highlight=False)
     console_err.print(f"tpufleet control plane on {url} for {where} (API /api/v1, /docs)", highlight=False)
-    cp.serve(host, port)
+    try:
+        cp.serve(host, port)
+    finally:
+        if prov is not None:
+            prov.close()  # --provider emulator: the emulated fleet goes down with the control plane
     # Ray's exit handler (ray.shutdown) can hang for minutes when the cluster is gone; everything of
     # ours is closed and committed by now, so leave without it.
     sys.stdout.flush()
@@ -667,12 +719,17 @@ def cancel_cmd(
 def slices_cmd(
     ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
 ) -> None:
-    """List the fleet's slices: type, state (FREE, HELD, BROKEN, DRAINING), holder."""
-    rows = _client(ctx, server, token).slices()
+    """List the fleet's slices: type, state (FREE, HELD, BROKEN, DRAINING), holder; with the admin
+    token also the named slice groups: provider state and physical slices (`tpufleet slice create`)."""
+    client = _client(ctx, server, token)
+    rows = client.slices()
+    groups = _slice_groups(client)
+    group_of = {s["name"]: g["name"] for g in groups for s in g["slices"]}
     if as_json:
         print_json(
             [
                 {k: s[k] for k in ("name", "accelerator_type", "state", "holder", "topology", "problems")}
+                | {"group": group_of.get(s["name"])}
                 for s in rows
             ]
         )
@@ -699,6 +756,20 @@ def slices_cmd(
             _cell("; ".join(s["problems"])),
         )
     console.print(table)
+    if groups:
+        from tpufleet.cli.slices import groups_table
+
+        console.print(groups_table(groups))
+
+
+def _slice_groups(client: Client) -> list[dict[str, Any]]:
+    """The named slice groups (admin token); none for a tenant's token."""
+    from tpufleet.errors import ForbiddenError
+
+    try:
+        return list(client.request("GET", "/api/v1/slice-groups"))
+    except ForbiddenError:
+        return []
 
 
 @app.command("status", epilog=ERRORS)
@@ -744,3 +815,7 @@ def undrain_cmd(
     """Let the scheduler place jobs on the slice again."""
     s = _client(ctx, server, token).drain(name, False)
     typer.echo(safe(f"{s['name']} {s['state']}"))
+
+
+# `slice create|delete|utilization` live in their own module and register on slice_app.
+from tpufleet.cli import slices as _slices  # noqa: E402,F401  isort: skip

@@ -183,3 +183,32 @@ class LogChunkRow(Base):
     host: Mapped[int]
     start: Mapped[int]  # character offset of ``data`` within the host's stored stream
     data: Mapped[str] = mapped_column(Text)
+
+
+class SliceGroupRow(Base):
+    """A slice group: ``count`` slices of one type asked of the provider under one name.
+
+    ``origin`` is ``manual`` (``tpufleet slice create``) or ``autoscaler`` (one slice per group,
+    ``pool`` and ``for_job`` say why). ``tenant`` set: a private group, only that tenant's jobs run
+    there. ``state`` is the provider's (``REQUESTED`` until it first answers); ``slices`` lists the
+    physical slices with when each came up (``[{"name", "up_at"}]``); ``delete_requested_at`` and
+    ``force`` record a delete (it drains first unless forced); ``deleted_at`` when it is gone."""
+
+    __tablename__ = "slice_groups"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    accelerator_type: Mapped[str] = mapped_column(String(32))
+    count: Mapped[int]
+    spot: Mapped[bool]
+    tenant: Mapped[str | None] = mapped_column(String(63))
+    origin: Mapped[str] = mapped_column(String(16))
+    pool: Mapped[str | None] = mapped_column(String(63))
+    for_job: Mapped[str | None] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str | None] = mapped_column(Text)
+    slices: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[float]
+    updated_at: Mapped[float]
+    delete_requested_at: Mapped[float | None]
+    force: Mapped[bool] = mapped_column(default=False)
+    deleted_at: Mapped[float | None] = mapped_column(index=True)

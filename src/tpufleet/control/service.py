@@ -330,6 +330,7 @@ class Service:
         if future is None:
             grace = {
                 StopKind.PREEMPT: self.config.preempt_grace_s,
+                StopKind.SPOT: self.config.preempt_grace_s,  # the slice dies at the notice's deadline anyway
                 StopKind.CANCEL: self.config.cancel_grace_s,
             }
             wait = grace.get(kind, self.config.fail_grace_s) if kind else self.config.fail_grace_s

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from tpufleet import catalog
 from tpufleet.catalog import SliceType
-from tpufleet.errors import SpecError
+from tpufleet.errors import ConflictError, SpecError
 from tpufleet.fleet import HostInfo, SliceInfo
 from tpufleet.provision.base import (
     GroupState,
@@ -90,6 +90,8 @@ class MemoryProvider:
             raise SpecError(f"count must be at least 1, got {request.count}", field="count")
         with self._lock:
             if request.name in self._groups:
+                if self._groups[request.name].request != request:
+                    raise ConflictError(f"slice group {request.name} exists with another request")
                 return  # idempotent by name
             now = self.clock()
             group = _Group(request, st, asked_at=now, since=now)

@@ -1,0 +1,102 @@
+"""``/api/v1/slice-groups``: the slice manager's REST routes (admin token).
+
+A slice group is ``num_slices`` physical slices of one TPU type asked of the provider under one
+name, shared or private to a tenant (only its jobs run there, counted against its quota). Creating
+one stores it; the provisioning loop (``control/provisioner.py``) asks the provider, and ``GET``
+shows the provider's state and the physical slices with their scheduler state. ``DELETE`` drains
+(waits for the holder to finish, or with ``?force=true`` preempts it) and then releases the slices.
+Utilization is measured from the store's attempt records over a window.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from tpufleet.api import auth
+from tpufleet.api.app import _errs
+from tpufleet.control.groups import CONFIG_KEYS, GroupRecord, SliceGroups, parse_window, slice_config
+from tpufleet.control.records import Principal
+from tpufleet.control.store import Store
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["slice groups"])
+
+
+def _admin(request: Request) -> Store:
+    store: Store = request.app.state.store
+    who: Principal = store.authenticate(auth.bearer_token(request))
+    auth.require_admin(who)
+    return store
+
+
+Admin = Annotated[Store, Depends(_admin)]
+
+
+class GroupCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(description="a lower-case letter, then letters, digits and '-', at most 40 characters")
+    config: dict[str, Any] = Field(
+        description=f"keys: {', '.join(CONFIG_KEYS)}; e.g. "
+        '{"tpu_type": "v4-8", "num_slices": 2, "preemptible": true}'
+    )
+    tenant: str | None = Field(None, description="a private group: only this tenant's jobs run there")
+
+
+def _changed(request: Request) -> None:
+    request.app.state.on_change()
+
+
+def group_view(store: Store, group: GroupRecord) -> dict[str, Any]:
+    """The group with each physical slice's scheduler state and holder."""
+    rows = {s.name: s for s in store.slices()}
+    out = group.to_dict()
+    for s in out["slices"]:
+        row = rows.get(s["name"])
+        s["state"] = row.state if row else None
+        s["holder"] = row.holder if row else None
+    return out
+
+
+@router.post("/slice-groups", status_code=201, responses=_errs(400, 403, 404, 409, 413, 422))
+def create_group(body: GroupCreate, store: Admin, request: Request) -> dict[str, Any]:
+    """Ask for a named slice group (admin)."""
+    conf = slice_config(body.config)
+    group = SliceGroups(store).create(
+        body.name, conf.accelerator_type, conf.count, spot=conf.spot, tenant=body.tenant
+    )
+    _changed(request)
+    return group_view(store, group)
+
+
+@router.get("/slice-groups", responses=_errs(403))
+def list_groups(store: Admin) -> list[dict[str, Any]]:
+    return [group_view(store, g) for g in SliceGroups(store).all()]
+
+
+@router.get("/slice-groups/{name}", responses=_errs(403, 404, 422))
+def get_group(name: str, store: Admin) -> dict[str, Any]:
+    return group_view(store, SliceGroups(store).get(name))
+
+
+@router.delete("/slice-groups/{name}", status_code=202, responses=_errs(403, 404, 422))
+def delete_group(name: str, store: Admin, request: Request, force: bool = False) -> dict[str, Any]:
+    """Drain and delete (admin): waits for the holder to finish, or with ``force`` preempts it
+    (checkpoint signal and grace, requeued without using a retry), then releases the slices."""
+    group = SliceGroups(store).request_delete(name, force=force)
+    _changed(request)
+    return group_view(store, group)
+
+
+@router.get("/slice-groups/{name}/utilization", responses=_errs(400, 403, 404, 422))
+def utilization(
+    name: str,
+    store: Admin,
+    window: Annotated[str, Query(description="e.g. 90s, 10m, 2h, 1d, or seconds")] = "10m",
+) -> dict[str, Any]:
+    """Held fraction of the group's slices over the window and who held them, measured from the
+    attempts the store recorded."""
+    return SliceGroups(store).utilization(name, parse_window(window))

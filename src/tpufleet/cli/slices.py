@@ -1,0 +1,263 @@
+"""The slice manager's commands: ``tpufleet slice create|delete|utilization`` (admin token).
+
+``slice create NAME --type v4-8 [--count 2] [--spot] [--tenant T] [--wait] [--json]`` asks the
+control plane for a named slice group (``--tenant``: private to that tenant), ``slice delete NAME
+[--force]`` drains and deletes it, ``slice utilization NAME [--window 10m] [--json]`` shows the held
+fraction over the window and who held it. ``tpufleet slices`` lists the groups under the slices.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from tpufleet.api.client import DEFAULT_SERVER
+from tpufleet.api.slicemanager import SliceManager
+from tpufleet.cli._app import console, console_err, print_json
+from tpufleet.cli.control import (
+    ERRORS,
+    JsonOpt,
+    ServerOpt,
+    TokenOpt,
+    _cell,
+    _client,
+    safe,
+    slice_app,
+)
+from tpufleet.control.groups import parse_window
+
+__all__ = ["groups_table"]
+
+
+def _manager(ctx: typer.Context, server: str, token: str | None) -> SliceManager:
+    return SliceManager(client=_client(ctx, server, token))  # the server and token rules of every command
+
+
+@slice_app.command("create", epilog=ERRORS)
+def create_cmd(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Group name: a lower-case letter, then letters, digits, '-'.")],
+    tpu_type: Annotated[str, typer.Option("--type", help="TPU type, e.g. v4-8, v6e-16.", show_default=False)],
+    count: Annotated[int, typer.Option("--count", help="Physical slices in the group.")] = 1,
+    spot: Annotated[bool, typer.Option("--spot", help="Spot (preemptible) slices.")] = False,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Private to this tenant: only its jobs run there.")
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Return once the provider says ACTIVE or FAILED.")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="With --wait: seconds to wait at most.")
+    ] = 600.0,
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """Ask the provider for a named slice group (admin token)."""
+    sm = _manager(ctx, server, token)
+    config = {"tpu_type": tpu_type, "num_slices": count, "preemptible": spot}
+    group = sm.create_slice(name, config, tenant=tenant, wait=wait, timeout_s=timeout)
+    if as_json:
+        print_json(group)
+        return
+    typer.echo(safe(_line(group)))
+    if wait and group["state"] != "ACTIVE":
+        raise typer.Exit(1)
+
+
+def _line(g: dict[str, Any]) -> str:
+    slices = ", ".join(s["name"] for s in g["slices"]) or "-"
+    owner = f" (private to {g['tenant']})" if g.get("tenant") else ""
+    message = f": {g['message']}" if g.get("message") and g["state"] != "ACTIVE" else ""
+    spot = " spot" if g["spot"] else ""
+    return f"{g['name']} {g['count']} x {g['accelerator_type']}{spot}{owner} {g['state']}{message} [{slices}]"
+
+
+@slice_app.command("delete", epilog=ERRORS)
+def delete_cmd(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Group name.")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Preempt the holder (checkpoint signal and grace, requeued) instead of waiting."
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """Drain and delete a slice group: its holder finishes first (or, --force, is preempted)."""
+    group = _manager(ctx, server, token).delete_slice(name, force=force)
+    if as_json:
+        print_json(group)
+        return
+    held = [s["name"] for s in group["slices"] if s.get("holder")]
+    what = f"draining (held: {', '.join(held)})" if held and not force else "deleting"
+    typer.echo(safe(f"{group['name']} {what}"))
+
+
+@slice_app.command("utilization", epilog=ERRORS)
+def utilization_cmd(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Group name.")],
+    window: Annotated[str, typer.Option("--window", help="How far back: 90s, 10m, 2h, 1d.")] = "10m",
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """Held fraction of a slice group over the window, and who held it (from the store's records)."""
+    parse_window(window)  # a bad window exits 2 here, before any request
+    got = _manager(ctx, server, token).get_slice_utilization(name, window)
+    if as_json:
+        print_json(got)
+        return
+    console.print(
+        f"[bold]{safe(got['name'])}[/]: {got['utilization'] * 100:.1f}% held over {window} "
+        f"({got['held_seconds']:.0f} of {got['slice_seconds']:.0f} slice-seconds)",
+        highlight=False,
+    )
+    table = Table("tenant", "job", "seconds", "share", title="holders", title_justify="left")
+    for h in got["holders"]:
+        table.add_row(
+            _cell(h["tenant"]), _cell(h["job"]), f"{h['seconds']:.0f}", f"{h['fraction'] * 100:.1f}%"
+        )
+    if got["holders"]:
+        console.print(table)
+    else:
+        console_err.print("nobody held it in the window", highlight=False)
+
+
+def groups_table(rows: list[dict[str, Any]]) -> Table:
+    """The named slice groups: provider state, physical slices and their scheduler state."""
+    table = Table(
+        "group", "type", "count", "spot", "tenant", "state", "slices", "message",
+        title=f"slice groups ({len(rows)})", title_justify="left",
+    )  # fmt: skip
+    for g in rows:
+        slices = ", ".join(f"{s['name']} {s.get('state') or '-'}" for s in g["slices"]) or "-"
+        state = g["state"] + (" (deleting)" if g.get("deleting") and g["state"] != "DELETING" else "")
+        table.add_row(
+            _cell(g["name"]),
+            _cell(g["accelerator_type"]),
+            str(g["count"]),
+            "yes" if g["spot"] else "no",
+            _cell(g.get("tenant") or "shared"),
+            _cell(state),
+            _cell(slices),
+            _cell(g.get("message") or "", 40),
+        )
+    return table
+
+
+# -- serve --fleet SPEC --provider KIND ------------------------------------------------------------
+PROVIDERS = ("memory", "emulator", "gce", "kuberay")
+MEMORY_DELAY_S = 2.0  # serve --sandbox --provider memory: how long a slice takes to provision
+
+
+class Provisioning:
+    """What ``serve --fleet/--provider`` adds to a control plane: the provider, the provisioning
+    loop (wrapping the policy) and, for ``--provider emulator``, the emulated fleet it started."""
+
+    def __init__(self, provider: Any, config: Any, spec: Any, fleet: Any = None) -> None:
+        self.provider, self.config, self.spec, self.fleet = provider, config, spec, fleet
+        self.provisioner: Any = None
+
+    def attach(self, cp: Any) -> None:
+        """Wrap the control plane's policy with the provisioning loop; create the spec's tenants."""
+        from tpufleet.control.provisioner import Provisioner
+
+        self.provisioner = Provisioner(cp.store, self.provider, self.config)
+        cp.service.decide = self.provisioner.wrap(cp.service.decide)
+        if self.spec is not None:
+            _tenants(cp, self.spec)
+
+    def close(self) -> None:
+        try:
+            self.provider.close()
+        finally:
+            if self.fleet is not None:
+                self.fleet.down()
+
+
+def _tenants(cp: Any, spec: Any) -> None:
+    """The fleet spec's tenants that the store lacks, each token in ``<state-dir>/tenant-tokens``."""
+    import os
+
+    have = {t.name for t in cp.store.tenants()}
+    folder = cp.state_dir / "tenant-tokens"
+    for t in spec.tenants:
+        if t.name in have:
+            continue
+        _, token = cp.store.create_tenant(t.name, dict(t.quota), t.weight)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / t.name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token + "\n")
+        console_err.print(f"tenant {t.name} created from the fleet spec; token in {path}", highlight=False)
+
+
+def check_provider(fleet_path: Any, provider: str | None, sandboxed: bool) -> str | None:
+    """The provider ``serve`` uses (None: none), or a SpecError before anything starts."""
+    from tpufleet.errors import SpecError
+
+    if fleet_path is None and provider is None:
+        return None
+    kind = provider or ("memory" if sandboxed else None)
+    if kind is None:
+        raise SpecError("--fleet needs --provider emulator|gce|kuberay (or --sandbox, which uses memory)")
+    if kind not in PROVIDERS:
+        raise SpecError(f"{kind!r} is not a provider; use one of {', '.join(PROVIDERS)}", field="--provider")
+    if (kind == "memory") != sandboxed:
+        raise SpecError("--provider memory goes with --sandbox, and --sandbox only with --provider memory")
+    return kind
+
+
+def provisioning(
+    fleet_path: Any, provider: str | None, sandbox: Any, state_dir: Any
+) -> tuple[Provisioning | None, Any]:
+    """The provisioning of ``serve --fleet SPEC --provider KIND`` (None without either) and, for
+    ``--provider emulator``, the Ray address of the emulated fleet it started in ``<state-dir>/fleet``."""
+    from tpufleet.control.provisioner import ProvisionConfig
+    from tpufleet.errors import SpecError
+    from tpufleet.scheduler.autoscale import PoolView
+    from tpufleet.spec import read_spec
+
+    kind = check_provider(fleet_path, provider, sandbox is not None)
+    if kind is None:
+        return None, None
+    spec = read_spec(fleet_path) if fleet_path is not None else None
+    pools = tuple(
+        PoolView(p.name, p.slice_type.accelerator_type, p.min_count, p.max_count, p.spot)
+        for p in (spec.pools if spec else ())
+    )
+    config = ProvisionConfig(
+        pools=pools,
+        initial=tuple((p.name, p.slices) for p in (spec.pools if spec else ())),
+        idle_timeout_s=float(spec.autoscaling.idle_timeout_s) if spec else 60.0,
+    )
+    if kind == "memory":
+        from tpufleet.provision.memory import MemoryProvider
+
+        memory = MemoryProvider(
+            delay_s=MEMORY_DELAY_S, on_up=sandbox.add_slices, on_down=sandbox.remove_slices
+        )
+        return Provisioning(memory, config, spec), None
+    if kind == "emulator":
+        from tpufleet.emulator import EmulatedFleet
+        from tpufleet.provision.emulator import EmulatorProvider
+
+        fleet = EmulatedFleet("", state_dir=state_dir / "fleet").up()
+        try:
+            emulated = EmulatorProvider(state_dir / "fleet")
+        except BaseException:
+            fleet.down()
+            raise
+        return Provisioning(emulated, config, spec, fleet), fleet.ray_address
+    raise SpecError(
+        f"--provider {kind} is not wired into serve yet in this build; use emulator or --sandbox (memory)",
+        field="--provider",
+    )

@@ -1,0 +1,204 @@
+"""The whole provisioning story on the memory provider and the sandbox cluster (no Ray), fake clock:
+PROVISIONING -> a slice appears -> the job runs -> the slice goes after the idle timeout; a failed
+request shown on the job and retried; a spot notice mid-job -> attempt 2 on a replacement slice
+with no retry used; slice groups made, measured and deleted (drained or forced)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpufleet.control.fake import FakeClock
+from tpufleet.control.groups import SliceGroups
+from tpufleet.control.provisioner import ProvisionConfig, Provisioner
+from tpufleet.control.records import JobRecord, JobRequest
+from tpufleet.control.sandbox import SandboxCluster
+from tpufleet.control.service import Service, ServiceConfig
+from tpufleet.control.store import Store
+from tpufleet.provision.memory import MemoryProvider
+from tpufleet.scheduler.autoscale import PoolView
+from tpufleet.scheduler.policy import decide
+
+CONFIG = ServiceConfig(stop_threads=0, preempt_grace_s=30, cancel_grace_s=10, fail_grace_s=5)
+
+
+class World:
+    def __init__(
+        self, store: Store, clock: FakeClock, state_dir: Path, pools: tuple[PoolView, ...], **provider: object
+    ) -> None:
+        self.store, self.clock = store, clock
+        self.cluster = SandboxCluster([], job_seconds=20, clock=clock)
+        self.provider = MemoryProvider(
+            clock=clock, on_up=self.cluster.add_slices, on_down=self.cluster.remove_slices, **provider
+        )  # type: ignore[arg-type]
+        self.prov = Provisioner(
+            store, self.provider, ProvisionConfig(pools=pools, idle_timeout_s=60, retry_after_s=10)
+        )
+        self.service = Service(
+            store, self.cluster, state_dir=state_dir, decide=self.prov.wrap(decide), config=CONFIG
+        )
+        self.groups = SliceGroups(store)
+        store.create_tenant("a", {"v4": 64})
+
+    def submit(self, accelerator_type: str = "v4-8", **kw: object) -> str:
+        request = JobRequest.build(command=("python", "t.py"), accelerator_type=accelerator_type, **kw)  # type: ignore[arg-type]
+        return self.store.submit("a", request).id
+
+    def cycle(self, seconds: float = 1.0, n: int = 1) -> None:
+        for _ in range(n):
+            self.clock.advance(seconds)
+            self.service.run_once()
+
+    def job(self, job_id: str) -> JobRecord:
+        return self.store.job(job_id)
+
+    def until(self, what, limit: int = 200, seconds: float = 1.0) -> None:  # type: ignore[no-untyped-def]
+        for _ in range(limit):
+            if what():
+                return
+            self.cycle(seconds)
+        raise AssertionError("never happened")
+
+
+POOL = PoolView("v4", "v4-8", min_slices=0, max_slices=2)
+SPOT = PoolView("v4-spot", "v4-8", min_slices=0, max_slices=2, spot=True)
+
+
+@pytest.fixture
+def world(store: Store, clock: FakeClock, tmp_path: Path) -> World:
+    return World(store, clock, tmp_path, (POOL,), delay_s=5)
+
+
+def test_a_job_waits_provisioning_runs_and_the_slice_goes_when_idle(world: World) -> None:
+    job = world.submit()
+    world.cycle()
+    waiting = world.job(job)
+    assert (waiting.state, waiting.reason_code) == ("QUEUED", "PROVISIONING")
+    assert "v4-1 PROVISIONING" in (waiting.reason or "")
+    assert [r.accelerator_type for r in world.provider.requests] == ["v4-8"]
+    world.until(lambda: world.job(job).state in ("STARTING", "RUNNING"))
+    assert world.job(job).slices == ("v4-1-0",)
+    world.until(lambda: world.job(job).state == "SUCCEEDED", seconds=2)
+    assert [g.name for g in world.groups.all()] == ["v4-1"]
+    world.cycle(seconds=30)
+    assert [g.name for g in world.groups.all()] == ["v4-1"]  # idle, but not yet for 60 s
+    world.until(lambda: not world.groups.all(), seconds=10)
+    assert world.provider.deletes == [("v4-1", False)]
+    assert world.store.slices() == []  # the deleted slice left the table
+
+
+def test_a_deleted_groups_slice_that_ray_still_lists_never_takes_a_job(world: World) -> None:
+    world.groups.create("old", "v4-8", 1)
+    world.until(lambda: world.groups.get("old").state == "ACTIVE")
+    (info,) = world.cluster.inventory()
+    world.groups.request_delete("old")
+    world.until(lambda: not world.groups.all())
+    world.cluster.add_slices([info])  # as Ray lists a node a while after its host went away
+    job = world.submit()
+    world.until(lambda: world.job(job).state in ("STARTING", "RUNNING"))
+    assert world.job(job).slices == ("v4-1-0",)  # a new slice, not old-0
+    assert {s.name: s.state for s in world.store.slices()}["old-0"] == "DRAINING"
+    world.cluster.remove_slices(["old-0"])  # Ray forgets it: it leaves the table
+    world.until(lambda: "old-0" not in {s.name for s in world.store.slices()})
+
+
+def test_a_failed_request_is_shown_on_the_job_and_retried(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    w = World(store, clock, tmp_path, (POOL,), delay_s=2)
+    w.provider.fail_next("stockout: no v4-8 capacity in us-central2-b")
+    job = w.submit()
+    w.cycle(n=3)
+    shown = w.job(job)
+    assert shown.reason_code == "PROVISIONING"
+    assert "v4-1 FAILED: stockout: no v4-8 capacity in us-central2-b" in (shown.reason or "")
+    w.until(lambda: w.job(job).state == "SUCCEEDED", seconds=2)
+    assert [r.name for r in w.provider.requests] == ["v4-1", "v4-2"]  # the retry
+    assert w.job(job).slices == ("v4-2-0",)
+    assert w.job(job).attempt == 1
+
+
+def test_waiting_for_capacity_says_so(store: Store, clock: FakeClock, tmp_path: Path) -> None:
+    w = World(store, clock, tmp_path, (POOL,), capacity={"v4-8": 0})
+    job = w.submit()
+    w.cycle(n=2)
+    shown = w.job(job)
+    assert shown.reason_code == "WAITING_FOR_CAPACITY"
+    assert "no capacity for 1 v4-8" in (shown.reason or "")
+    w.provider.capacity["v4-8"] = 1
+    w.until(lambda: w.job(job).state in ("STARTING", "RUNNING"))
+
+
+def test_a_spot_notice_mid_job_requeues_it_without_a_retry_on_a_replacement(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    w = World(store, clock, tmp_path, (SPOT,), notice_s=30)
+    job = w.submit(env={"TPUFLEET_SANDBOX_SECONDS": "100"})
+    w.until(lambda: w.job(job).state == "RUNNING")
+    (first,) = w.job(job).slices
+    assert [r.spot for r in w.provider.requests] == [True]  # the pool allows spot: preferred
+    w.provider.preempt(first)
+    w.cycle()  # the notice reaches the loop: every process gets SIGTERM at once
+    w.until(lambda: w.job(job).attempt == 2)
+    j = w.job(job)
+    assert (j.state, j.reason_code, j.failures) == ("QUEUED", "PREEMPTED_BY_PROVIDER", 0)
+    a1 = j.attempts[0]
+    assert a1.state == "PREEMPTED" and "preempts spot slice" in (a1.message or "")
+    assert all(c["exit_code"] == -15 for c in a1.exit_codes)  # SIGTERM, before the deadline
+    w.until(lambda: w.job(job).state == "RUNNING")
+    (second,) = w.job(job).slices
+    assert second != first
+    w.until(lambda: w.job(job).state == "SUCCEEDED", seconds=5)
+    assert w.job(job).failures == 0
+    assert len(w.provider.requests) == 2
+    w.until(lambda: first not in {s.name for s in w.store.slices()})  # the preempted slice is gone
+
+
+def test_a_group_is_made_measured_and_deleted_after_its_holder_finished(world: World) -> None:
+    world.groups.create("train", "v4-8", 2)
+    world.until(lambda: world.groups.get("train").state == "ACTIVE")
+    job = world.submit(num_slices=2, env={"TPUFLEET_SANDBOX_SECONDS": "30"})
+    world.cycle(seconds=10, n=1)
+    assert set(world.job(job).slices) == {"train-0", "train-1"}
+    world.cycle(seconds=10, n=5)  # held 30 s, then idle
+    assert world.job(job).state == "SUCCEEDED"
+    used = world.groups.utilization("train", 60)
+    assert used["holders"] and used["holders"][0]["job"] == job
+    assert 0.3 < used["utilization"] < 0.8  # measured from the attempt's admission to its end
+    assert used["slice_seconds"] == pytest.approx(120.0)
+    job2 = world.submit(num_slices=2, env={"TPUFLEET_SANDBOX_SECONDS": "30"})
+    world.cycle()
+    assert world.job(job2).state in ("STARTING", "RUNNING")
+    world.groups.request_delete("train")
+    world.cycle(n=3)
+    assert world.groups.get("train").state == "ACTIVE"  # drains: waits for the holder
+    world.until(lambda: world.job(job2).state == "SUCCEEDED", seconds=5)
+    world.until(lambda: not world.groups.all())
+    assert world.job(job2).failures == 0
+
+
+def test_force_delete_preempts_the_holder(world: World) -> None:
+    world.groups.create("train", "v4-8", 1)
+    world.until(lambda: world.groups.get("train").state == "ACTIVE")
+    job = world.submit(env={"TPUFLEET_SANDBOX_SECONDS": "1000"})
+    world.until(lambda: world.job(job).state == "RUNNING")
+    world.groups.request_delete("train", force=True)
+    world.until(lambda: world.job(job).attempt == 2)
+    j = world.job(job)
+    assert (j.reason_code, j.failures, j.attempts[0].state) == ("PREEMPTED", 0, "PREEMPTED")
+    world.until(lambda: not any(g.name == "train" for g in world.groups.all()))
+
+
+def test_a_private_group_runs_only_its_tenants_jobs(world: World) -> None:
+    world.store.create_tenant("b", {"v4": 64})
+    world.prov.config = ProvisionConfig(pools=(), autoscale=False)
+    world.groups.create("mine", "v4-8", 1, tenant="a")
+    world.until(lambda: world.groups.get("mine").state == "ACTIVE")
+    other = world.store.submit("b", JobRequest.build(command=("x",), accelerator_type="v4-8")).id
+    world.cycle(n=3)
+    assert world.job(other).state == "QUEUED"
+    own = world.submit()
+    world.cycle()
+    assert world.job(own).slices == ("mine-0",)
+    assert world.job(other).state == "QUEUED"
