@@ -162,6 +162,7 @@ def test_provider_flags_are_checked_in_one_line(tmp_path: Path) -> None:
     for flags, says in (
         (["--provider", "memory"], "--provider memory goes with --sandbox"),
         (["--sandbox", "none", "--provider", "cloud"], "'cloud' is not a provider"),
+        (["--provider", "gce"], "--provider gce needs --fleet SPEC"),
     ):
         out = subprocess.run(
             [sys.executable, "-m", "tpufleet", "serve", *flags],

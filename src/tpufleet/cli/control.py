@@ -252,7 +252,7 @@ def serve_cmd(
     else:
         ray_address, cluster = _ray(ray_address, emulator, emulator_dir)
         where = f"Ray at {ray_address}"
-    prov, started = provisioning(fleet, provider, sandboxed, state_dir)
+    prov, started = provisioning(fleet, provider, sandboxed, state_dir, None if sandbox else ray_address)
     if started is not None:
         from tpufleet.api.server import ray_cluster
 

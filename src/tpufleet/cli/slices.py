@@ -213,14 +213,17 @@ def check_provider(fleet_path: Any, provider: str | None, sandboxed: bool) -> st
         raise SpecError(f"{kind!r} is not a provider; use one of {', '.join(PROVIDERS)}", field="--provider")
     if (kind == "memory") != sandboxed:
         raise SpecError("--provider memory goes with --sandbox, and --sandbox only with --provider memory")
+    if kind in ("gce", "kuberay") and fleet_path is None:
+        raise SpecError(f"--provider {kind} needs --fleet SPEC (its project and zone, or its RayCluster)")
     return kind
 
 
 def provisioning(
-    fleet_path: Any, provider: str | None, sandbox: Any, state_dir: Any
+    fleet_path: Any, provider: str | None, sandbox: Any, state_dir: Any, ray_address: str | None = None
 ) -> tuple[Provisioning | None, Any]:
     """The provisioning of ``serve --fleet SPEC --provider KIND`` (None without either) and, for
-    ``--provider emulator``, the Ray address of the emulated fleet it started in ``<state-dir>/fleet``."""
+    ``--provider emulator``, the Ray address of the emulated fleet it started in ``<state-dir>/fleet``.
+    ``ray_address``: the cluster the control plane serves (GCE TPU VMs join its head)."""
     from tpufleet.control.provisioner import ProvisionConfig
     from tpufleet.errors import SpecError
     from tpufleet.scheduler.autoscale import PoolView
@@ -257,7 +260,12 @@ def provisioning(
             fleet.down()
             raise
         return Provisioning(emulated, config, spec, fleet), fleet.ray_address
-    raise SpecError(
-        f"--provider {kind} is not wired into serve yet in this build; use emulator or --sandbox (memory)",
-        field="--provider",
-    )
+    if spec is None:
+        raise SpecError(f"--provider {kind} needs --fleet SPEC (its project and zone, or its RayCluster)")
+    if kind == "gce":
+        from tpufleet.provision import gce
+
+        return Provisioning(gce.GceProvider(gce.config_from_spec(spec, str(ray_address))), config, spec), None
+    from tpufleet.provision import kuberay
+
+    return Provisioning(kuberay.KubeRayProvider(kuberay.config_from_spec(spec)), config, spec), None
