@@ -1,41 +1,50 @@
-"""Start time and memory of the emulated fleet (not part of the tests; prints figures).
+"""Start time and memory of the emulated fleet, before and after the lean hosts (prints figures;
+not part of the tests).
 
-Measures, on this machine:
-1. ``EmulatedFleet("v4-16:2").up()``: head + 4 hosts until every host has joined Ray, then until a
-   task has run on every host (usable), and the resident memory of the head and of each host;
-2. ``add("v5litepod-1")``: the start time of one more host while the fleet runs;
-3. ``kill_host`` -> Ray declares the node dead, and ``restore`` -> it has joined again.
+For each mode (``before``: every host a plain ``ray start`` with Ray's full dashboard agent and
+prestarted workers, all hosts at once, as the emulator did up to commit ac900c9; ``after``: lean
+hosts started in waves, see docs/emulator.md) it measures on this machine:
 
-    .venv/bin/python bench/emulator_start.py [--slices v4-16:2] [--no-log-monitor]
+1. ``up``: ``EmulatedFleet(SLICES).up()`` until every host has joined Ray;
+2. ``usable``: until a task pinned to each host has run there;
+3. CPU seconds the start took (every process it started, those that exited included): wall time
+   on a shared machine depends on what else runs, CPU seconds much less;
+4. memory (PSS and RSS, psutil) of the head and of each host, after ``usable`` (so each host
+   holds the idle worker its task left), and by component for one host.
+
+With ``--grow`` it then starts ever larger lean fleets (``--grow-fleets``), each measured the
+same way, and stops at the first that fails to come up, leaves less than ``--reserve-gib`` of the
+machine's memory available, or would take the run past ``--budget-s``; the largest that came up
+is reported, with how many hosts of that size fit in the machine's memory.
+
+    flock /tmp/tpufleet-ray.lock .venv/bin/python bench/emulator_start.py [--slices v4-16:2]
+        [--modes before,after] [--grow] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import statistics
+import sys
 import tempfile
 import time
+from collections import defaultdict
+from typing import Any
 
+import psutil
 import ray
 
 from tpufleet.emulator import EmulatedFleet, procs
 from tpufleet.emulator import state as store
 
-
-def mib(n: int) -> str:
-    return f"{n / 2**20:,.0f} MiB"
-
-
-def memory(fleet: EmulatedFleet) -> tuple[int, list[int]]:
-    st = store.load(fleet.state_dir)
-    assert st is not None and st.head is not None
-    head = procs.rss_bytes(procs.members(st.head))
-    hosts = [procs.rss_bytes(procs.members(h.session)) for s in st.slices for h in s.hosts if h.session]
-    return head, hosts
+MIB = 2**20
+GROW_FLEETS = "v4-64:2,v5p-128:2,v5p-128:2+v4-16:8,v5p-128:2+v4-64:4"
 
 
-def usable(fleet: EmulatedFleet) -> None:
-    """One task on every host, pinned by its slice-name resource and worker-id label."""
+def _usable(fleet: EmulatedFleet) -> int:
+    """One task on every host, pinned to its node; returns how many ran."""
 
     @ray.remote(num_cpus=0)
     def hello() -> str:
@@ -43,50 +52,165 @@ def usable(fleet: EmulatedFleet) -> None:
 
         return os.environ["TPU_NAME"]
 
-    refs = []
-    for s in fleet.status()["slices"]:
-        for h in s["hosts"]:
-            strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(h["node_id"], soft=False)
-            refs.append(hello.options(scheduling_strategy=strategy).remote())
-    ray.get(refs)
+    strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+    refs = [
+        hello.options(scheduling_strategy=strategy(h["node_id"], soft=False)).remote()
+        for s in fleet.status()["slices"]
+        for h in s["hosts"]
+    ]
+    return len(ray.get(refs, timeout=600))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--slices", default="v4-16:2")
-    parser.add_argument("--no-log-monitor", action="store_true")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tpufleet-bench-") as state_dir:
-        fleet = EmulatedFleet(args.slices, state_dir=state_dir, log_monitor=not args.no_log_monitor)
-        t0 = time.monotonic()
-        fleet.up()
-        joined = time.monotonic() - t0
+def _memory(fleet: EmulatedFleet) -> dict[str, Any]:
+    st = store.load(fleet.state_dir)
+    assert st is not None and st.head is not None
+    head = procs.memory(procs.members(st.head))
+    hosts = [procs.memory(procs.members(h.session)) for s in st.slices for h in s.hosts if h.session]
+    parts: dict[str, int] = defaultdict(int)
+    for mem in hosts[0] if hosts else []:
+        parts[mem.component] += mem.pss
+    host_pss = [sum(m.pss for m in host) for host in hosts]
+    host_rss = [sum(m.rss for m in host) for host in hosts]
+    return {
+        "head_pss_mib": round(sum(m.pss for m in head) / MIB, 1),
+        "head_rss_mib": round(sum(m.rss for m in head) / MIB, 1),
+        "host_pss_mib_median": round(statistics.median(host_pss) / MIB, 1) if hosts else None,
+        "host_pss_mib_max": round(max(host_pss) / MIB, 1) if hosts else None,
+        "host_rss_mib_median": round(statistics.median(host_rss) / MIB, 1) if hosts else None,
+        "fleet_pss_mib": round((sum(m.pss for m in head) + sum(host_pss)) / MIB, 1),
+        "host_components_pss_mib": {
+            k: round(v / MIB, 1) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+        },
+    }
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
         try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def measure(slices: str, lean: bool, timeout_s: float) -> dict[str, Any]:
+    """Start one fleet, measure it, stop it. ``error`` is set when it did not come up."""
+    out: dict[str, Any] = {
+        "slices": slices,
+        "mode": "after" if lean else "before",
+        "load_1m": psutil.getloadavg()[0],
+    }
+    with tempfile.TemporaryDirectory(prefix="tpufleet-bench-") as state_dir:
+        kwargs: dict[str, Any] = {"lean": True} if lean else {"lean": False, "wave_size": 10**6}
+        fleet = EmulatedFleet(slices.replace("+", ","), state_dir=state_dir, timeout_s=timeout_s, **kwargs)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        try:
+            fleet.up()
+        except Exception as err:
+            out["error"] = str(err).splitlines()[0][:300]
+            return out
+        try:
+            out["hosts"] = sum(len(s["hosts"]) for s in fleet.status()["slices"])
+            out["up_s"] = round(time.monotonic() - t0, 1)
             ray.init(address=fleet.ray_address, logging_level="ERROR", log_to_driver=False)
-            usable(fleet)
-            ready = time.monotonic() - t0
-            head, hosts = memory(fleet)
-            t1 = time.monotonic()
-            fleet.add("v5litepod-1")
-            one_host = time.monotonic() - t1
-            t2 = time.monotonic()
-            fleet.kill_host(fleet.slice_names[0], 0)
-            dead = time.monotonic() - t2
-            t3 = time.monotonic()
-            fleet.restore(fleet.slice_names[0])
-            back = time.monotonic() - t3
+            _usable(fleet)
+            out["usable_s"] = round(time.monotonic() - t0, 1)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            launched = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+            out["start_cpu_s"] = round(launched + _cpu_seconds(fleet.pids()), 1)
+            out |= _memory(fleet)
+            out["available_gib_while_up"] = round(psutil.virtual_memory().available / 2**30, 1)
+        except Exception as err:
+            out["error"] = str(err).splitlines()[0][:300]
         finally:
             ray.shutdown()
             fleet.down()
-    print(f"fleet {args.slices} ({len(hosts)} hosts, log monitor {'off' if args.no_log_monitor else 'on'})")
-    print(f"  up (every host joined)        {joined:6.1f} s")
-    print(f"  usable (a task on every host) {ready:6.1f} s")
-    print(f"  add one host (v5litepod-1)    {one_host:6.1f} s")
-    print(f"  kill_host -> Ray sees it dead {dead:6.1f} s")
-    print(f"  restore -> joined again       {back:6.1f} s")
-    print(f"  RSS head                      {mib(head):>10}")
-    print(f"  RSS per host (median)         {mib(int(statistics.median(hosts))):>10}")
-    print(f"  RSS fleet total               {mib(head + sum(hosts)):>10}")
+    return out
+
+
+def _row(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['mode']:<7} {r['slices']:<24} failed: {r['error']}"
+    return (
+        f"{r['mode']:<7} {r['slices']:<24} {r['hosts']:>5} {r['up_s']:>6.1f} {r['usable_s']:>7.1f} "
+        f"{r['start_cpu_s']:>7.1f} {r['host_pss_mib_median']:>9.0f} {r['host_rss_mib_median']:>9.0f} "
+        f"{r['head_pss_mib']:>8.0f} {r['fleet_pss_mib']:>9.0f} {r['load_1m']:>5.1f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--slices", default="v4-16:2", help="the fleet for the before/after comparison")
+    parser.add_argument("--modes", default="before,after", help="before, after, or both (comma-separated)")
+    parser.add_argument("--grow", action="store_true", help="then try ever larger lean fleets")
+    parser.add_argument("--grow-fleets", default=GROW_FLEETS, help="comma-separated; '+' joins slices")
+    parser.add_argument("--reserve-gib", type=float, default=4.0, help="stop growing below this available")
+    parser.add_argument("--budget-s", type=float, default=900.0, help="stop growing past this many seconds")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="per wave of hosts")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = parser.parse_args()
+
+    started = time.monotonic()
+    runs = [measure(args.slices, mode == "after", args.timeout_s) for mode in args.modes.split(",") if mode]
+    grown: list[dict[str, Any]] = []
+    stop = None
+    if args.grow:
+        for slices in args.grow_fleets.split(","):
+            if time.monotonic() - started > args.budget_s:
+                stop = f"time budget of {args.budget_s:.0f}s spent"
+                break
+            r = measure(slices, True, args.timeout_s)
+            grown.append(r)
+            if "error" in r:
+                stop = f"{slices} did not come up"
+                break
+            if r["available_gib_while_up"] < args.reserve_gib:
+                stop = f"{slices} left {r['available_gib_while_up']} GiB available (< {args.reserve_gib})"
+                break
+    largest = max((r for r in grown if "error" not in r), key=lambda r: r["hosts"], default=None)
+    total_gib = psutil.virtual_memory().total / 2**30
+    fits = None
+    if largest:
+        per_host = largest["host_pss_mib_median"]
+        fits = int((total_gib * 1024 - largest["head_pss_mib"]) // per_host)
+    report = {
+        "machine": {"cpus": psutil.cpu_count(), "memory_gib": round(total_gib, 1)},
+        "runs": runs,
+        "grow": grown,
+        "grow_stopped": stop,
+        "largest_fleet": {"slices": largest["slices"], "hosts": largest["hosts"]} if largest else None,
+        "hosts_that_fit_in_memory": fits,
+    }
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+        return
+    print(f"machine: {report['machine']['cpus']} CPUs, {report['machine']['memory_gib']} GiB")
+    header = (
+        f"{'mode':<7} {'fleet':<24} {'hosts':>5} {'up_s':>6} {'usable':>7} {'cpu_s':>7} "
+        f"{'host_pss':>9} {'host_rss':>9} {'head_pss':>8} {'fleet_pss':>9} {'load':>5}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in runs + grown:
+        print(_row(r))
+    print("(seconds; memory in MiB, per host the median; load: 1-minute load average at the start)")
+    for r in runs + grown:
+        if "host_components_pss_mib" in r:
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in r["host_components_pss_mib"].items())
+            print(f"one {r['mode']} host of {r['slices']}: {parts}")
+    if args.grow:
+        big = report["largest_fleet"]
+        print(
+            f"largest fleet that came up: {big['slices']} ({big['hosts']} hosts)" if big else "none came up"
+        )
+        if stop:
+            print(f"stopped growing: {stop}")
+        if fits:
+            print(f"at that per-host PSS, {fits} hosts fit in this machine's {total_gib:.0f} GiB")
 
 
 if __name__ == "__main__":

@@ -1,25 +1,25 @@
-"""Start one lean emulated host: the Ray node ``ray start --address`` would start, minus what an
-emulated host does not need. Run as a script (``python -P rayhost.py ...``, see
-:func:`tpufleet.emulator.plan.host_argv`), never imported by the rest of tpufleet.
+"""Start one emulated TPU host's Ray node (or the head's), as ``ray start`` would, lean.
 
-Why not ``ray start`` itself: its CLI module imports Ray Serve (pandas, numpy), 1.2-2.4 s of CPU
-and ~190 MiB per host before any Ray process starts; this launcher imports only what Ray's own
-worker-node path uses (``RayParams`` and ``Node``, the same calls ``ray start`` makes after parsing
-its flags, and what ``ray.cluster_utils.Cluster`` uses), so it takes ~0.4 s.
+Run as a script, ``python -P rayhost.py <ray start flags>`` (:func:`tpufleet.emulator.plan.lean_host_argv`
+and ``lean_head_argv``); the rest of tpufleet imports it only for its pure parts (tests). It takes
+the flags of ``ray start`` that ``plan.host_argv``/``head_argv`` give, with the same meaning, and
+makes the calls ``ray start`` makes after parsing them (``RayParams``, ``ray._private.node.Node``,
+as ``ray.cluster_utils.Cluster`` does too), so what runs is Ray's own: the raylet (scheduler,
+object store, worker pool), the runtime env agent (runtime_env, Ray jobs' working dirs), the log
+monitor (worker output to drivers) unless ``--include-log-monitor false``, and on the head the GCS,
+dashboard, monitor and client server. Two differences:
 
-What it starts is Ray's own: the raylet (scheduler, object store, worker pool), the runtime env
-agent (runtime_env, job working dirs), the log monitor (worker output to drivers) unless
-``--include-log-monitor false``. What it leaves out:
+- **No ``ray start`` CLI**: its module imports Ray Serve (pandas, numpy), 1.2-2.4 s of CPU and
+  ~190 MiB per node before any Ray process starts; this imports only ``Node``'s path (~0.4 s).
+- **A host's dashboard agent is a stand-in** (~80 MiB and ~2 s of CPU saved per host). The raylet
+  insists on launching an agent and ends itself when it exits, so its agent command becomes
+  :data:`AGENT_STANDIN`, a shell that writes ``-1`` to the agent's three port files and then waits
+  for the raylet to exit. ``-1`` is what Ray's own agent writes for a service that is off (a
+  minimal install, metrics collection disabled, an HTTP server that failed), so the raylet, the GCS
+  and every worker treat the node's metrics export, agent gRPC and agent HTTP (log and job APIs)
+  as absent. Nothing Ray core, Ray Train or JAX needs runs there; the head keeps Ray's agent.
 
-- the **dashboard agent** (~80 MiB, ~2 s of CPU per host). The raylet insists on launching one and
-  ends itself if it exits, so the raylet gets a stand-in (:data:`AGENT_STANDIN`, a shell that
-  sleeps until the raylet is gone) which writes ``-1`` to the agent's port files: the state Ray
-  itself records when the agent's services are off (a minimal install, or metrics collection
-  disabled), so the raylet, the GCS and every worker treat this node's metrics export, agent gRPC
-  and agent HTTP (log and job APIs) as absent. Nothing Ray core, Ray Train or JAX needs runs
-  there; the head keeps its full agent (job submission, the state API's head-side work).
-- **prestarted workers**: set by the caller's environment (``RAY_prestart_worker_first_driver=0``,
-  :data:`tpufleet.emulator.plan.LEAN_HOST_ENV`), so workers start when a task needs them.
+Prestarted workers are off through the environment (``plan.LEAN_HOST_ENV``), not here.
 """
 
 from __future__ import annotations
