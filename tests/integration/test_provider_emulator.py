@@ -113,3 +113,22 @@ def test_create_active_in_ray_then_preempt_with_notice(fleet: EmulatedFleet, ray
         _until("the group to go", lambda: _group(provider, "itest-spot") is None, timeout_s=60)
         provider.close()
     assert SLICE not in fleet.slice_names
+
+
+def test_a_group_whose_slice_name_is_taken_by_the_fleet_fails_and_leaves_it_alone(
+    fleet: EmulatedFleet,
+) -> None:
+    before = fleet.status()["slices"]
+    provider = EmulatorProvider(fleet.state_dir, interval_s=0.2)
+    try:
+        provider.create(SliceRequest("tpu-v6e-4", "v6e-4"))  # its slice would be tpu-v6e-4-0, the fleet's
+        g = _until("FAILED", lambda: (g := _group(provider, "tpu-v6e-4")) and g.state == "FAILED" and g)
+        assert "already has a slice named tpu-v6e-4-0" in g.message
+        provider.delete("tpu-v6e-4")
+        _until("the group to go", lambda: _group(provider, "tpu-v6e-4") is None, timeout_s=30)
+    finally:
+        provider.close()
+    after = fleet.status()["slices"]
+    assert [(s["name"], [h["node_id"] for h in s["hosts"]]) for s in after] == [
+        (s["name"], [h["node_id"] for h in s["hosts"]]) for s in before
+    ]

@@ -83,6 +83,16 @@ def test_configured_failures_apply_by_name_or_type() -> None:
     }
 
 
+def test_a_slice_that_cannot_be_made_fails_its_group_and_undoes_the_rest() -> None:
+    m = Machine()
+    m.create(SliceRequest("g", "v4-8", count=2))
+    m.step(0, {})
+    assert m.fail("g-1", "the fleet already has a slice named g-1") == [Remove("g-0")]
+    (st,) = m.status({})
+    assert (st.state, st.message) == (GroupState.FAILED, "the fleet already has a slice named g-1")
+    assert m.fail("g-1", "again") == []  # only a provisioning group fails
+
+
 def test_hosts_that_never_join_fail_the_group_and_are_removed() -> None:
     m = Machine(EmulatorConfig(join_timeout_s=60))
     m.create(SliceRequest("slow", "v4-8"))

@@ -18,7 +18,9 @@ Two parts:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +34,7 @@ from tpufleet.provision.requests import validate
 __all__ = ["EmulatorConfig", "EmulatorProvider", "Launch", "Machine", "Reap", "Remove", "SliceSeen"]
 
 log = logging.getLogger(__name__)
+MADE_FILE = "provider-slices.json"  # in the fleet's state dir
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,15 @@ class Machine:
             out.append(GroupStatus(g.request.name, g.state, g.message, tuple(slices)))
         return out
 
+    def fail(self, slice_name: str, message: str) -> list[Action]:
+        """The slice could not be made: its group is FAILED with ``message``; returns the removal of
+        the slices the group did make."""
+        for g in self._groups.values():
+            if slice_name in g.slices and g.state is GroupState.PROVISIONING:
+                g.state, g.message = GroupState.FAILED, message
+                return [Remove(s) for s in g.slices if s != slice_name]
+        return []
+
     def names(self) -> list[str]:
         return [s for g in self._groups.values() for s in g.slices]
 
@@ -321,7 +333,7 @@ class EmulatorProvider:
         from tpufleet.emulator.raynodes import read_nodes
 
         with self._lock:
-            names = set(self._machine.names())
+            names = set(self._machine.names()) & self._made()  # never a slice of the fleet's own
         st = store.load(self.state_dir)
         if st is None:
             raise ClusterError(f"the emulated fleet in {self.state_dir} is gone", retry_after=5.0)
@@ -348,13 +360,46 @@ class EmulatorProvider:
         from tpufleet.emulator import spot
 
         if isinstance(action, Launch):
-            # A slice of that name already in the fleet was made by an earlier provider (a restarted
-            # control plane re-creates its groups): adopt it.
-            with contextlib.suppress(ConflictError):
+            from tpufleet.emulator import state as store
+
+            st = store.load(self.state_dir)
+            if st is not None and st.slice(action.slice_name) is not None:
+                # A slice this provider made before (a restarted control plane re-creating its
+                # groups) is adopted; one of the fleet's own slices of that name is not.
+                if action.slice_name not in self._made():
+                    why = f"the fleet already has a slice named {action.slice_name} that no slice group made"
+                    with self._lock:
+                        undo = self._machine.fail(action.slice_name, why)
+                    for a in undo:
+                        self._act(a)
+                return
+            self._remember(action.slice_name)
+            with contextlib.suppress(ConflictError):  # made in between by another process: adopt
                 self._fleet.add(action.accelerator_type, action.slice_name, wait=False)
         elif isinstance(action, Remove):
+            if action.slice_name not in self._made():
+                return  # not ours: a slice of the fleet's own that a group's name collided with
             with contextlib.suppress(NotFoundError):  # already gone from the fleet
                 self._fleet.remove(action.slice_name, wait=False)
             spot.forget(self.state_dir, action.slice_name)
+            self._forget(action.slice_name)
         else:
             spot.reap(self.state_dir, now=self._clock, only=action.slice_name)
+
+    # The physical slices this provider (or an earlier one on this fleet) launched.
+    def _made(self) -> set[str]:
+        try:
+            return set(json.loads((self.state_dir / MADE_FILE).read_text()))
+        except FileNotFoundError:
+            return set()
+
+    def _remember(self, slice_name: str) -> None:
+        self._write_made(self._made() | {slice_name})
+
+    def _forget(self, slice_name: str) -> None:
+        self._write_made(self._made() - {slice_name})
+
+    def _write_made(self, names: set[str]) -> None:
+        tmp = self.state_dir / f".{MADE_FILE}.{os.getpid()}"
+        tmp.write_text(json.dumps(sorted(names)))
+        tmp.replace(self.state_dir / MADE_FILE)
