@@ -3,7 +3,8 @@
 Run on every host of a slice, SPMD style (``tpufleet submit --type v4-16 -- python examples/train_mlp.py``).
 Each host feeds its share of a synthetic regression batch; gradients are averaged over all devices
 of all hosts by XLA (a cross-host all-reduce: ICI/DCN on real TPUs, gloo on the emulator). The loss
-is printed every step. Every ``--checkpoint-every`` steps process 0 writes parameters and the step to
+is printed every step, and process 0 reports it to tpufleet (``tpufleet.runtime.report_step``, for
+goodput). Every ``--checkpoint-every`` steps process 0 writes parameters and the step to
 ``$TPUFLEET_CHECKPOINT_DIR`` (atomically); on start every process resumes from the newest
 checkpoint, so a preempted or failed attempt continues where it left off.
 
@@ -18,6 +19,7 @@ import pickle
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -67,6 +69,15 @@ def save_checkpoint(ckpt_dir: Path, step: int, params: dict[str, jax.Array]) -> 
     return final
 
 
+def _step_reporter() -> Callable[[int], None]:
+    """``tpufleet.runtime.report_step`` when tpufleet is importable, else a no-op (run anywhere)."""
+    try:
+        from tpufleet.runtime import report_step
+    except ImportError:
+        return lambda step: None
+    return report_step
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -76,6 +87,7 @@ def main() -> int:
     ap.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step (demo pacing)")
     args = ap.parse_args()
 
+    report_step = _step_reporter()
     if os.environ.get("TPU_WORKER_ID") is not None:
         from tpufleet.runtime import initialize_jax
 
@@ -115,6 +127,7 @@ def main() -> int:
         gy = jax.make_array_from_process_local_data(sharded, y, (global_rows, OUT))
         params, loss = train_step(params, gx, gy)
         print(f"[{pid}] step {step} loss {float(loss):.5f}", flush=True)
+        report_step(step)  # goodput: process 0 tells tpufleet how far it got (cheap; no-op elsewhere)
         if (step % args.checkpoint_every == 0 or step == args.steps or stop["now"]) and pid == 0:
             print(f"[{pid}] checkpoint {save_checkpoint(ckpt_dir, step, params).name}", flush=True)
         if stop["now"]:

@@ -32,6 +32,9 @@ def test_demo_with_chaos_recovers_and_trains(tmp_path):
     assert multi["attempt"] == 2 and len(multi["slices"]) == 2
     for r in rows.values():
         assert r["losses"] and r["losses"][-1] < r["losses"][0], r
+        # train_mlp reports its steps: goodput is known, and below 1 (start-up, JAX compiling)
+        assert 0 < r["goodput"]["ratio"] < 1 and r["dollars"] > 0, r
+    assert "utilization:" in out.stdout and "cost at list prices: $" in out.stdout
     # the waiting job ran on a v4-16 only after the multi-slice job had let go of one
     assert rows["mlp-v4-waits"]["slices"][0].startswith("tpu-v4-16-")
     # `down` ran to the end: it removes the fleet's state only after every PID it started is gone

@@ -198,12 +198,16 @@ def create_app(
     on_change: Callable[[], None] = lambda: None,
     status: Callable[[], dict[str, Any]] = dict,
     limits: Limits | None = None,
+    metrics: Any = None,
+    prices: Any = None,
     admin_token_path: Path | None = None,
 ) -> FastAPI:
     """The API over ``store``. ``status`` is the loop's health (``cycles``, ``stalled``,
     ``last_error``, ``cycle_ms_last``, ``cycle_ms_p50``; missing keys read as their defaults):
     ``/healthz`` shows only whether it cycles, ``GET /api/v1/status`` (admin) all of it. ``limits``:
-    the caps on what callers send, set on the store too (default: the store's). ``admin_token_path``:
+    the caps on what callers send, set on the store too (default: the store's). ``metrics``: the
+    ``CollectorRegistry`` ``GET /metrics`` serves (default: the store's, ``observe.registry``);
+    ``prices``: the ``pricing.PriceTable`` for cost (default: the shipped one). ``admin_token_path``:
     the file ``POST /api/v1/tokens/rotate-admin`` writes the new admin token to (mode 0600)."""
     app = FastAPI(
         title="tpufleet",
@@ -239,6 +243,9 @@ def create_app(
         return JSONResponse(body, status_code=503 if stalled else 200)
 
     app.include_router(router, prefix=API)
+    from tpufleet.api import metrics_routes  # GET /metrics and /api/v1/cost (they import this module)
+
+    metrics_routes.install(app, store, who=_who, errors=_errs, registry=metrics, prices=prices)
     from tpufleet.api import slicegroups  # the slice manager's routes (they import this module)
 
     app.include_router(slicegroups.router, prefix=API)
@@ -534,7 +541,10 @@ def list_jobs(
     for bad in (s for s in states if s not in valid):
         raise SpecError(f"state={bad[:40]!r} is not a job state; valid: {', '.join(valid)}")
     items, last = store.jobs_page(tenant=scope, states=states, limit=limit, after=decode_cursor(after))
-    return {"items": [j.to_dict() for j in items], "next": None if last is None else encode_cursor(last)}
+    from tpufleet.api.metrics_routes import jobs_with_goodput
+
+    listed = jobs_with_goodput(store, [j.to_dict() for j in items])
+    return {"items": listed, "next": None if last is None else encode_cursor(last)}
 
 
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{1,40}")
@@ -564,7 +574,9 @@ def decode_cursor(cursor: str | None) -> int:
 
 @router.get("/jobs/{job_id}", tags=["jobs"], responses=_errs(404, 422))
 def get_job(job_id: str, me: Who, store: Db) -> dict[str, Any]:
-    return store.job(job_id, tenant=auth.job_scope(me)).to_dict()
+    from tpufleet.api.metrics_routes import job_with_goodput
+
+    return job_with_goodput(store.job(job_id, tenant=auth.job_scope(me)), store.clock())
 
 
 @router.get("/jobs/{job_id}/events", tags=["jobs"], responses=_errs(404, 422))

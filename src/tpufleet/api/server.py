@@ -24,6 +24,7 @@ from typing import Any
 
 import uvicorn
 
+from tpufleet import pricing
 from tpufleet.api.app import create_app
 from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
 from tpufleet.control.cluster import ClusterClient
@@ -31,6 +32,8 @@ from tpufleet.control.records import DEFAULT_LIMITS, Limits
 from tpufleet.control.service import Decide, Service, ServiceConfig
 from tpufleet.control.store import Clock, Store, new_job_id
 from tpufleet.errors import ClusterError
+from tpufleet.observe.metrics import cycle_histogram
+from tpufleet.observe.registry import metrics_registry
 
 DEFAULT_PORT = 8600
 
@@ -94,6 +97,7 @@ class ControlPlane:
         clock: Clock = time.time,
         new_id: Any = new_job_id,
         limits: Limits = DEFAULT_LIMITS,
+        prices: pricing.PriceTable | None = None,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -101,11 +105,16 @@ class ControlPlane:
         self.cluster = cluster
         self.store = Store.open(self.db_url, clock=clock, new_id=new_id, limits=limits)
         self.service = Service(self.store, cluster, state_dir=self.state_dir, decide=decide, config=config)
+        self.prices = prices or pricing.shipped()  # cost: the shipped table, or serve --pricing FILE's
+        self.metrics = metrics_registry(self.store, prices=self.prices)  # GET /metrics; register more here
+        self.service.cycle_observers.append(cycle_histogram(self.metrics))
         self.admin_token_path = self.state_dir / ADMIN_TOKEN_FILE
         self._admin_token, self.admin_token_created = ensure_admin_token(self.store, self.admin_token_path)
         self.app = create_app(
             self.store,
             on_change=self.service.wake,
+            metrics=self.metrics,
+            prices=self.prices,
             status=self.status,
             limits=limits,
             admin_token_path=self.admin_token_path,

@@ -18,6 +18,7 @@ from tpufleet.cli import catalog as _catalog  # noqa: F401  isort: skip
 from tpufleet.cli import emulate as _emulate  # noqa: F401  isort: skip
 from tpufleet.cli import config as _config  # noqa: F401  isort: skip
 from tpufleet.cli import control as _control  # noqa: F401  isort: skip
+from tpufleet.cli import cost as _cost  # noqa: F401  isort: skip
 from tpufleet.cli import tenants as _tenants  # noqa: F401  isort: skip
 from tpufleet.cli import top as _top  # noqa: F401  isort: skip
 from tpufleet.cli import db as _db  # noqa: F401  isort: skip

@@ -189,6 +189,16 @@ def serve_cmd(
         float,
         typer.Option("--job-seconds", min=0, help="With --sandbox: how long every host of a job runs."),
     ] = 1.0,
+    pricing_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--pricing",
+            metavar="FILE",
+            help="Prices for cost (USD per chip-hour) over the shipped table: a fleet spec's pricing: "
+            "section, or a file of just that mapping (docs/observability.md). Unknown prices stay unknown.",
+            show_default=False,
+        ),
+    ] = None,
     fleet: Annotated[
         Path | None,
         typer.Option(
@@ -219,6 +229,9 @@ def serve_cmd(
     from tpufleet.api.server import ControlPlane, default_state_dir
     from tpufleet.cli import context
     from tpufleet.control.service import ServiceConfig
+    from tpufleet.pricing import load_file as load_prices
+
+    prices = load_prices(pricing_file) if pricing_file else None  # a bad file: one line, exit 2
 
     given = {
         name
@@ -272,7 +285,7 @@ def serve_cmd(
         max_log_bytes=int(max_log_mb * (1 << 20)),
         start_timeout_s=start_timeout,
     )
-    cp = ControlPlane(cluster, state_dir=state_dir, db_url=db, limits=limits, config=config)
+    cp = ControlPlane(cluster, state_dir=state_dir, db_url=db, limits=limits, config=config, prices=prices)
     if prov is not None:
         prov.attach(cp)
     note = "created" if cp.admin_token_created else "kept"
@@ -558,15 +571,16 @@ def jobs_cmd(
     console.print(jobs_table(rows))
 
 
-JOB_COLUMNS = (  # (title, width): 93 cells and 7 one-cell gaps, 100 columns in all
+JOB_COLUMNS = (  # (title, width): 92 cells and 8 one-cell gaps, 100 columns in all
     ("id", 8),
-    ("name", 16),
+    ("name", 13),
     ("tenant", 10),
     ("state", 9),
     ("type", 13),
     ("slices", 14),
     ("att", 3),
-    ("reason", 20),
+    ("good", 4),  # goodput (tpufleet.runtime.report_step); "-" for a job that reports no steps
+    ("reason", 18),
 )
 
 
@@ -588,6 +602,7 @@ def jobs_table(rows: list[dict[str, Any]]) -> Table:
             *(j[k] for k in ("id", "name", "tenant", "state", "accelerator_type")),
             ",".join(j["slices"]) or "-",
             j["attempt"],
+            _goodput_cell(j.get("goodput")),
             j.get("reason_code") or ("-" if not j["reason"] else "see job"),
         )
         table.add_row(*(_cell(v, width) for v, (_, width) in zip(values, JOB_COLUMNS, strict=True)))
@@ -610,6 +625,27 @@ def job_cmd(
     _show_job(job)
 
 
+def _goodput_cell(g: dict[str, Any] | None) -> str:
+    ratio = (g or {}).get("ratio")
+    return "-" if ratio is None else f"{ratio * 100:.0f}%"
+
+
+def _goodput_line(g: dict[str, Any] | None) -> str:
+    """``72% of 1.5 h held: start-up 4 min, wasted 10 min, idle 1 min; recovery 3 min`` (goodput)."""
+    if not g or not g.get("held_s"):
+        return "-"
+    if g.get("ratio") is None:
+        return f"unknown: the job reports no steps (tpufleet.runtime.report_step); {_span(g['held_s'])} held"
+    parts = ", ".join(f"{k} {_span(g[k + '_s'])}" for k in ("startup", "wasted", "idle"))
+    return f"{g['ratio'] * 100:.0f}% of {_span(g['held_s'])} held: {parts}; recovery {_span(g['recovery_s'])}"
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def _show_job(j: dict[str, Any]) -> None:
     rows = [
         ("id", j["id"]),
@@ -623,6 +659,7 @@ def _show_job(j: dict[str, Any]) -> None:
         ("borrowing", "yes" if j["borrowing"] else "no"),
         ("reason", f"{j['reason_code']}: {j['reason']}" if j["reason"] else "-"),
         ("exit code", "-" if j["exit_code"] is None else str(j["exit_code"])),
+        ("goodput", _goodput_line(j.get("goodput"))),
         ("command", shlex.join(j["command"])),
     ]
     for key, value in rows:

@@ -33,6 +33,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tpufleet.cli._app import app, console
+from tpufleet.cli.cost import money, ratio
 from tpufleet.errors import InputError
 from tpufleet.scheduler.lifecycle import TERMINAL_STATES
 
@@ -191,6 +192,7 @@ def demo_cmd(
             "--step-time",
             "0.2",
         ]
+        started = time.monotonic()  # the summary's window: utilization and cost since the first submit
         submitted = [
             rc.submit(cmd, "v6e-16", name="mlp-v6e", working_dir=code["rc"]),
             pc.submit(
@@ -201,7 +203,7 @@ def demo_cmd(
         tracked = {s["id"]: Progress_(job=admin.job(s["id"])) for s in submitted}
         multislice = submitted[1]["id"]
         _watch(admin, fleet, tracked, steps, timeout, chaos_job=multislice if chaos else None)
-        rows = _summary(admin, tracked)
+        rows = _summary(admin, tracked, time.monotonic() - started)
         (root / "summary.json").write_text(json.dumps(rows, indent=2))
         failed = [jid for jid, p in tracked.items() if p.job["state"] != "SUCCEEDED"]
         console.print("tearing down: control plane, warm reservations, emulated fleet")
@@ -250,22 +252,47 @@ def _broken_seen(admin: Any, slice_name: str) -> bool:
     return any(s["name"] == slice_name and s["state"] == "BROKEN" for s in admin.slices())
 
 
-def _summary(admin: Any, tracked: dict[str, Progress_]) -> list[dict[str, Any]]:
-    """Print the summary table; return its rows (also written to <state-dir>/summary.json)."""
+def _summary(admin: Any, tracked: dict[str, Progress_], window_s: float) -> list[dict[str, Any]]:
+    """Print the summary table, the fleet's utilization and the cost over the demo's ``window_s``;
+    return the rows (also written to <state-dir>/summary.json)."""
+    cost = admin.request("GET", "/api/v1/cost", params={"since": f"{window_s + 1:.0f}"})
+    priced = {c["job_id"]: c for c in cost["jobs"]}
     rows: list[dict[str, Any]] = []
     table = Table(title="summary", title_justify="left")
-    for col in ("job", "tenant", "name", "state", "attempts", "waited s", "ran s", "first loss", "last loss"):
+    columns = ("job", "tenant", "name", "state", "attempts", "waited s", "ran s", "first loss", "last loss")
+    for col in (*columns, "goodput", "cost"):
         table.add_column(col)
     for jid, p in tracked.items():
         j = admin.job(jid)
         waited = (j["started_at"] or j["finished_at"] or 0) - j["submitted_at"]
         ran = (j["finished_at"] or 0) - (j["started_at"] or j["finished_at"] or 0)
+        good, paid = j["goodput"]["ratio"], priced.get(jid, {}).get("dollars")
         table.add_row(
             jid, j["tenant"], j["name"], _styled(j["state"]), str(j["attempt"]), f"{max(waited, 0):.1f}",
             f"{max(ran, 0):.1f}", f"{p.losses[0]:.4f}" if p.losses else "-",
-            f"{p.losses[-1]:.4f}" if p.losses else "-",
+            f"{p.losses[-1]:.4f}" if p.losses else "-", ratio(good), money(paid),
         )  # fmt: skip
         keys = ("id", "tenant", "name", "state", "attempt", "slices", "num_slices")
-        rows.append({k: j[k] for k in keys} | {"losses": p.losses})
-    console.print(Panel(table, title="tpufleet demo", expand=False))
+        rows.append({k: j[k] for k in keys} | {"losses": p.losses, "goodput": j["goodput"], "dollars": paid})
+    console.print(
+        Panel(Group(table, *_fleet_lines(admin, cost, window_s)), title="tpufleet demo", expand=False)
+    )
     return rows
+
+
+def _fleet_lines(admin: Any, cost: dict[str, Any], window_s: float) -> list[str]:
+    """Utilization (chip-time held by jobs over the fleet's chip-time) and cost of the window."""
+    chips = sum(_chip_count(s["accelerator_type"]) for s in admin.slices())
+    held_h = sum(t["chip_hours"] for t in cost["tenants"])
+    used = held_h * 3600 / (chips * window_s) if chips and window_s > 0 else 0.0
+    each = ", ".join(
+        f"{t['tenant']} {money(t['dollars'], t['unpriced_chip_hours'])}" for t in cost["tenants"]
+    )
+    total = sum(t["dollars"] or 0.0 for t in cost["tenants"])
+    lost = sum(t["badput_dollars"] or 0.0 for t in cost["tenants"])
+    return [
+        f"utilization: {used * 100:.0f}% of the fleet's {chips} chips held by jobs over {window_s:.0f} s "
+        f"({held_h:.2f} chip-hours)",
+        f"cost at list prices: {money(total)} ({each or 'nothing ran'}); lost to badput {money(lost)} "
+        "(tpufleet cost; docs/observability.md)",
+    ]

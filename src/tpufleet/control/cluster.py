@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from tpufleet.fleet import HostInfo, SliceInfo
+from tpufleet.runtime import StepProgress
 
 __all__ = [
     "AttemptSpec",
@@ -80,6 +81,8 @@ class AttemptStatus:
     job_id: str
     attempt: int
     hosts: tuple[HostStatus, ...]
+    # The steps process 0 reported (``tpufleet.runtime.report_step``), when the cluster has them.
+    progress: StepProgress | None = None
 
     @property
     def all_running(self) -> bool:

@@ -54,6 +54,7 @@ from tpufleet.control.runner import NAMESPACE, RunRequest, job_runner_name, pool
 from tpufleet.control.slices import SlicePool, kill_actor
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
 from tpufleet.inventory import slices_from_nodes
+from tpufleet.runtime import StepProgress
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +230,7 @@ class RayExecutor:
                 job_id,
                 attempt,
                 tuple(h.last or replace(gone, slice=h.slice, worker_id=h.worker_id) for h in rec.hosts),
+                rec.extra.get("progress"),
             )
         # Runners are threaded actors, so a status call may run before the start call it follows.
         # Only a host whose start had returned before we asked can answer "never heard of it".
@@ -236,8 +238,12 @@ class RayExecutor:
         returned = set(ray.wait(starts, num_returns=len(starts), timeout=0)[0]) if starts else set()
         started = [h.started is None or h.started in returned for h in rec.hosts]
         refs = [h.runner.status.remote(job_id, attempt) for h in rec.hosts]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_POLL_WAIT_S)
+        progress_ref = rec.hosts[0].runner.progress.remote(job_id, attempt) if rec.hosts else None
+        asked = refs + ([progress_ref] if progress_ref is not None else [])
+        ready, _ = ray.wait(asked, num_returns=len(asked), timeout=_POLL_WAIT_S)
         done = set(ready)
+        if progress_ref is not None and progress_ref in done:
+            self._keep_progress(rec, progress_ref)
         dead_nodes: set[str] | None = None
         statuses = []
         for host, ref, was_started in zip(rec.hosts, refs, started, strict=True):
@@ -250,7 +256,17 @@ class RayExecutor:
                 status = status or HostStatus(host.slice, host.worker_id, HostState.STARTING)
             host.last = status
             statuses.append(status)
-        return AttemptStatus(job_id, attempt, tuple(statuses))
+        return AttemptStatus(job_id, attempt, tuple(statuses), rec.extra.get("progress"))
+
+    @staticmethod
+    def _keep_progress(rec: _Attempt, ref: Any) -> None:
+        """Process 0's report (``runtime.report_step``), checked again here: the job wrote it."""
+        try:
+            found = StepProgress.from_dict(ray.get(ref, timeout=_CALL_TIMEOUT_S))
+        except (RayError, GetTimeoutError):
+            return
+        if found is not None:
+            rec.extra["progress"] = found
 
     @staticmethod
     def _host_status(host: _Host, ref: Any, was_started: bool) -> HostStatus | None:
@@ -343,6 +359,10 @@ class RayExecutor:
             if ref in ready and _died(ref):
                 dead.setdefault(host.slice, []).append(host.worker_id)
             host.last = _stopped(host, ref if ref in ready else None)
+        if rec.hosts and rec.hosts[0].runner is not None:  # the last steps, before a job runner goes
+            final = rec.hosts[0].runner.progress.remote(job_id, attempt)
+            if ray.wait([final], timeout=_CALL_TIMEOUT_S)[0]:
+                self._keep_progress(rec, final)
         if rec.job_runners:
             for h in rec.hosts:
                 kill_actor(h.runner)

@@ -29,6 +29,7 @@ from tpufleet.control.cluster import (
     SliceInfo,
 )
 from tpufleet.errors import ClusterError, NotFoundError
+from tpufleet.runtime import StepProgress
 
 SIGTERM_EXIT = -15  # what a process ended by stop() reports, as subprocess does for SIGTERM
 
@@ -71,6 +72,7 @@ class FakeAttempt:
     script: Script | None
     polls: int = 0
     stopped: bool = False
+    progress: StepProgress | None = None  # what process 0 reported (``report_step``)
 
 
 class FakeClock:
@@ -190,7 +192,7 @@ class FakeCluster:
             if att.script is not None and not att.stopped:
                 self._advance(att, att.script)
             hosts = tuple(HostStatus(p.slice, p.worker_id, p.state, p.exit_code) for p in att.processes)
-            return AttemptStatus(job_id, attempt, hosts)
+            return AttemptStatus(job_id, attempt, hosts, att.progress)
 
     def _advance(self, att: FakeAttempt, script: Script) -> None:
         if att.polls >= script.run_after:
@@ -261,6 +263,16 @@ class FakeCluster:
             for p in self.processes(job_id):
                 if slice in (None, p.slice) and worker in (None, p.worker_id):
                     p.log += text.format_map(p.env)
+
+    def report_step(self, job_id: str, step: int, at: float, *, attempt: int | None = None) -> None:
+        """Process 0 of the attempt (default: the job's latest) reports ``step`` done at ``at``, as
+        ``tpufleet.runtime.report_step`` does on a real host; ``poll`` hands it out from now on."""
+        with self._lock:
+            att = self._latest(job_id, attempt)
+            if att is None:
+                raise NotFoundError(f"job {job_id} has no attempt here")
+            before = att.progress
+            att.progress = StepProgress(step, at, step, at) if before is None else before.advance(step, at)
 
     def kill_host(self, slice_name: str, worker_id: int) -> None:
         """The host dies: its slice is no longer intact and any process on it is LOST."""

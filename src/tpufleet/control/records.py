@@ -172,6 +172,10 @@ class AttemptRecord:
     admitted_at: float
     started_at: float | None
     ended_at: float | None
+    first_step: int | None = None  # the first and the newest step process 0 reported, and when
+    first_step_at: float | None = None
+    last_step: int | None = None
+    last_step_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -121,7 +121,15 @@ class SliceRow(Base):
 
 
 class AttemptRow(Base):
+    """One attempt of a job. ``first_step``/``last_step`` (with their times, the host's clock): the
+    first and the newest step process 0 reported (``runtime.report_step``), None when it reported
+    none; goodput and cost are computed from them and the admission and end times (``observe/``)."""
+
     __tablename__ = "attempts"
+    __table_args__ = (
+        Index("ix_attempts_admitted_at", "admitted_at"),
+        Index("ix_attempts_ended_at", "ended_at"),
+    )
 
     job_id: Mapped[str] = mapped_column(String(16), primary_key=True)
     attempt: Mapped[int] = mapped_column(primary_key=True)
@@ -132,6 +140,10 @@ class AttemptRow(Base):
     admitted_at: Mapped[float]
     started_at: Mapped[float | None]
     ended_at: Mapped[float | None]
+    first_step: Mapped[int | None]
+    first_step_at: Mapped[float | None]
+    last_step: Mapped[int | None]
+    last_step_at: Mapped[float | None]
 
 
 class EventRow(Base):

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from tpufleet.control.schedstate import SchedState
 from tpufleet.control.store import Store
 from tpufleet.control.transitions import ActiveJob, Transitions
 from tpufleet.errors import NotFoundError, TpufleetError
+from tpufleet.runtime import StepProgress
 from tpufleet.scheduler.lifecycle import StopKind
 from tpufleet.scheduler.model import Admit, Decision, Preempt, Snapshot, Wait
 
@@ -80,6 +81,7 @@ class ServiceConfig:
     hide: tuple[str, ...] = field(default_factory=tuple)  # more paths a jailed job must not see
     incremental: bool = True  # keep the policy's view in memory (SchedState); False: read it whole
     reason_rewrites_per_cycle: int = 2000  # wait messages whose wording alone changed, written per cycle
+    progress_write_s: float = 5.0  # a running attempt's reported steps are stored at most this often
 
 
 class Service:
@@ -111,6 +113,9 @@ class Service:
         self._busy = False
         self._log_turn = 0
         self._cycle_ms: deque[float] = deque(maxlen=100)
+        self.cycle_observers: list[Callable[[float], None]] = []  # each cycle's seconds (metrics)
+        self._progress: dict[Key, tuple[StepProgress, float]] = {}  # stored report, when (monotonic)
+        self._progress_due: dict[Key, StepProgress] = {}
         self._last_cycle = time.monotonic()
         self._pool = ThreadPoolExecutor(self.config.stop_threads) if self.config.stop_threads else None
         self._wake = threading.Event()
@@ -131,9 +136,12 @@ class Service:
             j.state != r.RUNNING or j.stop_kind for j in active
         )
         self._pull_logs(active)
+        self._store_progress(active)
         self.cycles += 1
         self._last_cycle = time.monotonic()
         self._cycle_ms.append((self._last_cycle - started) * 1000)
+        for observe in self.cycle_observers:
+            observe(self._last_cycle - started)
         return decisions
 
     def stats(self) -> dict[str, Any]:
@@ -310,6 +318,8 @@ class Service:
         else:
             self._status[key] = status
             failure = status.failure
+            if status.progress is not None:
+                self._note_progress(key, status.progress)
         if failure is not None:
             if self.tr.begin_stop(job.id, StopKind.FAIL, failure):
                 self._stopping(job, StopKind.FAIL)
@@ -318,6 +328,28 @@ class Service:
                 self._stopping(job, StopKind.SUCCESS)
         elif status is not None and status.all_running and job.state == r.STARTING:
             self.tr.running(job.id, job.attempt)
+
+    def _note_progress(self, key: Key, progress: StepProgress) -> None:
+        """A report to store: the first one at once (start-up ends there), later ones at most every
+        ``progress_write_s``; the attempt's end stores the last one with it (``finish``)."""
+        stored = self._progress.get(key)
+        if stored is not None and stored[0] == progress:
+            return
+        if stored is None or time.monotonic() - stored[1] >= self.config.progress_write_s:
+            self._progress_due[key] = progress
+
+    def _store_progress(self, active: list[ActiveJob]) -> None:
+        due, self._progress_due = self._progress_due, {}
+        try:
+            self.tr.record_progress([(job, attempt, p) for (job, attempt), p in due.items()])
+        except Exception:  # a record, never a reason to stop the loop: the next report is stored
+            log.exception("storing the reported steps of %d attempts failed", len(due))
+            return
+        now = time.monotonic()
+        self._progress.update({key: (p, now) for key, p in due.items()})
+        live = {(j.id, j.attempt) for j in active}
+        for key in [k for k in self._progress if k not in live]:
+            del self._progress[key]
 
     def _stopping(self, job: ActiveJob, kind: StopKind | None = None) -> None:
         """Issue the stop (once per process lifetime), and finish the attempt when it returned."""
@@ -517,7 +549,9 @@ def _final(after_stop: AttemptStatus | None, last: AttemptStatus | None) -> Atte
             return None
         lost = [h if h.state is HostState.EXITED else HostStatus(h.slice, h.worker_id, HostState.LOST)
                 for h in last.hosts]  # fmt: skip
-        return AttemptStatus(last.job_id, last.attempt, tuple(lost))
+        return AttemptStatus(last.job_id, last.attempt, tuple(lost), last.progress)
+    if after_stop.progress is None and last is not None and last.progress is not None:
+        return replace(after_stop, progress=last.progress)
     return after_stop
 
 

@@ -661,6 +661,10 @@ def _attempt(a: AttemptRow) -> r.AttemptRecord:
         admitted_at=a.admitted_at,
         started_at=a.started_at,
         ended_at=a.ended_at,
+        first_step=a.first_step,
+        first_step_at=a.first_step_at,
+        last_step=a.last_step,
+        last_step_at=a.last_step_at,
     )
 
 

@@ -20,6 +20,7 @@ from tpufleet.control.cluster import AttemptStatus, SliceInfo
 from tpufleet.control.schema import AttemptRow, EventRow, JobRow, LogCursorRow, SliceRow, TenantRow
 from tpufleet.control.store import Store, columns, life_of, slice_state
 from tpufleet.errors import NotFoundError
+from tpufleet.runtime import StepProgress
 from tpufleet.scheduler import lifecycle as lc
 from tpufleet.scheduler.model import (
     Admit,
@@ -380,11 +381,34 @@ class Transitions:
                 message=message,
                 ended_at=now,
                 exit_codes=_host_codes(status),
+                **progress_columns(status.progress if status else None),
             )
             self.store.add_event(
                 s, f"attempt {attempt} {recorded.lower()}; job {life.state}", job_id=job_id, kind="end"
             )
             return str(life.state)
+
+    def record_progress(self, reports: Sequence[tuple[str, int, StepProgress]]) -> None:
+        """Store the steps process 0 of each attempt reported (one statement for all of them)."""
+        if not reports:
+            return
+        table = cast(Table, AttemptRow.__table__)
+        statement = (
+            update(table)
+            .where(table.c.job_id == bindparam("jid"), table.c.attempt == bindparam("att"))
+            .values(
+                first_step=bindparam("fs"),
+                first_step_at=bindparam("fa"),
+                last_step=bindparam("ls"),
+                last_step_at=bindparam("la"),
+            )
+        )
+        rows = [
+            {"jid": j, "att": a, "fs": p.first_step, "fa": p.first_at, "ls": p.step, "la": p.at}
+            for j, a, p in reports
+        ]
+        with self.store.tx() as s:
+            s.connection().execute(statement, rows)
 
     # -- logs ----------------------------------------------------------------------------------
     def cursors(self, job_id: str, attempt: int) -> list[logs.Cursor]:
@@ -501,6 +525,18 @@ def _exit_code(status: AttemptStatus | None) -> int | None:
     codes = [h.exit_code for h in (status.hosts if status else ()) if h.exit_code is not None]
     bad = [c for c in codes if c != 0]
     return bad[0] if bad else (0 if codes else None)
+
+
+def progress_columns(progress: StepProgress | None) -> dict[str, Any]:
+    """An attempt's progress columns; nothing when there is no report (the stored one stays)."""
+    if progress is None:
+        return {}
+    return {
+        "first_step": progress.first_step,
+        "first_step_at": progress.first_at,
+        "last_step": progress.step,
+        "last_step_at": progress.at,
+    }
 
 
 def _host_codes(status: AttemptStatus | None) -> list[dict[str, Any]]:

@@ -137,7 +137,7 @@ def job_goodput(
     """A job's goodput from its attempts; with ``since``/``until``, only the held time in that window."""
     end = now if until is None else until
     parts = [s.clipped(since, end) for s in segments(attempts, now)]
-    total = {k: sum(s.seconds for s in parts if s.kind == k) for k in KINDS}
+    total = {k: float(sum(s.seconds for s in parts if s.kind == k)) for k in KINDS}
     return Goodput(
         held_s=sum(total.values()),
         productive_s=total["productive"],

@@ -1,0 +1,191 @@
+"""Cost: chip-seconds held times the price, per tenant and per job, and the dollars lost to badput.
+
+Cost = chip-seconds x price: an attempt holds ``num_slices`` slices of its type from admission to
+its end (or now), each slice's chips at that slice's price (on-demand or spot: ``Usage.slice_pricing``)
+for the job's generation (``pricing.PriceTable``). Dollars lost to badput are the same arithmetic
+over the held time goodput does not count as productive (start-up, wasted progress, idle; see
+``goodput.py``), so only for jobs that report steps. An unknown price leaves dollars unknown
+(None, "unknown"), never zero; a tenant's total over some priced and some unpriced chip time says
+how many chip-hours had no price. Pure arithmetic over ``control.usage`` rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cache
+
+from tpufleet import catalog, pricing
+from tpufleet.control.usage import ON_DEMAND, UsageAttempt
+from tpufleet.errors import SpecError
+from tpufleet.observe import goodput
+
+__all__ = ["CostReport", "JobCost", "TenantCost", "attempt_chip_seconds", "parse_duration", "report"]
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str, field_name: str = "since") -> float:
+    """``7d``, ``12h``, ``30m``, ``90s`` or plain seconds, as seconds; SpecError otherwise."""
+    found = _DURATION.fullmatch(str(text).strip().lower())
+    if found is None or float(found.group(1)) <= 0:
+        raise SpecError(
+            f"{str(text)[:40]!r} is not a duration; give e.g. 7d, 12h, 30m or 3600 (seconds)",
+            field=field_name,
+        )
+    return float(found.group(1)) * _UNIT[found.group(2)]
+
+
+@cache
+def chips_per_slice(accelerator_type: str) -> int:
+    try:
+        return catalog.slice_type(accelerator_type).chips
+    except SpecError:
+        return 0
+
+
+@cache
+def generation_of(accelerator_type: str) -> str:
+    try:
+        return catalog.slice_type(accelerator_type).generation.name
+    except SpecError:
+        return accelerator_type.rsplit("-", 1)[0]
+
+
+def attempt_chip_seconds(a: UsageAttempt, seconds: float, pricing_of: Mapping[str, str]) -> dict[str, float]:
+    """Chip-seconds of ``seconds`` of an attempt's hold, by pricing (its slices may differ)."""
+    chips = chips_per_slice(a.accelerator_type)
+    out: dict[str, float] = defaultdict(float)
+    names = a.slices or tuple("" for _ in range(a.num_slices))
+    for name in names:
+        out[pricing_of.get(name, ON_DEMAND)] += chips * seconds
+    return dict(out)
+
+
+@dataclass
+class JobCost:
+    job_id: str
+    name: str
+    tenant: str
+    state: str
+    accelerator_type: str
+    generation: str
+    chip_seconds: float = 0.0
+    dollars: float | None = None  # None: no price known for any of it
+    unpriced_chip_seconds: float = 0.0
+    badput_chip_seconds: float | None = None  # None: the job reports no steps
+    badput_dollars: float | None = None
+    goodput: float | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        out["chip_hours"] = round(self.chip_seconds / 3600, 6)
+        out["unpriced_chip_hours"] = round(self.unpriced_chip_seconds / 3600, 6)
+        return out
+
+
+@dataclass
+class TenantCost:
+    tenant: str
+    jobs: int = 0
+    chip_seconds: float = 0.0
+    dollars: float | None = None
+    unpriced_chip_seconds: float = 0.0
+    badput_dollars: float | None = None
+    by_generation: dict[str, float] = field(default_factory=dict)  # chip-seconds
+
+    def to_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        out["chip_hours"] = round(self.chip_seconds / 3600, 6)
+        out["unpriced_chip_hours"] = round(self.unpriced_chip_seconds / 3600, 6)
+        return out
+
+
+@dataclass(frozen=True)
+class CostReport:
+    since: float | None
+    until: float
+    tenants: list[TenantCost]
+    jobs: list[JobCost]
+    prices: list[dict[str, object]]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "since": self.since,
+            "until": self.until,
+            "currency": "USD",
+            "tenants": [t.to_dict() for t in self.tenants],
+            "jobs": [j.to_dict() for j in self.jobs],
+            "prices": self.prices,
+        }
+
+
+def report(
+    attempts: Sequence[UsageAttempt],
+    prices: pricing.PriceTable,
+    pricing_of: Mapping[str, str],
+    *,
+    now: float,
+    since: float | None = None,
+) -> CostReport:
+    """Cost per job and per tenant of ``attempts`` (grouped by job), within [since, now]."""
+    by_job: dict[str, list[UsageAttempt]] = defaultdict(list)
+    for a in attempts:
+        by_job[a.job_id].append(a)
+    jobs = [job_cost(rows, prices, pricing_of, now=now, since=since) for rows in by_job.values()]
+    jobs = [j for j in jobs if j.chip_seconds > 0]
+    jobs.sort(key=lambda j: (j.tenant, -(j.dollars or 0.0), -j.chip_seconds, j.job_id))
+    tenants: dict[str, TenantCost] = {}
+    for j in jobs:
+        t = tenants.setdefault(j.tenant, TenantCost(j.tenant))
+        t.jobs += 1
+        t.chip_seconds += j.chip_seconds
+        t.unpriced_chip_seconds += j.unpriced_chip_seconds
+        t.dollars = _add(t.dollars, j.dollars)
+        t.badput_dollars = _add(t.badput_dollars, j.badput_dollars)
+        t.by_generation[j.generation] = t.by_generation.get(j.generation, 0.0) + j.chip_seconds
+    return CostReport(since, now, sorted(tenants.values(), key=lambda t: t.tenant), jobs, prices.to_list())
+
+
+def job_cost(
+    attempts: Sequence[UsageAttempt],
+    prices: pricing.PriceTable,
+    pricing_of: Mapping[str, str],
+    *,
+    now: float,
+    since: float | None = None,
+) -> JobCost:
+    """One job's chip time, dollars and badput dollars within [since, now]."""
+    first = attempts[0]
+    gen = generation_of(first.accelerator_type)
+    out = JobCost(first.job_id, first.job_name, first.tenant, first.job_state, first.accelerator_type, gen)
+    parts = [s.clipped(since, now) for s in goodput.segments(attempts, now)]
+    reported = any(a.first_step is not None for a in attempts)
+    by_attempt = {a.attempt: a for a in attempts}
+    for seg in parts:
+        a = by_attempt[seg.attempt]
+        for kind, chip_s in attempt_chip_seconds(a, seg.seconds, pricing_of).items():
+            price = prices.price(gen, kind)
+            cost = pricing.dollars(chip_s, price)
+            out.chip_seconds += chip_s
+            if cost is None:
+                out.unpriced_chip_seconds += chip_s
+            out.dollars = _add(out.dollars, cost)
+            if reported and seg.kind != "productive":
+                out.badput_chip_seconds = (out.badput_chip_seconds or 0.0) + chip_s
+                out.badput_dollars = _add(out.badput_dollars, cost)
+    if reported:
+        out.badput_chip_seconds = out.badput_chip_seconds or 0.0
+        if out.dollars is not None:
+            out.badput_dollars = out.badput_dollars or 0.0
+        out.goodput = goodput.job_goodput(attempts, now, since=since).ratio
+    return out
+
+
+def _add(total: float | None, value: float | None) -> float | None:
+    if value is None:
+        return total
+    return value if total is None else total + value
