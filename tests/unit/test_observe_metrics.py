@@ -265,3 +265,23 @@ def test_an_unknown_price_leaves_dollars_unknown(store: Store, clock: FakeClock,
     assert row["dollars"] is None and row["unpriced_chip_hours"] == pytest.approx(800 / 3600)
     assert f.get("/api/v1/cost")["jobs"][0]["job_id"] == job_id
     f.http.close()
+
+
+def test_a_slice_of_a_spot_group_is_priced_spot(fleet: Fleet) -> None:
+    from tpufleet.control.groups import SliceGroups
+
+    groups = SliceGroups(fleet.store)
+    groups.create("cheap", "v4-16", spot=True)
+    groups.set_state("cheap", "ACTIVE", "", ["tpu-v4-16-0"])  # the provider made this slice, spot
+    fleet.store.create_tenant("team-a", {"v4": 16})
+    job_id = fleet.submit("team-a", num_slices=2)  # one spot slice, one Ray already had
+    fleet.cycle()
+    fleet.cluster.start(job_id)
+    fleet.cycle(100)
+    m = fleet.metrics()
+    spot, on_demand = (lab(tenant="team-a", generation="v4", pricing=p) for p in ("spot", "on_demand"))
+    assert m[("tpufleet_chip_seconds_total", spot)] == pytest.approx(800)
+    assert m[("tpufleet_chip_seconds_total", on_demand)] == pytest.approx(800)
+    assert m[("tpufleet_cost_dollars_total", spot)] == pytest.approx(800 / 3600 * 0.9215)
+    (job,) = fleet.get("/api/v1/cost")["jobs"]
+    assert job["dollars"] == pytest.approx(800 / 3600 * (0.9215 + 3.22))

@@ -17,7 +17,7 @@ from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import aliased
 
 from tpufleet.control import records as r
-from tpufleet.control.schema import AttemptRow, JobRow, SliceRow, TenantRow
+from tpufleet.control.schema import AttemptRow, JobRow, SliceGroupRow, SliceRow, TenantRow
 from tpufleet.control.store import Store
 
 __all__ = ["Usage", "UsageAttempt"]
@@ -181,8 +181,14 @@ class Usage:
             }
 
     def slice_pricing(self) -> dict[str, str]:
-        """``spot`` or ``on_demand`` of every slice the store knows. A slice is spot when the
-        provider made it so; slices from Ray's own inventory (and every slice until a provider
-        says otherwise) are on-demand."""
+        """``spot`` or ``on_demand`` of every slice a provider made, by physical slice name: spot
+        when its slice group asked for spot (``tpufleet slice create --spot``, a pool with
+        ``spot: true``). Deleted groups count too (their attempts were paid at that price). A slice
+        in no group (one Ray already had) is on-demand: callers read a missing name so."""
+        out: dict[str, str] = {}
         with self.store.tx() as s:
-            return {name: ON_DEMAND for name in s.scalars(select(SliceRow.name))}
+            for spot, slices in s.execute(select(SliceGroupRow.spot, SliceGroupRow.slices)):
+                for x in slices or ():
+                    if isinstance(x, dict) and "name" in x:
+                        out[str(x["name"])] = SPOT if spot else ON_DEMAND
+        return out
