@@ -2,8 +2,8 @@
 in ONE batch through the API, all reach SUCCEEDED exactly once (one attempt each) over the
 in-memory ``SandboxCluster``, with the whole control plane (store, loop, policy, API) in process.
 
-Each tenant's quota covers the whole fleet (quotas may sum to more than it), so nobody borrows and
-no attempt is preempted: every job needs exactly one attempt, which this checks row by row. Prints
+Each tenant's quota covers the whole fleet (quotas may sum to more than it) and preemption is never, so
+nobody borrows and no attempt is preempted: every job needs exactly one attempt (checked row by row). Prints
 the submit time, the time until the last job ended, the loop's cycles and cycle p50/p95 (timed here
 around every ``Service.run_once``), and ``GET /api/v1/status`` as ``tpufleet status --json`` shows
 it. SQLite in a temp dir by default, or ``--db URL``.
@@ -78,7 +78,12 @@ def main() -> int:
     http = TestClient(cp.app)
     admin = {"Authorization": f"Bearer {cp.admin_token}"}
     for name, weight in (("team-a", 2.0), ("team-b", 1.0)):
-        body = {"name": name, "quota": {"v4": 1_000_000, "v6e": 1_000_000}, "weight": weight}
+        body = {
+            "name": name,
+            "quota": {"v4": 1_000_000, "v6e": 1_000_000},
+            "weight": weight,
+            "preemption": "never",
+        }
         http.post("/api/v1/tenants", json=body, headers=admin).raise_for_status()
 
     print(f"{args.jobs:,} jobs, fleet {args.fleet}, every host runs {args.job_seconds:g} s")

@@ -65,9 +65,9 @@ class Plane:
     admin: Client
     clients: list[Client] = field(default_factory=list)
 
-    def tenant(self, **quota: int) -> tuple[str, Client]:
+    def tenant(self, preemption: str | None = None, **quota: int) -> tuple[str, Client]:
         name = f"team-{next(_names)}"
-        client = Client(self.url, self.admin.create_tenant(name, quota)["token"])
+        client = Client(self.url, self.admin.create_tenant(name, quota, preemption=preemption)["token"])
         self.clients.append(client)
         return name, client
 
@@ -235,7 +235,7 @@ def test_the_api_rejects_other_tenants_and_bad_tokens(plane: Plane) -> None:
 
 # -- policy: priority, quota and preemption ------------------------------------------------------
 def test_a_higher_priority_job_is_admitted_first(plane: Plane) -> None:
-    tenant, client = plane.tenant(v4=48)
+    tenant, client = plane.tenant(preemption="never", v4=48)  # it waits instead of preempting its own
     go, hold = "go", "hold"
     blocker = client.submit([PY, "-c", WAIT_FOR_FILE, go], "v4-16", num_slices=2, name="blocker")
     wait_state(client, blocker["id"], "RUNNING")
@@ -302,6 +302,45 @@ def test_an_in_quota_job_preempts_a_borrower(plane: Plane) -> None:
     for job in (first, second):
         b.cancel(job["id"])
         wait_state(b, job["id"], "CANCELLED", timeout_s=30)
+
+
+# On SIGTERM (the checkpoint signal) it writes a checkpoint and exits; a later attempt reads it back.
+CHECKPOINTED = (
+    "import os, signal, sys, time\n"
+    "attempt = os.environ['TPUFLEET_ATTEMPT']\n"
+    "ckpt = os.path.join(os.environ['TPUFLEET_CHECKPOINT_DIR'], 'step-' + os.environ['TPU_WORKER_ID'])\n"
+    "if os.path.exists(ckpt): print('resumed from', open(ckpt).read(), 'on attempt', attempt, flush=True)\n"
+    "def bye(*_):\n"
+    "    open(ckpt, 'w').write('step-42'); print('SIGTERM on attempt', attempt, flush=True); sys.exit(143)\n"
+    "signal.signal(signal.SIGTERM, bye)\n"
+    "print('running attempt', attempt, flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_a_higher_priority_job_preempts_its_own_tenants_lower_priority_job(plane: Plane) -> None:
+    tenant, client = plane.tenant(v4=16)  # two v4-16 slices' worth of chips; preemption: lower_priority
+    low = client.submit([PY, "-c", CHECKPOINTED], "v4-16", num_slices=2, name="low", max_retries=0)
+    wait_state(client, low["id"], "RUNNING")
+    logged(client, low["id"], "running attempt 1")  # the SIGTERM handler is in place
+    urgent = client.submit([PY, "-c", WAIT_FOR_FILE, "go"], "v4-16", priority=10, name="urgent")
+    running = wait_state(client, urgent["id"], "RUNNING")
+    requeued = client.job(low["id"])
+    assert requeued["state"] == "QUEUED" and requeued["attempt"] == 2 and requeued["failures"] == 0
+    assert requeued["attempts"][0]["state"] == "PREEMPTED"
+    assert f"preempted for job {urgent['id']}" in requeued["attempts"][0]["message"]
+    assert running["slices"][0] in requeued["attempts"][0]["slices"]
+    for h in client.logs(low["id"], attempt=1)["hosts"]:
+        assert h["complete"] and "SIGTERM on attempt 1" in h["data"], h
+    events = plane.admin.events(low["id"])
+    assert any(e["kind"] == "priority" and urgent["id"] in e["message"] for e in events), events
+    plane.flag(tenant, "go")  # the urgent job ends; the preempted one resumes from its checkpoint
+    wait_state(client, urgent["id"], "SUCCEEDED")
+    again = wait_state(client, low["id"], "RUNNING")
+    assert again["attempt"] == 2
+    logged(client, low["id"], "resumed from step-42 on attempt 2", attempt=2)
+    client.cancel(low["id"])
+    wait_state(client, low["id"], "CANCELLED", timeout_s=30)
 
 
 # -- a lost host ---------------------------------------------------------------------------------

@@ -63,8 +63,10 @@ class Fleet:
             self._slices[name] = replace(self._slices[name], state=state)
         return self
 
-    def tenant(self, name: str, *, weight: float = 1.0, **quota: int) -> Fleet:
-        self._tenants[name] = TenantView(TenantName(name), dict(quota), weight)
+    def tenant(
+        self, name: str, *, weight: float = 1.0, preemption: str = "lower_priority", **quota: int
+    ) -> Fleet:
+        self._tenants[name] = TenantView(TenantName(name), dict(quota), weight, preemption)
         return self
 
     def queued(
@@ -100,6 +102,7 @@ class Fleet:
         priority: int = 0,
         borrowing: bool = False,
         preempting: bool = False,
+        yielding: bool = False,
         state: JobState = JobState.RUNNING,
     ) -> Fleet:
         free = sorted(
@@ -125,8 +128,9 @@ class Fleet:
             state,
             tuple(s.name for s in free),
             borrowing=borrowing,
-            preempting=preempting,
+            preempting=preempting or yielding,
             admit_seq=self._admissions,
+            yielding=yielding,
         )
         return self
 

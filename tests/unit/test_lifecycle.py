@@ -48,12 +48,13 @@ def test_a_stop_applies_only_to_an_active_attempt(state: JobState, kind: StopKin
     if state in lc.ACTIVE_STATES:
         life = lc.request_stop(Life(state), kind, "why")
         assert life is not None and (life.stop_kind, life.stop_message) == (kind, "why")
-        assert life.preempting is (kind is StopKind.PREEMPT)
+        assert life.preempting is (kind in (StopKind.PREEMPT, StopKind.PRIORITY))
         assert (
             life.reason_code
             == {
                 StopKind.SUCCESS: None,
                 StopKind.PREEMPT: "PREEMPTED",
+                StopKind.PRIORITY: "PREEMPTED_BY_PRIORITY",
                 StopKind.INTERRUPTED: "REQUEUED",
                 StopKind.CANCEL: "CANCELLING",
                 StopKind.FAIL: "ATTEMPT_FAILED",
@@ -71,7 +72,8 @@ STOPS = [
         first,
         later,
         later
-        if later is StopKind.CANCEL and first in (StopKind.PREEMPT, StopKind.FAIL, StopKind.SPOT)
+        if later is StopKind.CANCEL
+        and first in (StopKind.PREEMPT, StopKind.PRIORITY, StopKind.FAIL, StopKind.SPOT)
         else first,
     )
     for first in StopKind
@@ -96,6 +98,7 @@ ENDINGS = [
     (StopKind.SUCCESS, 0, 2, (OK, 1, 0, AttemptState.SUCCEEDED, None)),
     (StopKind.CANCEL, 0, 2, (CANCELLED, 1, 0, AttemptState.CANCELLED, "CANCELLED")),
     (StopKind.PREEMPT, 2, 2, (Q, 2, 2, AttemptState.PREEMPTED, "PREEMPTED")),  # no retry used
+    (StopKind.PRIORITY, 2, 2, (Q, 2, 2, AttemptState.PREEMPTED, "PREEMPTED_BY_PRIORITY")),  # no retry used
     (StopKind.INTERRUPTED, 2, 2, (Q, 2, 2, AttemptState.REQUEUED, "REQUEUED")),
     (StopKind.SPOT, 2, 2, (Q, 2, 2, AttemptState.PREEMPTED, "PREEMPTED_BY_PROVIDER")),  # no retry used
     (StopKind.FAIL, 0, 2, (Q, 2, 1, AttemptState.FAILED, "RETRYING")),

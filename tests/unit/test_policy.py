@@ -146,8 +146,9 @@ CASES = [
          lambda: Fleet().slices("v4-16", 2).tenant("a", v4=64).running("r", "a")
          .queued("big", "a", num_slices=2).queued("small", "a", priority=1),
          {"small": "admit", "big": W}),
-    Case("behind a higher-priority head that cannot fit either",
-         lambda: Fleet().slices("v4-16", 3).tenant("a", v4=64).running("r1", "a").running("r2", "a")
+    Case("behind a higher-priority head that cannot fit either (its tenant never preempts its own)",
+         lambda: Fleet().slices("v4-16", 3).tenant("a", v4=64, preemption="never").running("r1", "a")
+         .running("r2", "a")
          .queued("head", "a", num_slices=2, priority=5).queued("next", "a", num_slices=2),
          {"head": W, "next": "LOWER_PRIORITY_THAN_HEAD"}),
     Case("a borrowing head of line holds back later small borrowers",

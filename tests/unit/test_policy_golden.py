@@ -6,6 +6,11 @@ unknown tenants and types, bad sizes, many tenants with quotas and weights) or r
 simulation, and compares a digest of every decision, in order and messages included, with the
 digest the policy of commit 68c354b produced. A speed change must leave them all as they are; a
 change of behaviour must come with its own rule test in test_policy.py and new digests here.
+
+Those cases give every tenant ``preemption: never``, the behaviour of that commit. The same cases
+with ``lower_priority`` (the default since tenants may preempt their own lower-priority jobs) have
+digests of their own, recorded when that rule landed, with its rule tests in
+test_policy_priority.py.
 """
 
 from __future__ import annotations
@@ -38,13 +43,14 @@ TYPES = ("v4-16", "v4-32", "v5p-8", "v6e-4", "v6e-16", "v5litepod-16")
 SPELLINGS = {"v4-16": "TPU-V4-16", "v6e-4": "v6e-4"}
 
 
-def messy_snapshot(seed: int, per_type: int, queued: int) -> Snapshot:
+def messy_snapshot(seed: int, per_type: int, queued: int, preemption: str = "never") -> Snapshot:
     rng = random.Random(seed)
     tenants = [
         TenantView(
             TenantName(f"t{i}"),
             {g: rng.choice([0, 0, 16, 64, 256]) for g in ("v4", "v5p", "v6e", "v5litepod")},
             rng.choice([1.0, 1.0, 2.0, 0.5]),
+            preemption,
         )
         for i in range(12)
     ]
@@ -103,12 +109,12 @@ def with_seq_ties(snapshot: Snapshot, seed: int) -> Snapshot:
     return Snapshot(snapshot.tenants, snapshot.slices, jobs)
 
 
-def simulated(seed: int, count: int) -> list[Decision]:
+def simulated(seed: int, count: int, preemption: str = "never") -> list[Decision]:
     rng = random.Random(seed)
     tenants = [
-        TenantView(TenantName("prod"), {"v4": 128}, 1.0),
-        TenantView(TenantName("research"), {"v4": 64}, 2.0),
-        TenantView(TenantName("batch"), {}, 1.0),
+        TenantView(TenantName("prod"), {"v4": 128}, 1.0, preemption),
+        TenantView(TenantName("research"), {"v4": 64}, 2.0, preemption),
+        TenantView(TenantName("batch"), {}, 1.0, preemption),
     ]
     stream = [
         SimJob(f"j{i}", rng.choice(["prod", "research", "batch"]), rng.choice(["v4-16", "v4-16", "v4-32"]),
@@ -133,7 +139,7 @@ def digest(decisions: list[Decision]) -> str:
         if isinstance(d, Admit):
             rows.append(("Admit", d.job, d.slices, d.borrowing))
         elif isinstance(d, Preempt):
-            rows.append(("Preempt", d.job, d.for_job, d.reason))
+            rows.append(("Preempt", d.job, d.for_job, d.reason) + (("within",) if d.within_tenant else ()))
         else:
             assert isinstance(d, Wait)
             rows.append(("Wait", d.job, d.reason.code.value, d.reason.message, d.head_of_line))
@@ -215,3 +221,26 @@ def test_simulated_decisions_are_unchanged(case: tuple[int, int]) -> None:
 @pytest.mark.parametrize("case", sorted(EXPECTED_TIES))
 def test_decisions_with_shared_seqs_are_unchanged(case: tuple[int, int, int]) -> None:
     assert digest(decide(with_seq_ties(messy_snapshot(*case), case[0]))) == EXPECTED_TIES[case]
+
+
+EXPECTED_PRIORITY_SNAPSHOTS: dict[tuple[int, int, int], str] = {
+    (1, 40, 3000): "3026:c487903bb712bc08",
+    (2, 80, 6000): "6112:968daccb93161c32",
+    (3, 12, 800): "812:a48f60d59063469b",
+    (5, 25, 1500): "1528:cd4ccaa8c53218ae",
+    (7, 200, 8000): "8140:e19bc600aaf44af3",
+}
+EXPECTED_PRIORITY_SIMULATIONS: dict[tuple[int, int], str] = {
+    (2, 600): "25766:3ead2521da1cf22f",
+    (5, 400): "8972:2297b32cd5b2e686",
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED_PRIORITY_SNAPSHOTS))
+def test_messy_snapshot_decisions_with_priority_preemption_are_unchanged(case: tuple[int, int, int]) -> None:
+    assert digest(decide(messy_snapshot(*case, "lower_priority"))) == EXPECTED_PRIORITY_SNAPSHOTS[case]
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED_PRIORITY_SIMULATIONS))
+def test_simulated_decisions_with_priority_preemption_are_unchanged(case: tuple[int, int]) -> None:
+    assert digest(simulated(*case, "lower_priority")) == EXPECTED_PRIORITY_SIMULATIONS[case]

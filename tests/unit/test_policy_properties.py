@@ -74,9 +74,12 @@ def test_invariants_hold_on_random_fleets(seed: int) -> None:
                 assert lookup_type(slices[name].accelerator_type) == lookup_type(job.accelerator_type)
         if isinstance(d, Preempt):
             victim, winner = jobs[d.job], jobs[d.for_job]
-            assert victim.state in ACTIVE_STATES and victim.borrowing and not victim.preempting
-            assert victim.tenant != winner.tenant
-            assert victim.accelerator_type == winner.accelerator_type
+            assert victim.state in ACTIVE_STATES and not victim.preempting
+            if d.within_tenant:  # priority preemption: the tenant's own lower-priority job
+                assert victim.tenant == winner.tenant and victim.priority < winner.priority
+            else:  # reclaim: another tenant's borrower of the same type
+                assert victim.borrowing and victim.tenant != winner.tenant
+                assert victim.accelerator_type == winner.accelerator_type
             assert waiting(decisions)[d.for_job] == NotFitCode.WAITING_FOR_PREEMPTION
 
 

@@ -152,10 +152,11 @@ def test_a_batch_of_mixed_shapes_from_two_tenants_all_succeed_exactly_once(
     cp = sandbox_plane
     http = TestClient(cp.app)
     admin = {"Authorization": f"Bearer {cp.admin_token}"}
-    # Each quota covers the whole fleet (quotas may sum to more than it): nobody borrows, so no
-    # attempt is preempted and every job needs exactly one attempt; fair share orders the two.
+    # Each quota covers the whole fleet (quotas may sum to more than it): nobody borrows, and no
+    # tenant preempts its own lower-priority jobs, so every job needs exactly one attempt; fair
+    # share orders the two, priorities order each tenant's jobs.
     for name, weight in (("team-a", 2.0), ("team-b", 1.0)):
-        body = {"name": name, "quota": {"v4": 128, "v6e": 64}, "weight": weight}
+        body = {"name": name, "quota": {"v4": 128, "v6e": 64}, "weight": weight, "preemption": "never"}
         assert http.post("/api/v1/tenants", json=body, headers=admin).is_success
     jobs: list[dict[str, Any]] = [
         {

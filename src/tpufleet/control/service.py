@@ -362,6 +362,7 @@ class Service:
         if future is None:
             grace = {
                 StopKind.PREEMPT: self.config.preempt_grace_s,
+                StopKind.PRIORITY: self.config.preempt_grace_s,
                 StopKind.SPOT: self.config.preempt_grace_s,  # the slice dies at the notice's deadline anyway
                 StopKind.CANCEL: self.config.cancel_grace_s,
             }

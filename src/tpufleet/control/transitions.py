@@ -269,7 +269,8 @@ class Transitions:
         return changes
 
     def preempt(self, d: Preempt) -> bool:
-        return self.begin_stop(d.job, lc.StopKind.PREEMPT, f"preempted for job {d.for_job}: {d.reason}")
+        kind = lc.StopKind.PRIORITY if d.within_tenant else lc.StopKind.PREEMPT
+        return self.begin_stop(d.job, kind, f"preempted for job {d.for_job}: {d.reason}")
 
     def begin_stop(self, job_id: str, kind: lc.StopKind, message: str) -> bool:
         """Decide to end the current attempt (``lifecycle.request_stop``: the first decision stands,
@@ -290,7 +291,7 @@ class Transitions:
                 job_id=job_id,
                 kind=str(kind),
                 tenant=job.tenant,
-                actor="scheduler" if kind is lc.StopKind.PREEMPT else None,  # preemptions are audited
+                actor="scheduler" if kind in (lc.StopKind.PREEMPT, lc.StopKind.PRIORITY) else None,  # audited
             )
             return True
 
@@ -488,6 +489,7 @@ def _view(j: Any) -> JobView:
         j.stop_kind is not None,
         j.admit_seq,
         bool(j.head_of_line),
+        j.stop_kind == lc.StopKind.PRIORITY,
     )
 
 

@@ -68,7 +68,8 @@ class StopKind(StrEnum):
     """Why the current attempt is being ended; decides what happens once it has."""
 
     SUCCESS = "success"  # every host exited 0
-    PREEMPT = "preempt"  # the policy needs its slices: requeued, no retry used
+    PREEMPT = "preempt"  # the policy reclaims borrowed slices: requeued, no retry used
+    PRIORITY = "priority"  # a higher-priority job of its own tenant needs its slices: requeued, no retry used
     INTERRUPTED = "interrupted"  # a control-plane restart cut its launch short: requeued, no retry used
     SPOT = "spot"  # the provider takes the slice back (a spot preemption notice): requeued, no retry used
     CANCEL = "cancel"  # a user asked
@@ -98,6 +99,7 @@ class ReasonCode(StrEnum):
     CANCELLED = "CANCELLED"
     FAILED = "FAILED"
     RETRYING = "RETRYING"
+    PREEMPTED_BY_PRIORITY = "PREEMPTED_BY_PRIORITY"  # for a higher-priority job of its tenant; no retry used
     PREEMPTED_BY_PROVIDER = "PREEMPTED_BY_PROVIDER"  # a spot slice was taken back; requeued, no retry used
 
 
@@ -163,14 +165,17 @@ def running(life: Life) -> Life:
 
 _STOP_REASONS = {
     StopKind.PREEMPT: ReasonCode.PREEMPTED,
+    StopKind.PRIORITY: ReasonCode.PREEMPTED_BY_PRIORITY,
     StopKind.INTERRUPTED: ReasonCode.REQUEUED,
     StopKind.CANCEL: ReasonCode.CANCELLING,
     StopKind.FAIL: ReasonCode.ATTEMPT_FAILED,
     StopKind.SPOT: ReasonCode.PREEMPTED_BY_PROVIDER,
 }
-_OVERRIDDEN_BY_CANCEL = (StopKind.PREEMPT, StopKind.FAIL, StopKind.SPOT)
+_OVERRIDDEN_BY_CANCEL = (StopKind.PREEMPT, StopKind.PRIORITY, StopKind.FAIL, StopKind.SPOT)
+_POLICY_PREEMPTIONS = (StopKind.PREEMPT, StopKind.PRIORITY)  # the slices are promised to another job
 _REQUEUED = {  # not the job's fault: requeued without using a retry, recorded as
     StopKind.PREEMPT: AttemptState.PREEMPTED,
+    StopKind.PRIORITY: AttemptState.PREEMPTED,
     StopKind.SPOT: AttemptState.PREEMPTED,
     StopKind.INTERRUPTED: AttemptState.REQUEUED,
 }
@@ -189,7 +194,7 @@ def request_stop(life: Life, kind: StopKind, message: str) -> Life | None:
         life,
         stop_kind=kind,
         stop_message=message,
-        preempting=life.preempting or kind is StopKind.PREEMPT,
+        preempting=life.preempting or kind in _POLICY_PREEMPTIONS,
         reason_code=str(reason) if reason else life.reason_code,
         reason_message=message if reason else life.reason_message,
     )

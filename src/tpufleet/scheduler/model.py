@@ -98,6 +98,9 @@ class JobView:
     preempting: bool = False  # a preemption was decided and is in progress; slices not free yet
     admit_seq: int | None = None
     head_of_line: bool = False  # the job's last Wait had head_of_line=True (the store keeps it)
+    # Being preempted for a higher-priority job of its own tenant: its chips are on their way back to
+    # the tenant, so they no longer count against the tenant's quota when the policy tests who fits.
+    yielding: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,9 +176,10 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Preempt:
-    job: JobId  # the victim: a running borrower
-    for_job: JobId  # the in-quota job that needs its slices
+    job: JobId  # the victim: a running borrower, or a lower-priority job of the same tenant
+    for_job: JobId  # the job that needs its slices (or its tenant's quota)
     reason: str
+    within_tenant: bool = False  # priority preemption inside a tenant (not a reclaim of borrowed chips)
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,6 +129,7 @@ class _Entry:
     gen: str
     chips: int  # chips of all the slices the job asks for
     in_quota: bool = False
+    yields: bool = False  # beyond quota, but its tenant's lower-priority jobs could make room
 
 
 class _Cycle:
@@ -138,6 +139,10 @@ class _Cycle:
         self.tenants = {t.name: t for t in sorted(snapshot.tenants, key=lambda t: t.name)}
         active, self.queues = _split(snapshot.jobs)
         self.pools: dict[str, TypePool] = {}
+        # Priority preemption inside a tenant: each tenant's running jobs per generation that could
+        # make room (in victim order), and the chips its jobs already being preempted will give back.
+        self.own: dict[tuple[TenantName, str], list[JobView]] = {}
+        self.own_leaving: dict[tuple[TenantName, str], int] = {}
         capacity = self._load_slices(snapshot, {name for j in active for name in j.slices})
         self.ledger = Ledger(self.tenants, capacity)
         self._load_active(active)
@@ -173,16 +178,24 @@ class _Cycle:
                 continue
             count = held_count(job)
             self.ledger.add(job.tenant, facts.gen, count * facts.chips, leaving=job.preempting)
+            own = (job.tenant, facts.gen)
+            if job.yielding:
+                self.own_leaving[own] = self.own_leaving.get(own, 0) + count * facts.chips
+            elif not job.preempting:
+                self.own.setdefault(own, []).append(job)
             pool = self.pools.get(facts.key)
             if pool is None:
                 continue
             pool.holders[job.id] = (job.tenant, count)
             if job.preempting:
                 pool.pending += count
+                pool.yielding += count if job.yielding else 0
             elif job.borrowing:
                 pool.victims.append(job)
         for pool in self.pools.values():
             pool.victims.sort(key=victim_order)
+        for jobs in self.own.values():
+            jobs.sort(key=victim_order)
 
     def run(self) -> list[Decision]:
         self.deferred: dict[TenantName, list[_Entry]] = {}
@@ -286,8 +299,13 @@ class _Cycle:
             return self._misfit(job, static)
         pool, gen, chips, _ = static
         quota = self.ledger.quota[job.tenant].get(gen, 0)
-        beyond = self.ledger.usage[job.tenant].get(gen, 0) + chips > quota
+        used = self.ledger.usage[job.tenant].get(gen, 0)
+        if self.own_leaving:
+            used -= self.own_leaving.get((job.tenant, gen), 0)
+        beyond = used + chips > quota
         in_quota = self._in_quota(job.tenant, gen, chips, beyond, quota)
+        if not in_quota and beyond and chips <= quota and self._may_yield(job, gen):
+            return _Entry(job, pool, gen, chips, True, yields=True)
         if pool.head is None or len(pool.free) - pool.taken - pool.reserved > 0:
             return _Entry(job, pool, gen, chips, in_quota)
         if in_quota and not self._reclaim_futile(job, pool):
@@ -327,9 +345,12 @@ class _Cycle:
         return shortfall > 0 and (not pool.victims or shortfall >= pool.failed.get(job.tenant, shortfall + 1))
 
     def _place_in_quota(self, entry: _Entry) -> None:
-        if entry.job.num_slices <= entry.pool.avail:
+        if entry.yields:  # beyond quota: only its tenant's lower-priority jobs can make room
+            if not self._yield_for(entry):
+                self._defer(entry)
+        elif entry.job.num_slices <= entry.pool.avail:
             self._admit(entry, borrowing=False)
-        elif not self._reclaim(entry):
+        elif not self._reclaim(entry) and not self._yield_for(entry):
             self._wait_blocked(entry, quota=None)
 
     def _reclaim(self, entry: _Entry) -> bool:
@@ -351,6 +372,9 @@ class _Cycle:
         pool.reserve(avail, job)
         pool.claim(min(spare, job.num_slices - avail))
         for victim in victims or ():
+            own = self.own.get((victim.tenant, entry.gen))
+            if own and victim in own:
+                own.remove(victim)  # preempted once: no longer a candidate for its tenant's own jobs
             # All of a victim's slices are promised to this job for the cycle, even beyond its need,
             # so spare pending slices never grow and "reclaim is futile" stays true once true.
             pool.pending += held_count(victim)
@@ -358,6 +382,74 @@ class _Cycle:
             self.ledger.mark_leaving(victim.tenant, entry.gen, held_count(victim) * pool.slice_type.chips)
             self.out.append(Preempt(victim.id, job.id, reasons.preempt_reason(victim, job, pool, entry.gen)))
         self.out.append(Wait(job.id, reasons.reclaiming(job, pool, avail, victims or [])))
+        return True
+
+    # -- 2b. priority preemption inside a tenant -------------------------------------------------
+
+    def _may_yield(self, job: JobView, gen: str) -> bool:
+        """Whether ``job``'s tenant lets it preempt its own jobs and has one of lower priority in ``gen``."""
+        own = self.own.get((job.tenant, gen), ())
+        return len(own) > 0 and own[0].priority < job.priority and self._preempts_own(job.tenant)
+
+    def _preempts_own(self, tenant: TenantName) -> bool:
+        return self.tenants[tenant].preemption != "never"
+
+    def _yield_for(self, entry: _Entry) -> bool:
+        """Preempt the tenant's own lower-priority jobs so ``entry`` fits its quota and its slices.
+
+        Candidates are the tenant's running jobs of the generation with a lower priority, in victim
+        order (lowest priority, then most recently admitted, then id), taken while they help: while
+        chips are still needed to bring the job within quota, or slices of its type are still
+        missing. Then every chosen job that is not needed is put back (last chosen first), as
+        Kueue does, so no victim can be spared. Nothing changes when they cannot free enough: a
+        preemption always lets the preemptor run (by quota and by slices, with what is free now).
+        """
+        job, pool, gen = entry.job, entry.pool, entry.gen
+        own = self.own.get((job.tenant, gen))
+        if not own or own[0].priority >= job.priority or not self._preempts_own(job.tenant):
+            return False
+        used = self.ledger.used(job.tenant, gen) - self.own_leaving.get((job.tenant, gen), 0)
+        need_chips = used + entry.chips - self.ledger.quota_of(job.tenant, gen)
+        avail, spare = pool.avail, pool.spare_pending
+        need_slices = job.num_slices - avail - spare
+        chosen: list[tuple[JobView, int, int]] = []  # victim, chips, slices of the job's type
+        chips = slices = 0
+        for victim in own:
+            if victim.priority >= job.priority or (chips >= need_chips and slices >= need_slices):
+                break
+            facts = type_facts(victim.accelerator_type)
+            assert facts is not None  # only jobs of known types are candidates
+            same = held_count(victim) if facts.key == pool.key else 0
+            if chips < need_chips or (same and slices < need_slices):
+                chosen.append((victim, held_count(victim) * facts.chips, same))
+                chips, slices = chips + chosen[-1][1], slices + same
+        if chips < need_chips or slices < need_slices:
+            return False
+        for pick in reversed(list(chosen)):
+            if chips - pick[1] >= need_chips and slices - pick[2] >= need_slices:
+                chosen.remove(pick)
+                chips, slices = chips - pick[1], slices - pick[2]
+        taken = min(avail, job.num_slices)
+        pool.reserve(taken, job)
+        pool.claim(min(spare, job.num_slices - taken))
+        key = (job.tenant, gen)
+        for victim, victim_chips, same in chosen:
+            own.remove(victim)
+            self.own_leaving[key] = self.own_leaving.get(key, 0) + victim_chips
+            self.ledger.mark_leaving(job.tenant, gen, victim_chips)
+            facts = type_facts(victim.accelerator_type)
+            victim_pool = self.pools.get(facts.key) if facts is not None else None
+            if victim_pool is not None:
+                victim_pool.pending += held_count(victim)
+                victim_pool.yielding += held_count(victim)
+                if victim in victim_pool.victims:
+                    victim_pool.victims.remove(victim)
+            if same:
+                pool.claim(same)
+            self.out.append(
+                Preempt(victim.id, job.id, reasons.yield_reason(victim, job, pool, gen), within_tenant=True)
+            )
+        self.out.append(Wait(job.id, reasons.yielding(job, pool, taken, [v for v, _, _ in chosen])))
         return True
 
     # -- 3. borrowing pass -------------------------------------------------------------------------

@@ -21,6 +21,8 @@ __all__ = [
     "reclaiming",
     "too_many",
     "unknown_type",
+    "yield_reason",
+    "yielding",
 ]
 
 _C = NotFitCode
@@ -89,10 +91,28 @@ def head_note(reason: NotFit, pool: TypePool) -> NotFit:
 
 def reclaiming(job: JobView, pool: TypePool, avail: int, victims: list[JobView]) -> NotFit:
     coming = ", ".join(f"job {v.id} (tenant {v.tenant})" for v in victims)
+    whom = "borrowers" if victims or pool.yielding < pool.pending else "lower-priority jobs"
     return NotFit(
         _C.WAITING_FOR_PREEMPTION,
         f"needs {count(job.num_slices, pool.key)}, {avail} free; {job.num_slices - avail} being freed "
-        f"by preempting borrowers{': ' + coming if coming else ''}",
+        f"by preempting {whom}{': ' + coming if coming else ''}",
+    )
+
+
+def yielding(job: JobView, pool: TypePool, avail: int, victims: list[JobView]) -> NotFit:
+    """Why a job waits while its tenant's lower-priority jobs are preempted for it."""
+    coming = ", ".join(f"job {v.id} (priority {v.priority})" for v in victims)
+    return NotFit(
+        _C.WAITING_FOR_PREEMPTION,
+        f"needs {count(job.num_slices, pool.key)}, {avail} free; preempting lower-priority jobs of "
+        f"tenant {job.tenant} to make room within its quota: {coming}",
+    )
+
+
+def yield_reason(victim: JobView, job: JobView, pool: TypePool, gen: str) -> str:
+    return (
+        f"priority: job {job.id} (priority {job.priority}) of the same tenant {job.tenant} needs "
+        f"{count(job.num_slices, pool.key)} within its {gen} quota; this job has priority {victim.priority}"
     )
 
 

@@ -184,7 +184,13 @@ class Simulation:
             self.slices[name] = replace(self.slices[name], state=SliceState.FREE, holder=None)
         rec.life, _ = lifecycle.end_attempt(rec.life)
         rec.view = replace(
-            rec.view, state=rec.life.state, slices=(), borrowing=False, preempting=False, admit_seq=None
+            rec.view,
+            state=rec.life.state,
+            slices=(),
+            borrowing=False,
+            preempting=False,
+            yielding=False,
+            admit_seq=None,
         )
         rec.started = rec.release_at = None
 
@@ -198,7 +204,7 @@ class Simulation:
             if isinstance(decision, Admit):
                 self._admit(self.records[decision.job], decision)
             elif isinstance(decision, Preempt):
-                self._preempt(self.records[decision.job])
+                self._preempt(self.records[decision.job], decision)
             elif isinstance(decision, Wait):
                 rec = self.records[decision.job]
                 rec.reasons.append(decision.reason)
@@ -220,14 +226,19 @@ class Simulation:
         rec.started = self.now
         rec.admitted.append(self.now)
 
-    def _preempt(self, rec: JobRecord) -> None:
+    def _preempt(self, rec: JobRecord, decision: Preempt) -> None:
         assert rec.started is not None, f"{rec.view.id} is preempted but not running"
         rec.remaining -= self.now - rec.started
         rec.started = self.now  # not counted as progress: the job checkpointed at the signal
         rec.preemptions += 1
         rec.release_at = self.now + self.grace
-        rec.life = lifecycle.request_stop(rec.life, lifecycle.StopKind.PREEMPT, "preempted") or rec.life
-        rec.view = replace(rec.view, preempting=rec.life.preempting)
+        kind = lifecycle.StopKind.PRIORITY if decision.within_tenant else lifecycle.StopKind.PREEMPT
+        rec.life = lifecycle.request_stop(rec.life, kind, f"preempted for job {decision.for_job}") or rec.life
+        rec.view = replace(
+            rec.view,
+            preempting=rec.life.preempting,
+            yielding=rec.life.stop_kind is lifecycle.StopKind.PRIORITY,
+        )
 
     def _next_event(self) -> int | None:
         times: list[int] = []

@@ -76,6 +76,7 @@ class TypePool:
     head: JobView | None = None
     pending: int = 0
     claimed: int = 0
+    yielding: int = 0  # of ``pending``: held by jobs preempted for a higher-priority job of their tenant
     holders: dict[JobId, tuple[TenantName, int]] = field(default_factory=dict)
     victims: list[JobView] = field(default_factory=list)
     failed: dict[TenantName, int] = field(default_factory=dict)

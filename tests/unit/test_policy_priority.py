@@ -1,0 +1,264 @@
+"""Priority preemption inside a tenant (Kueue's ``withinClusterQueue: LowerPriority``), on whole slices.
+
+A job that cannot run within its tenant's quota only because the tenant's own lower-priority jobs
+hold the chips (or the slices) preempts the fewest, lowest-priority, most recently admitted of them
+that make room; never for equal or higher priority, never another tenant's job (other tenants lose
+only borrowed capacity, as before), never when the victims would not let it run, and not at all
+for a tenant with ``preemption: never``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+from scheduler_builders import Fleet, admitted, preempted, waiting
+
+from tpufleet.scheduler.model import (
+    JobState,
+    NotFitCode,
+    Preempt,
+    Snapshot,
+    TenantName,
+    TenantView,
+    Wait,
+)
+from tpufleet.scheduler.policy import decide
+from tpufleet.scheduler.simulate import SimJob, Simulation, make_fleet
+
+W = NotFitCode.WAITING_FOR_PREEMPTION
+
+
+def within(decisions: list) -> dict[str, str]:  # type: ignore[type-arg]
+    return {d.job: d.for_job for d in decisions if isinstance(d, Preempt) and d.within_tenant}
+
+
+# A v4-16 slice has 8 chips. Tenant "a" may use 16 v4 chips: two slices.
+def _full(preemption: str = "lower_priority") -> Fleet:
+    return (
+        Fleet()
+        .slices("v4-16", 4)
+        .tenant("a", v4=16, preemption=preemption)
+        .tenant("b", v4=16)
+        .running("a-low-1", "a", priority=0)
+        .running("a-low-2", "a", priority=0)
+        .running("b-1", "b", priority=0)
+        .running("b-2", "b", priority=0)
+    )
+
+
+CASES = {
+    # name: (snapshot, expected within-tenant preemptions victim -> preemptor, expected waits)
+    "higher priority preempts the most recently admitted lower one": (
+        _full().queued("urgent", "a", priority=5).build(),
+        {"a-low-2": "urgent"},
+        {"urgent": W},
+    ),
+    "equal priority never preempts": (
+        _full().queued("same", "a", priority=0).build(),
+        {},
+        {"same": NotFitCode.QUOTA_EXCEEDED_NO_BORROWING},
+    ),
+    "a tenant with preemption never keeps its jobs": (
+        _full("never").queued("urgent", "a", priority=5).build(),
+        {},
+        {"urgent": NotFitCode.QUOTA_EXCEEDED_NO_BORROWING},
+    ),
+    "another tenant's lower-priority in-quota job is never touched": (
+        Fleet()
+        .slices("v4-16", 2)
+        .tenant("a", v4=16)
+        .tenant("b", v4=8)
+        .running("b-low", "b", priority=0)
+        .running("a-mid", "a", priority=9)
+        .queued("a-top", "a", priority=9)
+        .build(),
+        {},
+        {"a-top": NotFitCode.WAITING_FOR_FREE_SLICES},
+    ),
+    "the lowest priority goes first": (
+        Fleet()
+        .slices("v4-16", 2)
+        .tenant("a", v4=16)
+        .running("p1", "a", priority=1)
+        .running("p0", "a", priority=0)
+        .queued("urgent", "a", priority=5)
+        .build(),
+        {"p0": "urgent"},
+        {"urgent": W},
+    ),
+    "the fewest victims: one two-slice job rather than two one-slice ones": (
+        Fleet()
+        .slices("v4-16", 3)
+        .tenant("a", v4=24)
+        .running("big", "a", num_slices=2, priority=0)
+        .running("small", "a", priority=0)
+        .queued("urgent", "a", num_slices=2, priority=5)
+        .build(),
+        {"big": "urgent"},
+        {"urgent": W},
+    ),
+    "no preemption that would not let the job run (not enough lower-priority chips)": (
+        Fleet()
+        .slices("v4-16", 4)
+        .tenant("a", v4=24)
+        .running("low", "a", priority=0)
+        .running("high-1", "a", priority=7)
+        .running("high-2", "a", priority=7)
+        .queued("urgent", "a", num_slices=2, priority=5)
+        .build(),
+        {},
+        {"urgent": NotFitCode.QUOTA_EXCEEDED_NO_BORROWING},
+    ),
+    "chips of another type of the generation make room within quota": (
+        Fleet()
+        .slices("v4-8", 2)
+        .slices("v4-16", 1)
+        .tenant("a", v4=8)
+        .running("v4-8-low", "a", "v4-8", priority=0)
+        .queued("urgent", "a", "v4-16", priority=5)
+        .build(),
+        {"v4-8-low": "urgent"},
+        {"urgent": W},
+    ),
+    "in quota but the slices are held by its own lower-priority jobs and another tenant": (
+        Fleet()
+        .slices("v4-16", 2)
+        .tenant("a", v4=32)
+        .tenant("b", v4=8)
+        .running("b-1", "b", priority=9)
+        .running("a-low", "a", priority=0)
+        .queued("urgent", "a", priority=5)
+        .build(),
+        {"a-low": "urgent"},
+        {"urgent": W},
+    ),
+    "while the victim stops, nothing more is preempted and the slice stays promised": (
+        Fleet()
+        .slices("v4-16", 2)
+        .tenant("a", v4=16)
+        .tenant("b", v4=16)
+        .running("a-low-1", "a", priority=0)
+        .running("a-low-2", "a", priority=0, yielding=True)
+        .queued("urgent", "a", priority=5)
+        .queued("b-next", "b", priority=0)
+        .build(),
+        {},
+        {"urgent": W, "b-next": NotFitCode.WAITING_FOR_FREE_SLICES},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rule(case: str) -> None:
+    snapshot, victims, waits = CASES[case]
+    decisions = decide(snapshot)
+    assert within(decisions) == victims
+    got = waiting(decisions)
+    assert {job: got.get(job) for job in waits} == waits
+    assert set(preempted(decisions)) == set(victims)  # no reclaim of borrowed chips in these cases
+
+
+def test_the_reasons_name_both_jobs() -> None:
+    decisions = decide(_full().queued("urgent", "a", priority=5).build())
+    preempt = next(d for d in decisions if isinstance(d, Preempt))
+    assert "urgent" in preempt.reason and "priority 5" in preempt.reason
+    wait = next(d for d in decisions if isinstance(d, Wait) and d.job == "urgent")
+    assert "a-low-2" in wait.reason.message and "lower-priority" in wait.reason.message
+    assert decisions.index(preempt) < decisions.index(wait)
+
+
+def test_once_the_victim_is_gone_the_preemptor_is_admitted_on_its_slice() -> None:
+    full = Fleet().slices("v4-16", 2).tenant("a", v4=16).running("a-low-1", "a").running("a-low-2", "a")
+    assert within(decide(full.queued("urgent", "a", priority=5).build())) == {"a-low-2": "urgent"}
+    after = Fleet().slices("v4-16", 2).tenant("a", v4=16).running("a-low-1", "a")
+    decisions = decide(after.queued("urgent", "a", priority=5).queued("a-next", "a").build())
+    assert admitted(decisions) == {"urgent": ("v4-16-1",)}
+    assert within(decisions) == {}
+
+
+def _random_snapshot(rng: random.Random) -> Snapshot:
+    fleet = Fleet().slices("v4-16", rng.randint(2, 8)).slices("v4-32", rng.randint(0, 3))
+    for t in "abc":
+        fleet.tenant(t, v4=rng.choice([0, 8, 16, 32, 64]), preemption=rng.choice(["lower_priority", "never"]))
+    for i in range(rng.randint(0, 8)):
+        acc = rng.choice(["v4-16", "v4-32"])
+        with contextlib.suppress(AssertionError):  # no free slice of that type left for the fixture
+            fleet.running(
+                f"r{i}", rng.choice("abc"), acc, priority=rng.randint(0, 3), borrowing=rng.random() < 0.3,
+                yielding=rng.random() < 0.1,
+            )  # fmt: skip
+    for i in range(rng.randint(1, 10)):
+        fleet.queued(
+            f"q{i}", rng.choice("abc"), rng.choice(["v4-16", "v4-32"]),
+            num_slices=rng.choice([1, 1, 2]), priority=rng.randint(0, 5),
+        )  # fmt: skip
+    return fleet.build()
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_every_priority_preemption_is_within_a_tenant_that_allows_it_and_for_a_higher_priority(
+    seed: int,
+) -> None:
+    snapshot = _random_snapshot(random.Random(seed))
+    jobs = {j.id: j for j in snapshot.jobs}
+    tenants = {t.name: t for t in snapshot.tenants}
+    decisions = decide(snapshot)
+    for d in decisions:
+        if isinstance(d, Preempt) and d.within_tenant:
+            victim, for_job = jobs[d.job], jobs[d.for_job]
+            assert victim.tenant == for_job.tenant
+            assert victim.priority < for_job.priority
+            assert tenants[victim.tenant].preemption == "lower_priority"
+            assert victim.state in (JobState.RUNNING, JobState.STARTING) and not victim.preempting
+            assert waiting(decisions)[d.for_job] == W  # the preemptor waits for it, it is not admitted
+    victims = [d.job for d in decisions if isinstance(d, Preempt)]
+    assert len(victims) == len(set(victims)), "a job is preempted once"
+
+
+def _simulate(seed: int) -> tuple[Simulation, dict[str, SimJob], list[Preempt]]:
+    rng = random.Random(seed)
+    tenants = [TenantView(TenantName("a"), {"v4": 32}), TenantView(TenantName("b"), {"v4": 32})]
+    jobs = [
+        SimJob(f"j{i}", rng.choice("ab"), "v4-16", num_slices=rng.choice([1, 1, 2]),
+               priority=rng.choice([0, 0, 0, 5]), arrival=rng.randint(0, 60), duration=rng.randint(5, 30))
+        for i in range(80)
+    ]  # fmt: skip
+    seen: list[Preempt] = []
+
+    def recording(snapshot: Snapshot) -> list:  # type: ignore[type-arg]
+        out = decide(snapshot)
+        seen.extend(d for d in out if isinstance(d, Preempt))
+        return out
+
+    sim = Simulation(tenants, make_fleet("v4-16:8"), grace=3, policy=recording)
+    return sim, {j.id: j for j in jobs}, seen
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_in_a_simulation_preemptions_never_cycle_and_every_job_finishes(seed: int) -> None:
+    sim, jobs, seen = _simulate(seed)
+    result = sim.run(list(jobs.values()))
+    assert result.unfinished() == []
+    for p in seen:
+        if p.within_tenant:
+            assert jobs[p.job].priority < jobs[p.for_job].priority  # strictly down: no cycle is possible
+            assert jobs[p.job].tenant == jobs[p.for_job].tenant
+
+
+def test_urgent_work_waits_no_longer_than_the_grace_period_plus_one_cycle() -> None:
+    # Tenant a fills its quota (4 slices) with long low-priority jobs; an urgent job arrives.
+    grace = 3
+    tenants = [TenantView(TenantName("a"), {"v4": 32}), TenantView(TenantName("b"), {"v4": 32})]
+    low = [SimJob(f"low{i}", "a", "v4-16", arrival=0, duration=500) for i in range(4)]
+    other = [SimJob(f"b{i}", "b", "v4-16", arrival=0, duration=500) for i in range(4)]
+    urgent = SimJob("urgent", "a", "v4-16", num_slices=2, priority=9, arrival=10, duration=5)
+    sim = Simulation(tenants, make_fleet("v4-16:8"), grace=grace)
+    result = sim.run([*low, *other, urgent])
+    rec = result.record("urgent")
+    assert rec.first_admitted is not None
+    assert rec.first_admitted - urgent.arrival <= grace + 1
+    assert sum(result.record(f"low{i}").preemptions for i in range(4)) == 2  # the fewest: two one-slice jobs
+    assert all(result.record(f"b{i}").preemptions == 0 for i in range(4))
+    assert result.unfinished() == []
