@@ -196,6 +196,8 @@ def test_the_admin_sees_every_slice_as_hosts_and_chips_every_job_and_every_tenan
     assert (tenants["alpha"]["running"], tenants["alpha"]["queued"]) == (1, 2)
     assert (tenants["beta"]["running"], tenants["beta"]["queued"]) == (2, 1)
     assert "env" not in view["active"][0]
+    # each running job carries its goodput like every job view: unknown (None) until it reports steps
+    assert all(j["goodput"]["ratio"] is None and j["goodput"]["held_s"] >= 0 for j in view["active"])
 
 
 def test_a_tenant_sees_every_slice_but_only_its_own_jobs_and_usage(plane: ControlPlane) -> None:

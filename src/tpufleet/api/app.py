@@ -412,8 +412,14 @@ def fleet(me: Who, store: Db, request: Request) -> dict[str, Any]:
     """The fleet page's (and ``tpufleet top``'s) one read: every slice with its hosts and chips,
     the queue head with positions and wait reasons, the caller's running and recent jobs, and each
     tenant's chips held against quota. A tenant's token sees every slice but only its own jobs and
-    tenant (a slice another tenant holds says ``held_by_other``); see ``control/fleetview.py``."""
-    return fleet_view(store, me, duty=request.app.state.duty_cycles())
+    tenant (a slice another tenant holds says ``held_by_other``); see ``control/fleetview.py``.
+    Running and recent jobs carry their ``goodput``, as every job view does."""
+    from tpufleet.api.metrics_routes import jobs_with_goodput
+
+    view = fleet_view(store, me, duty=request.app.state.duty_cycles())
+    view["active"] = jobs_with_goodput(store, view["active"])
+    view["recent"] = jobs_with_goodput(store, view["recent"])
+    return view
 
 
 @router.post("/slices/{name}/drain", tags=["slices"], responses=_errs(403, 404, 422))
