@@ -198,6 +198,7 @@ def _price(value: Any, where: str, file: str | None = None) -> float | None:
     return float(value)
 
 
+@cache
 def _generation(name: str) -> str:
     return catalog.generation(name).name
 

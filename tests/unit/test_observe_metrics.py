@@ -285,3 +285,12 @@ def test_a_slice_of_a_spot_group_is_priced_spot(fleet: Fleet) -> None:
     assert m[("tpufleet_cost_dollars_total", spot)] == pytest.approx(800 / 3600 * 0.9215)
     (job,) = fleet.get("/api/v1/cost")["jobs"]
     assert job["dollars"] == pytest.approx(800 / 3600 * (0.9215 + 3.22))
+
+
+def test_a_cost_report_is_fresh_after_any_change(fleet: Fleet) -> None:
+    fleet.store.create_tenant("team-a", {"v4": 16})
+    run_with_steps(fleet, fleet.submit("team-a"))
+    first = fleet.get("/api/v1/cost")["tenants"][0]["jobs"]
+    assert fleet.get("/api/v1/cost")["tenants"][0]["jobs"] == first  # the same answer, from memory
+    run_with_steps(fleet, fleet.submit("team-a"))  # within the cache's seconds, but things changed
+    assert fleet.get("/api/v1/cost")["tenants"][0]["jobs"] == first + 1

@@ -25,7 +25,9 @@ from tpufleet.errors import ForbiddenError, SpecError
 from tpufleet.observe import cost, goodput
 from tpufleet.observe.registry import metrics_registry
 
-__all__ = ["install", "job_with_goodput", "jobs_with_goodput"]
+__all__ = ["COST_CACHE_S", "install", "job_with_goodput", "jobs_with_goodput"]
+
+COST_CACHE_S = 15.0  # a cost report is reused while nothing changed, for at most this long
 
 
 def install(
@@ -43,6 +45,7 @@ def install(
     app.state.metrics = registry if registry is not None else metrics_registry(store, prices=prices)
     app.state.prices = prices or pricing.shipped()
     usage = Usage(store)
+    reports: dict[tuple[object, ...], dict[str, Any]] = {}
 
     @app.get(
         "/metrics",
@@ -78,11 +81,21 @@ def install(
             raise ForbiddenError(f"your token is for tenant {scope!r}; it cannot read {tenant[:63]!r}'s cost")
         if tenant is not None and not TENANT_NAME.fullmatch(tenant):
             raise SpecError(f"{tenant[:70]!r} is not a tenant name", field="tenant")
+        window = cost.parse_duration(since) if since is not None else None
         now = store.clock()
-        start = now - cost.parse_duration(since) if since is not None else None
+        # The same question with no change since (no new event) within COST_CACHE_S is answered
+        # from memory: the fleet page asks every few seconds, and the report reads every attempt.
+        key = (scope or tenant, window, usage.last_event(), int(now // COST_CACHE_S))
+        cached = reports.get(key)
+        if cached is not None:
+            return cached
+        start = now - window if window is not None else None
         rows = usage.attempts(tenant=scope or tenant, since=start)
         got = cost.report(rows, request.app.state.prices, usage.slice_pricing(), now=now, since=start)
-        return got.to_dict()
+        reports[key] = answer = got.to_dict()
+        while len(reports) > 16:
+            reports.pop(next(iter(reports)))
+        return answer
 
     app.include_router(router, prefix="/api/v1")
 

@@ -17,7 +17,7 @@ from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import aliased
 
 from tpufleet.control import records as r
-from tpufleet.control.schema import AttemptRow, JobRow, SliceGroupRow, SliceRow, TenantRow
+from tpufleet.control.schema import AttemptRow, EventRow, JobRow, SliceGroupRow, SliceRow, TenantRow
 from tpufleet.control.store import Store
 
 __all__ = ["Usage", "UsageAttempt"]
@@ -158,6 +158,11 @@ class Usage:
         with self.store.tx() as s:
             ids = list(s.scalars(select(JobRow.id).where(JobRow.state.in_(r.ACTIVE))))
         return self.attempts(job_ids=ids) if ids else []
+
+    def last_event(self) -> int:
+        """The newest event id: every change to a job or slice writes one (a cache key)."""
+        with self.store.tx() as s:
+            return int(s.scalar(select(func.max(EventRow.id))) or 0)
 
     def job_counts(self) -> list[tuple[str, str, int]]:
         """(tenant, state, jobs), grouped in SQL."""
