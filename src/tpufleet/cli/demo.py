@@ -149,8 +149,24 @@ def demo_cmd(
         typer.Option(help="Where the fleet, database and checkpoints live (default: a temp dir)."),
     ] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 900.0,
+    autoscale: Annotated[
+        bool,
+        typer.Option(
+            "--autoscale",
+            help="Instead: slices that come and go. No slice at first; one job makes the autoscaler ask "
+            "the emulator provider for a spot slice, a spot notice half-way moves it to a replacement "
+            "(no retry used), and the idle slice is deleted afterwards (docs/provisioning.md).",
+        ),
+    ] = False,
 ) -> None:
     """The main job: an emulated TPU fleet, the control plane, two tenants and three training jobs."""
+    if autoscale:
+        from tpufleet.cli import demo_autoscale
+
+        script = _train_script()
+        if not demo_autoscale.run(script, _package(script), steps, state_dir, timeout):
+            raise typer.Exit(1)
+        return
     from tpufleet.api.client import Client
     from tpufleet.api.server import ControlPlane
     from tpufleet.control.executor import RayExecutor
