@@ -31,7 +31,9 @@ from tpufleet.control.cluster import ClusterClient
 from tpufleet.control.records import DEFAULT_LIMITS, Limits
 from tpufleet.control.service import Decide, Service, ServiceConfig
 from tpufleet.control.store import Clock, Store, new_job_id
+from tpufleet.control.usage import Usage
 from tpufleet.errors import ClusterError
+from tpufleet.observe import device
 from tpufleet.observe.metrics import cycle_histogram
 from tpufleet.observe.registry import metrics_registry
 
@@ -108,6 +110,7 @@ class ControlPlane:
         self.prices = prices or pricing.shipped()  # cost: the shipped table, or serve --pricing FILE's
         self.metrics = metrics_registry(self.store, prices=self.prices)  # GET /metrics; register more here
         self.service.cycle_observers.append(cycle_histogram(self.metrics))
+        self.devices = device.register(self.metrics, cluster.inventory, self._holders)  # TPU device metrics
         self.admin_token_path = self.state_dir / ADMIN_TOKEN_FILE
         self._admin_token, self.admin_token_created = ensure_admin_token(self.store, self.admin_token_path)
         self.app = create_app(
@@ -135,9 +138,13 @@ class ControlPlane:
         """The scheduling loop's health (``Service.stats``): /healthz and GET /api/v1/status."""
         return self.service.stats()
 
+    def _holders(self) -> dict[str, device.Holder]:
+        return device.holders_of(Usage(self.store).open_attempts())
+
     def start(self) -> ControlPlane:
-        """Start the scheduling loop (a daemon thread)."""
+        """Start the scheduling loop (a daemon thread) and the TPU device sampler."""
         self.service.start()
+        self.devices.start()
         return self
 
     def serve(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> None:
@@ -180,6 +187,7 @@ class ControlPlane:
             self._http.should_exit = True
             self._http_thread.join(timeout=30)
             self._http = self._http_thread = None
+        self.devices.stop()
         self.service.close(timeout_s=loop_timeout_s)
         self.store.close()
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from tpufleet import catalog
 from tpufleet.control.schema import AttemptRow, JobRow, SliceGroupRow, SliceRow, TenantRow
@@ -220,6 +220,17 @@ class SliceGroups:
             query = query.where(SliceGroupRow.deleted_at.is_(None))
         with self.store.tx() as s:
             return [_record(r) for r in s.scalars(query)]
+
+    def deleted_since(self, since: float) -> list[GroupRecord]:
+        """Groups deleted at or after ``since`` (their slice names may still be listed by Ray)."""
+        query = select(SliceGroupRow).where(SliceGroupRow.deleted_at >= since)
+        with self.store.tx() as s:
+            return [_record(r) for r in s.scalars(query)]
+
+    def count(self, pool: str) -> int:
+        """Groups ever made for ``pool`` (deleted ones too): the autoscaler numbers its groups on."""
+        with self.store.tx() as s:
+            return int(s.scalar(select(func.count()).where(SliceGroupRow.pool == pool)) or 0)
 
     def request_delete(self, name: str, *, force: bool = False) -> GroupRecord:
         """Mark the group for deletion: the loop drains it (waits for the holder, or with ``force``

@@ -130,11 +130,7 @@ class Provisioner:
         """A deleted group's slice that Ray still lists (its hosts not yet gone from the node table)
         must never take a job: it is drained in the table once and closed to the policy."""
         live = {n for r in records for n in r.slice_names}
-        recent = [
-            r
-            for r in self.groups.all(include_deleted=True)
-            if r.deleted_at and now - r.deleted_at < RETIRED_S
-        ]
+        recent = self.groups.deleted_since(now - RETIRED_S)
         self._retired = {n for r in recent for n in r.slice_names} - live
         if not self._retired:
             return
@@ -310,7 +306,7 @@ class Provisioner:
         ]
 
     def _create(self, action: Create) -> str | None:
-        serial = 1 + sum(1 for r in self.groups.all(include_deleted=True) if r.pool == action.pool)
+        serial = 1 + self.groups.count(action.pool)
         name = f"{action.pool}-{serial}"
         while True:
             try:
