@@ -297,7 +297,7 @@
         tenantCell(j.tenant),
         td(shape(j)),
         td(j.priority),
-        td(since(j.submitted_at)),
+        td(since(j.submitted_at), "nowrap"),
         el("td", { cls: "reason", title: j.reason || "" }, [
           el("span", { cls: "code", text: j.reason_code || "waiting for the next cycle" }),
           j.reason ? el("span", { cls: "muted", text: " " + j.reason }) : null,
@@ -311,7 +311,7 @@
         el("td", {}, [el("span", { cls: "badge", data: { state: j.state }, text: j.state })]),
         td(j.slices.join(", ")),
         td(j.attempt + (j.borrowing ? " (borrowing)" : "") + (j.preempting ? " (preempting)" : "")),
-        td(since(j.started_at || j.admitted_at)),
+        td(since(j.started_at || j.admitted_at), "nowrap"),
         td(goodput(j)),
       ])
     );
@@ -321,7 +321,7 @@
         tenantCell(j.tenant),
         el("td", {}, [el("span", { cls: "badge", data: { state: j.state }, text: j.state })]),
         td(j.attempt),
-        td(since(j.finished_at) + " ago"),
+        td(since(j.finished_at) + " ago", "nowrap"),
         td(j.reason || (j.exit_code !== null ? "exit " + j.exit_code : "")),
       ])
     );
