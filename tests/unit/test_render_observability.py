@@ -168,3 +168,40 @@ def test_dashboard_device_panels_name_metrics_the_device_collector_exports() -> 
     device = {_base(f.name) for f in DeviceCollector(DeviceSampler(list)).describe()}
     assert {n for n in used if n.startswith(("tpufleet_tpu_", "tpufleet_host_"))} <= device
     assert "tpufleet_tpu_duty_cycle_percent" in used
+
+
+def exported_names(tmp_path: Path) -> set[str]:
+    """Every family a control plane's registry serves, collected from its real collectors: the
+    store's fleet metrics, the cycle histogram and the TPU device collector (as ``ControlPlane``)."""
+    from tpufleet.control.store import Store
+    from tpufleet.observe import device
+    from tpufleet.observe.metrics import cycle_histogram
+    from tpufleet.observe.registry import metrics_registry
+
+    store = Store.open(f"sqlite:///{tmp_path / 'metrics.db'}")
+    try:
+        registry = metrics_registry(store)
+        cycle_histogram(registry)
+        device.register(registry, list, dict)
+        return {_base(family.name) for family in registry.collect()}
+    finally:
+        store.close()
+
+
+def test_dashboard_and_alerts_name_only_metrics_the_control_plane_exports(tmp_path: Path) -> None:
+    spec = read_spec(EXAMPLE)
+    exported = exported_names(tmp_path)
+    dash = render_dashboard(spec)
+    in_dashboard = {
+        n
+        for p in dash["panels"]
+        for t in p.get("targets", [])
+        for n in re.findall(r"tpufleet_\w+", t["expr"])
+    }
+    rules = plain_rules(render_fleet_rules(spec))
+    in_rules = {
+        n for g in rules["groups"] for r in g["rules"] for n in re.findall(r"tpufleet_\w+", r["expr"])
+    }
+    assert {_base(n) for n in in_dashboard | in_rules} <= exported
+    assert {"tpufleet_jobs", "tpufleet_job_goodput_ratio", "tpufleet_tpu_hbm_used_bytes"} <= exported
+    assert len(in_dashboard) >= 15  # the dashboard covers the fleet, the TPUs and the tenants
