@@ -172,3 +172,16 @@ def test_provider_flags_are_checked_in_one_line(tmp_path: Path) -> None:
             timeout=60,
         )
         assert out.returncode == 2 and says in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_defaults_come_from_what_serve_remembered(
+    served: tuple[str, str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _, tmp = served
+    monkeypatch.delenv("TPUFLEET_SERVER", raising=False)
+    monkeypatch.delenv("TPUFLEET_TOKEN", raising=False)
+    monkeypatch.setenv("TPUFLEET_CONFIG", str(tmp / "config.yaml"))  # the context serve wrote
+    monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp / "nowhere"))
+    sm = SliceManager()
+    assert sm.client.server == url
+    assert isinstance(sm.list_slices(), list)  # the admin token serve remembered

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from tpufleet.api.client import API, DEFAULT_SERVER, Client, _seg
 from tpufleet.control.groups import slice_config
@@ -33,12 +34,38 @@ __all__ = ["SliceManager"]
 _SETTLED = ("ACTIVE", "FAILED", "SUSPENDED")
 
 
-def _default_token() -> str | None:
-    state = Path(os.environ.get("TPUFLEET_STATE_DIR") or Path.home() / ".tpufleet")
+def _remembered() -> dict[str, str]:
+    """What the CLI context file holds (``tpufleet serve`` writes its URL and admin token path
+    there; the format is ``cli/context.py``'s, read here because the API layer cannot import the CLI)."""
+    env = os.environ.get("TPUFLEET_CONFIG")
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path("~/.config").expanduser())
+    path = Path(env).expanduser() if env else base / "tpufleet" / "config.yaml"
     try:
-        return (state / "admin-token").read_text().strip() or None
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return {str(k): str(v) for k, v in data.items() if v is not None} if isinstance(data, dict) else {}
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
     except OSError:
         return None
+
+
+def _defaults(server: str | None, token: str | None) -> tuple[str, str | None]:
+    """As the CLI finds them: the argument, else ``$TPUFLEET_SERVER``/``$TPUFLEET_TOKEN``, else what
+    ``tpufleet serve`` remembered (its URL, and its admin token for that same URL), else
+    http://127.0.0.1:8600 and the admin token in ``$TPUFLEET_STATE_DIR`` or ``~/.tpufleet``."""
+    ctx = _remembered()
+    server = server or os.environ.get("TPUFLEET_SERVER") or ctx.get("server") or DEFAULT_SERVER
+    token = token or os.environ.get("TPUFLEET_TOKEN")
+    if not token and ctx.get("admin_token_path") and server == ctx.get("server"):
+        token = _read(Path(ctx["admin_token_path"]))
+    if not token:
+        token = _read(Path(os.environ.get("TPUFLEET_STATE_DIR") or Path.home() / ".tpufleet") / "admin-token")
+    return server, token
 
 
 class SliceManager:
@@ -52,12 +79,9 @@ class SliceManager:
         client: Client | None = None,
     ) -> None:
         """``client``: an existing :class:`Client` to talk through (the CLI's); else one for
-        ``server`` (default ``$TPUFLEET_SERVER``, else http://127.0.0.1:8600) and ``token``
-        (default ``$TPUFLEET_TOKEN``, else the local admin token ``$TPUFLEET_STATE_DIR`` or
-        ``~/.tpufleet`` holds)."""
+        ``server`` and ``token``, found as the CLI finds them (:func:`_defaults`)."""
         if client is None:
-            server = server or os.environ.get("TPUFLEET_SERVER") or DEFAULT_SERVER
-            token = token or os.environ.get("TPUFLEET_TOKEN") or _default_token()
+            server, token = _defaults(server, token)
             client = Client(server, token, http=http, timeout_s=timeout_s)
         self.client = client
 
