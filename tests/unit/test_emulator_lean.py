@@ -171,3 +171,37 @@ def test_memory_reads_pss_and_rss_of_live_processes_only() -> None:
         child.kill()
         child.wait()
     assert procs.memory([child.pid]) == []
+
+
+def test_hosts_start_in_waves_each_once_the_last_has_joined(tmp_path: Path) -> None:
+    from tpufleet.emulator import EmulatedFleet
+    from tpufleet.emulator.state import FleetState
+
+    fleet = EmulatedFleet("v4-64:2,v6e-4", state_dir=tmp_path, wave_size=8)  # 8 + 8 + 1 hosts
+    st = FleetState("f", "10.1.2.3", 1, 2, "/tmp/t", 1, 1, True, lean=True)
+    for stype, count in fleet._spec:
+        for i in range(count):
+            fleet._new_slice(st, stype, f"tpu-{stype.accelerator_type}-{i}")
+    events: list[tuple[str, Any]] = []
+
+    def launch(st: FleetState, rec: Any, worker: int) -> Any:
+        events.append(("launch", (rec.name, worker)))
+        return (f"proc {rec.name}/{worker}", tmp_path / "log")
+
+    def wait(st: FleetState, launchers: Any, keys: list[Any]) -> None:
+        events.append(("await", (len(launchers), sorted(keys))))
+
+    fleet._launch_host = launch  # type: ignore[method-assign]
+    fleet._await = wait  # type: ignore[method-assign]
+    head: Any = ("head proc", tmp_path / "head.log")
+    fleet._start_in_waves(st, head)
+
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["launch"] * 8 + ["await"] + ["launch"] * 8 + ["await"] + ["launch", "await"]
+    awaited = [what for kind, what in events if kind == "await"]
+    assert [n for n, _ in awaited] == [9, 8, 1]  # the head's launcher is checked with the first wave
+    assert awaited[0][1] == sorted(("tpu-v4-64-0", w) for w in range(8))
+    assert awaited[2][1] == [("tpu-v6e-4-0", 0)]
+    assert sorted(what for kind, what in events if kind == "launch") == sorted(
+        (rec.name, h.worker_id) for rec in st.slices for h in rec.hosts
+    )
