@@ -77,6 +77,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tpufleet.catalog import slice_type
+from tpufleet.scheduler.autoscale import Create, Delete, Managed, Phase, PoolView, ScaleSnapshot, plan
 from tpufleet.scheduler.model import (
     Admit,
     JobId,
@@ -97,7 +98,7 @@ SIZE_MIX = ((1, 0.70), (2, 0.10), (4, 0.15), (8, 0.05))  # Gavel's Philly scale 
 UNIT_SHAPES = {1: ("v4-16", 1), 2: ("v4-32", 1), 4: ("v4-64", 1), 8: ("v4-64", 2)}
 TYPES = ("v4-16", "v4-32", "v4-64")
 GEN = "v4"
-POLICIES = ("fifo", "static_quota", "tpufleet")
+POLICIES = ("fifo", "static_quota", "tpufleet", "tpufleet_autoscaled")
 DAY = 86400.0
 
 
@@ -117,6 +118,8 @@ class Config:
     restart_min: float = 2.0
     cycle_s: float = 60.0
     grace_s: float = 30.0
+    provision_min: float = 5.0
+    idle_timeout_min: float = 10.0
 
 
 @dataclass(slots=True)
@@ -248,7 +251,7 @@ def build_trace(cfg: Config, jobs: list[Job] | None = None) -> Trace:
 
 NEW, QUEUED, RUNNING, STOPPING, DONE = range(5)
 # Event kinds, in the order they apply at one instant: releases and finishes free slices first.
-EV_RELEASE, EV_FINISH, EV_RECOVER, EV_FAULT, EV_ARRIVE = range(5)
+EV_RELEASE, EV_FINISH, EV_RECOVER, EV_READY, EV_WAKE, EV_FAULT, EV_ARRIVE = range(7)
 
 
 @dataclass(slots=True)
@@ -285,11 +288,14 @@ class Engine:
     every process whatever ``PYTHONHASHSEED`` is.
     """
 
-    def __init__(self, trace: Trace, cfg: Config) -> None:
+    def __init__(self, trace: Trace, cfg: Config, *, autoscaled: bool = False) -> None:
         self.trace, self.cfg = trace, cfg
+        # Autoscaled: every slice of the fleet is a slot that starts away (not made, not paid) and
+        # is made and deleted by the scheduler; a spot preemption takes it away until made again.
+        self.autoscaled = autoscaled
         self.runs = [Run(j, remaining=j.duration) for j in trace.jobs]
         self.slices = [
-            Slice(i, n, acc, slice_type(acc).chips, trace.owner[n])
+            Slice(i, n, acc, slice_type(acc).chips, trace.owner[n], present=not autoscaled)
             for i, (n, acc, _) in enumerate(trace.slices)
         ]
         self.by_name = {s.name: s.idx for s in self.slices}
@@ -298,7 +304,10 @@ class Engine:
             (t, acc): set() for t in trace.tenants for acc in TYPES
         }
         for s in self.slices:
-            self._set_free(s, True)
+            if s.present:
+                self._set_free(s, True)
+        self.making = 0  # slices being made (autoscaled)
+        self.on_gone: Callable[[int], None] = lambda idx: None  # an autoscaled slice was taken away
         self.events: list[tuple[float, int, int, int, object]] = []
         self._n = 0
         for run in self.runs:
@@ -372,6 +381,23 @@ class Engine:
         s.present, s.since = present, t
 
     # -- what schedulers call --------------------------------------------------------------------
+
+    def make(self, idx: int, after_s: float) -> None:
+        """Start making the (away) slice ``idx``: it is present and free ``after_s`` from now."""
+        assert self.autoscaled and not self.slices[idx].present
+        self.making += 1
+        self._push(self.now + after_s, EV_READY, idx)
+
+    def remove(self, idx: int) -> None:
+        """Delete the free autoscaled slice ``idx`` now (no longer paid)."""
+        s = self.slices[idx]
+        assert self.autoscaled and s.present and s.holder is None, s
+        self._set_free(s, False)
+        self._present(s, False, self.now)
+        self.on_slice(idx)
+
+    def wake(self, t: float) -> None:
+        self._push(t, EV_WAKE, 0)
 
     def admit(self, idx: int, slices: tuple[int, ...]) -> None:
         run = self.runs[idx]
@@ -472,6 +498,12 @@ class Engine:
                 self.failures += 1
                 self._end_attempt(run, t, QUEUED)
             self._set_free(s, False)
+            if payload.kind == "spot" and self.autoscaled:
+                self._present(s, False, t)  # gone for good: the autoscaler makes another on demand
+                self.on_slice(key)
+                self.on_gone(key)
+                self.changed = True
+                return
             if payload.kind == "host":
                 s.up = False
             else:
@@ -479,6 +511,14 @@ class Engine:
             self.down += 1
             self.on_slice(key)
             self._push(t + payload.down_s, EV_RECOVER, key)
+        elif kind == EV_READY:  # a slice the autoscaler asked for is made
+            s = self.slices[key]
+            self.making -= 1
+            self._present(s, True, t)
+            self._set_free(s, True)
+            self.on_slice(key)
+        elif kind == EV_WAKE:
+            pass  # a timer of the scheduler's (an idle timeout): just run a cycle
         else:  # EV_RECOVER
             s = self.slices[key]
             if not s.present:
@@ -502,11 +542,11 @@ class Engine:
                 t, kind, _, key, payload = heapq.heappop(self.events)
                 self._apply(t, kind, key, payload)
             self._advance(tick)
-            if self.changed and self.queued:
+            if self.changed and (self.queued or self.autoscaled):
                 self.cycles += 1
                 schedule(self)
                 self.fresh.clear()
-            if self.active == 0 and self.arrived == total and self.down == 0 and self.queued:
+            if self.active == 0 and self.arrived == total and self.down == self.making == 0 and self.queued:
                 break  # everything is up and idle, and what is queued can never be placed
         end = max(self.now, self.trace.horizon)
         for s in self.slices:
@@ -599,12 +639,17 @@ class Tpufleet:
             self.jobs.pop(idx, None)
         # RUNNING and STOPPING views are written by ``__call__``, which knows borrowing and admit_seq.
 
-    def __call__(self, eng: Engine) -> None:
-        snapshot = Snapshot(
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
             self.tenants,
             tuple(v for v in self.slice_views if v is not None),
             list(self.jobs.values()),
         )
+
+    def __call__(self, eng: Engine) -> None:
+        if not eng.queued:
+            return
+        snapshot = self.snapshot()
         started = time.perf_counter()
         decisions = decide(snapshot)
         self.seconds += time.perf_counter() - started
@@ -630,6 +675,95 @@ class Tpufleet:
                 self.jobs[idx] = replace(self.jobs[idx], head_of_line=d.head_of_line)
 
 
+class TpufleetAutoscaled(Tpufleet):
+    """``decide``, then ``tpufleet.scheduler.autoscale.plan`` each cycle, on a fleet that starts empty.
+
+    One pool per slice type, on demand, ``min_slices`` 0 and ``max_slices`` the fixed fleet's count
+    of the type (so it can reach the peak fleet, never more). A created slice is ready
+    ``--provision-min`` later; a free one idle for ``--idle-timeout-min`` is deleted when the plan
+    says so. A spot preemption of a made slice takes it away (``GONE``: deleted, made again on
+    demand).
+    """
+
+    def __init__(self, eng: Engine) -> None:
+        self.making: dict[int, tuple[float, str | None]] = {}  # slice -> (asked at, for job)
+        self.ready_at: dict[int, float] = {}
+        self.idle_since: dict[int, float] = {}
+        self.for_job: dict[int, str | None] = {}
+        self.provision_s = eng.cfg.provision_min * 60
+        self.idle_timeout_s = eng.cfg.idle_timeout_min * 60
+        super().__init__(eng)
+        self.pools = tuple(
+            PoolView(f"pool-{t}", t, 0, sum(s.acc == t for s in eng.slices), False) for t in TYPES
+        )
+        eng.on_gone = self._gone
+
+    def _slice(self, idx: int) -> None:
+        super()._slice(idx)
+        s = self.eng.slices[idx]
+        if s.present and idx in self.making:
+            del self.making[idx]
+            self.ready_at[idx] = self.eng.now
+        if s.present and s.holder is None and s.up:
+            if idx not in self.idle_since:
+                self.idle_since[idx] = self.eng.now
+                self.eng.wake(self.eng.now + self.idle_timeout_s)
+        else:
+            self.idle_since.pop(idx, None)
+        if not s.present and idx not in self.making:
+            self.ready_at.pop(idx, None)
+
+    def _gone(self, idx: int) -> None:
+        self.ready_at.pop(idx, None)
+        self.for_job.pop(idx, None)
+
+    def __call__(self, eng: Engine) -> None:
+        super().__call__(eng)
+        now = eng.now
+        managed = [
+            Managed(s.name, f"pool-{s.acc}", Phase.PENDING, None, False, now - asked, None, _jid(job))
+            for idx, (asked, job) in sorted(self.making.items())
+            for s in (eng.slices[idx],)
+        ] + [
+            Managed(
+                s.name,
+                f"pool-{s.acc}",
+                Phase.READY,
+                SliceName(s.name),
+                False,
+                now - ready,
+                now - self.idle_since[idx] if idx in self.idle_since else None,
+                _jid(self.for_job.get(idx)),
+            )
+            for idx, ready in sorted(self.ready_at.items())
+            for s in (eng.slices[idx],)
+        ]
+        started = time.perf_counter()
+        scale = ScaleSnapshot(self.snapshot(), self.pools, managed, idle_timeout_s=self.idle_timeout_s)
+        actions = plan(scale).actions
+        self.seconds += time.perf_counter() - started
+        away = {
+            t: [s.idx for s in eng.slices if s.acc == t and not s.present and s.idx not in self.making]
+            for t in {a.accelerator_type for a in actions if isinstance(a, Create)}
+        }
+        for a in actions:
+            if isinstance(a, Create):
+                idx = away[a.accelerator_type].pop(0)
+                self.making[idx] = (now, a.for_job)
+                self.for_job[idx] = a.for_job
+                eng.make(idx, self.provision_s)
+            elif isinstance(a, Delete):
+                idx = eng.by_name[a.group]
+                if idx in self.making or not eng.slices[idx].present:
+                    continue  # pending, failed or already gone: nothing is paid for it
+                eng.remove(idx)
+                self.for_job.pop(idx, None)
+
+
+def _jid(job: str | None) -> JobId | None:
+    return None if job is None else JobId(job)
+
+
 # -- one replay and its report -------------------------------------------------------------------
 
 
@@ -653,6 +787,9 @@ def replay(trace: Trace, cfg: Config, policy: str) -> dict[str, object]:
         schedule = StaticQuota()
     elif policy == "tpufleet":
         schedule = tpf = Tpufleet(eng)
+    elif policy == "tpufleet_autoscaled":
+        eng = Engine(trace, cfg, autoscaled=True)
+        schedule = tpf = TpufleetAutoscaled(eng)
     else:
         raise ValueError(f"unknown policy {policy!r}")
     eng.run(schedule)
@@ -722,7 +859,6 @@ def compare(
             "cycle_s": cfg.cycle_s,
         },
         "policies": {p: replay(trace, cfg, p) for p in policies},
-        "not_simulated": {"tpufleet_autoscaled": "the autoscaler is not replayed yet (docs/benchmarks.md)"},
     }
 
 
@@ -734,14 +870,14 @@ def _table(result: dict[str, object]) -> str:
         f"({trace['chips']} chips; slices {trace['slices']}), {trace['tenants']} tenants, "
         f"faults {trace['faults']}, seed {trace['seed']}, one cycle per {trace['cycle_s']:g} s",
         "",
-        f"{'policy':<14}{'util':>7}{'offered':>9}{'u/off':>7}{'p50 wait':>10}{'p99 wait':>10}"
+        f"{'policy':<20}{'util':>7}{'offered':>9}{'u/off':>7}{'p50 wait':>10}{'p99 wait':>10}"
         f"{'jain':>7}{'min met':>9}{'goodput':>9}{'paid ch':>10}{'used ch':>10}{'unfin':>7}{'wall s':>8}",
     ]
     policies = result["policies"]
     assert isinstance(policies, dict)
     for name, m in policies.items():
         lines.append(
-            f"{name:<14}{m['utilization']:>7.3f}{m['offered_load']:>9.3f}{m['utilization_of_offered']:>7.3f}"
+            f"{name:<20}{m['utilization']:>7.3f}{m['offered_load']:>9.3f}{m['utilization_of_offered']:>7.3f}"
             f"{_hours(m['wait_p50_s']):>10}{_hours(m['wait_p99_s']):>10}{m['jain_fairness']:>7.3f}"
             f"{m['min_entitlement_met']:>9.3f}{m['goodput']:>9.3f}{m['chip_hours_paid']:>10.0f}"
             f"{m['chip_hours_used']:>10.0f}{m['unfinished']:>7}{m['sim_seconds']:>8.1f}"
@@ -749,14 +885,14 @@ def _table(result: dict[str, object]) -> str:
     lines += ["", "p50 / p99 wait by job size (units):"]
     for name, m in policies.items():
         parts = [f"{u}: {_hours(w['p50_s'])} / {_hours(w['p99_s'])}" for u, w in m["wait_by_units"].items()]
-        lines.append(f"  {name:<14}" + "   ".join(parts))
+        lines.append(f"  {name:<20}" + "   ".join(parts))
     lines += ["", "share of the fleet / entitlement (entitlement met while it had demand):"]
     for name, m in policies.items():
         parts = [
             f"{t}: {v['share']:.3f}/{v['entitlement']:.3f} ({v['entitlement_met']:.3f})"
             for t, v in m["tenants"].items()
         ]
-        lines.append(f"  {name:<14}" + "   ".join(parts))
+        lines.append(f"  {name:<20}" + "   ".join(parts))
     return "\n".join(lines)
 
 
@@ -780,6 +916,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart-min", type=float, default=2.0)
     parser.add_argument("--cycle-s", type=float, default=60.0, help="one scheduling cycle per this window")
     parser.add_argument("--grace-s", type=float, default=30.0, help="a preempted job's time to stop")
+    parser.add_argument("--provision-min", type=float, default=5.0, help="autoscaled: time to make a slice")
+    parser.add_argument("--idle-timeout-min", type=float, default=10.0, help="autoscaled: idle before delete")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
@@ -812,6 +950,8 @@ def main(argv: list[str] | None = None) -> int:
         restart_min=args.restart_min,
         cycle_s=args.cycle_s,
         grace_s=args.grace_s,
+        provision_min=args.provision_min,
+        idle_timeout_min=args.idle_timeout_min,
     )
     result = compare(cfg, policies)
     print(json.dumps(result, indent=1) if args.json else _table(result))

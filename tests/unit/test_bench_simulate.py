@@ -57,7 +57,7 @@ def test_trace_follows_the_gavel_mix() -> None:
 def test_every_policy_keeps_the_books(seed: int) -> None:
     cfg = sim.Config(hosts=120, jobs=300, seed=seed, host_failures=0.02, spot_preemptions=1.0)
     result = sim.compare(cfg)
-    assert set(result["policies"]) == {"fifo", "static_quota", "tpufleet"}
+    assert set(result["policies"]) == {"fifo", "static_quota", "tpufleet", "tpufleet_autoscaled"}
     faults = result["trace"]["faults"]
     assert faults["host"] > 0 and faults["spot"] > 0
     for name, m in result["policies"].items():
@@ -71,10 +71,14 @@ def test_every_policy_keeps_the_books(seed: int) -> None:
         assert m["wait_p50_s"] <= m["wait_p99_s"], name
         started = sum(w["jobs"] for w in m["wait_by_units"].values())
         assert started >= m["finished"], name
-    # fifo and tpufleet can always place every job once the fleet is whole again.
-    assert result["policies"]["fifo"]["unfinished"] == 0
-    assert result["policies"]["tpufleet"]["unfinished"] == 0
-    assert result["policies"]["tpufleet"]["failures"] > 0
+    # fifo and tpufleet can always place every job once the fleet is whole again; the autoscaler
+    # can always make the slices of a job within its tenant's quota (a borrower waits for idle ones).
+    policies = result["policies"]
+    for name in ("fifo", "tpufleet", "tpufleet_autoscaled"):
+        assert policies[name]["unfinished"] == 0, name
+    assert policies["tpufleet"]["failures"] > 0
+    # The autoscaled fleet never exceeds the fixed one, and pays only while slices exist.
+    assert policies["tpufleet_autoscaled"]["chip_hours_paid"] < policies["tpufleet"]["chip_hours_paid"]
 
 
 def test_replay_is_deterministic() -> None:
@@ -148,7 +152,7 @@ def test_cli_json_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert sim.main(["--hosts", "60", "--jobs", "40", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    for name in ("fifo", "static_quota", "tpufleet"):
+    for name in ("fifo", "static_quota", "tpufleet", "tpufleet_autoscaled"):
         for key in (
             "utilization",
             "offered_load",
@@ -165,3 +169,19 @@ def test_cli_json_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(err) == 1 and "--hosts must be at least" in err[0]
     assert sim.main(["--policies", "fifo,lottery"]) == 2
     assert "unknown policy 'lottery'" in capsys.readouterr().err
+
+
+def test_autoscaler_makes_slices_on_demand_and_deletes_them_when_idle() -> None:
+    # One 1-unit job of 2 h at the start and one at 48 h: the fixed fleet pays for every slice for
+    # 48 h; the autoscaled one makes one v4-16 for each job and deletes it once idle.
+    cfg = _quiet(provision_min=5.0, idle_timeout_min=10.0)
+    trace = sim.build_trace(cfg, [_job(0, "t0", 1, 0.0, 2), _job(1, "t1", 1, 48.0, 2)])
+    result = sim.compare(cfg, ("tpufleet", "tpufleet_autoscaled"), trace)["policies"]
+    fixed, auto = result["tpufleet"], result["tpufleet_autoscaled"]
+    assert fixed["chip_hours_paid"] == pytest.approx(trace.capacity_chips * 48, rel=1e-6)
+    assert auto["unfinished"] == 0
+    assert auto["wait_by_units"]["1"]["p99_s"] >= 5 * 60  # it waited for its slice to be made
+    # Paid: one v4-16 (8 chips) from its request until idle_timeout after the job ended (about
+    # 5 min + 2 min restart + 2 h + 10 min, rounded up to cycles).
+    assert 8 * 2 <= auto["chip_hours_paid"] <= 8 * 3
+    assert auto["chip_hours_used"] <= auto["chip_hours_paid"]
