@@ -202,3 +202,21 @@ def test_a_private_group_runs_only_its_tenants_jobs(world: World) -> None:
     world.cycle()
     assert world.job(own).slices == ("mine-0",)
     assert world.job(other).state == "QUEUED"
+
+
+def test_utilization_over_rest_carries_measured_duty_cycles(world: World) -> None:
+    from fastapi.testclient import TestClient
+
+    from tpufleet.api.app import create_app
+
+    world.groups.create("train", "v4-8", 1)
+    world.until(lambda: world.groups.get("train").state == "ACTIVE")
+    app = create_app(world.store)
+    http = TestClient(app, headers={"Authorization": f"Bearer {world.store.issue_token()}"})
+    got = http.get("/api/v1/slice-groups/train/utilization", params={"window": "1m"}).json()
+    assert (got["utilization"], got["device_metrics"]) == (0.0, None)  # idle, nothing measured
+    app.state.duty_cycles = lambda: {("train-0", 0): {0: 50.0, 1: 70.0}, ("other-0", 0): {0: 1.0}}
+    got = http.get("/api/v1/slice-groups/train/utilization").json()
+    assert got["device_metrics"] == {"duty_cycle_percent": {"train-0": 60.0}}
+    assert http.get("/api/v1/slice-groups/nope/utilization").status_code == 404
+    assert http.get("/api/v1/slice-groups/train/utilization", params={"window": "x"}).status_code == 400

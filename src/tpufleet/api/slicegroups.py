@@ -95,8 +95,27 @@ def delete_group(name: str, store: Admin, request: Request, force: bool = False)
 def utilization(
     name: str,
     store: Admin,
+    request: Request,
     window: Annotated[str, Query(description="e.g. 90s, 10m, 2h, 1d, or seconds")] = "10m",
 ) -> dict[str, Any]:
     """Held fraction of the group's slices over the window and who held them, measured from the
-    attempts the store recorded."""
-    return SliceGroups(store).utilization(name, parse_window(window))
+    attempts the store recorded; ``device_metrics``: each slice's latest measured TPU duty cycle
+    (mean over its chips) where the device sampler measured it, else null."""
+    groups = SliceGroups(store)
+    used = groups.utilization(name, parse_window(window))
+    used["device_metrics"] = _duty(request, groups.get(name).slice_names)
+    return used
+
+
+def _duty(request: Request, names: list[str]) -> dict[str, Any] | None:
+    """``{"duty_cycle_percent": {slice: mean over its measured chips}}``; None when none is measured."""
+    readings: dict[tuple[str, int], dict[int, float]] = (
+        getattr(request.app.state, "duty_cycles", dict)() or {}
+    )
+    per: dict[str, list[float]] = {}
+    for (slice_name, _worker), chips in readings.items():
+        if slice_name in names:
+            per.setdefault(slice_name, []).extend(chips.values())
+    if not per:
+        return None
+    return {"duty_cycle_percent": {n: round(sum(v) / len(v), 2) for n, v in sorted(per.items()) if v}}
