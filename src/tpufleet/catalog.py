@@ -17,6 +17,12 @@ Sources, per generation (Google Cloud documentation):
 - tpu7x (Ironwood): https://cloud.google.com/tpu/docs/tpu7x (2 TensorCores, 192 GiB HBM3E,
   2,307 bf16 TFLOP/s per chip; 9,216-chip superpod; GKE: ``tpu7x`` on ``tpu7x-standard-1t/4t``).
 
+vCPUs per host (``Generation.host_vcpus``, by machine type), from the "VM types" / system
+architecture tables of the same pages and Compute Engine's TPU machine types
+(https://cloud.google.com/compute/docs/tpus/tpu-machines): v4 ``ct4p-hightpu-4t`` 240; v5e
+``ct5lp-hightpu-1t/4t/8t`` 24/112/224; v5p ``ct5p-hightpu-4t`` 208; v6e ``ct6e-standard-1t/4t/8t``
+44/180/180; tpu7x ``tpu7x-standard-4t`` 224 (``-1t`` not listed there: unknown here).
+
 GCE accelerator types count TensorCores for v4, v5p and tpu7x (``v4-16`` is 8 chips) and chips for
 v5e and v6e (``v6e-16`` is 16 chips). GKE and Ray call v5e ``v5litepod``; Ray calls tpu7x ``v7x``.
 """
@@ -90,6 +96,8 @@ class Generation:
     machine_types: dict[int, str] = field(hash=False, compare=False)  # chips per host -> machine type
     topologies: tuple[Topology, ...] = field(hash=False, compare=False)
     doc_url: str = field(default="", compare=False)
+    # vCPUs of one host (TPU VM), by chips per host; sources in the module docstring
+    host_vcpus: dict[int, int] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def size_counts_cores(self) -> bool:
@@ -134,6 +142,7 @@ GENERATIONS: tuple[Generation, ...] = (
         {4: "ct4p-hightpu-4t"},
         _SMALL_3D + _cubes((16, 16, 16), 4096),
         "https://cloud.google.com/tpu/docs/v4",
+        {4: 240},
     ),
     Generation(
         "v5e",
@@ -146,6 +155,7 @@ GENERATIONS: tuple[Generation, ...] = (
         {1: "ct5lp-hightpu-1t", 4: "ct5lp-hightpu-4t", 8: "ct5lp-hightpu-8t"},
         _FLAT,
         "https://cloud.google.com/tpu/docs/v5e",
+        {1: 24, 4: 112, 8: 224},
     ),
     Generation(
         "v5p",
@@ -158,6 +168,7 @@ GENERATIONS: tuple[Generation, ...] = (
         {4: "ct5p-hightpu-4t"},
         _SMALL_3D + _cubes((16, 20, 28), 8960),
         "https://cloud.google.com/tpu/docs/v5p",
+        {4: 208},
     ),
     Generation(
         "v6e",
@@ -170,6 +181,7 @@ GENERATIONS: tuple[Generation, ...] = (
         {1: "ct6e-standard-1t", 4: "ct6e-standard-4t", 8: "ct6e-standard-8t"},
         _FLAT,
         "https://cloud.google.com/tpu/docs/v6e",
+        {1: 44, 4: 180, 8: 180},
     ),
     Generation(
         "tpu7x",
@@ -182,6 +194,7 @@ GENERATIONS: tuple[Generation, ...] = (
         {1: "tpu7x-standard-1t", 4: "tpu7x-standard-4t"},
         (Topology.parse("1x1x1"), *_SMALL_3D, *_cubes((16, 24, 24), 9216)),
         "https://cloud.google.com/tpu/docs/tpu7x",
+        {4: 224},
     ),
 )
 
@@ -249,6 +262,12 @@ class SliceType:
     @property
     def machine_type(self) -> str:
         return self.generation.machine_types[self.chips_per_host]
+
+    @property
+    def vcpus_per_host(self) -> int | None:
+        """Logical CPUs of one host of this slice (its machine type's vCPUs), None where not
+        published (the emulator then uses its own default)."""
+        return self.generation.host_vcpus.get(self.chips_per_host)
 
     @property
     def gke_accelerator(self) -> str:

@@ -94,6 +94,37 @@ def attempt_envs(
     return out
 
 
+RAY_JOB_VARS = (
+    "TPUFLEET_JOB_KIND",
+    "TPUFLEET_SLICES",
+    "TPUFLEET_ACCELERATOR_TYPE",
+    "TPUFLEET_TOPOLOGY",
+    "TPUFLEET_HOSTS_PER_SLICE",
+    "TPUFLEET_RAY_ACCELERATOR_TYPE",
+)
+
+
+def ray_driver_env(
+    job_id: str, attempt: int, checkpoint_dir: str, slices: Sequence[tuple[str, SliceType]]
+) -> dict[str, str]:
+    """The variables of a Ray job's driver (docs/ray-jobs.md): the job's own (``job_env``) and the
+    slices the policy admitted, which ``tpufleet.runtime.scaling_config()`` turns into Ray Train's
+    ``ScalingConfig``. The driver runs on the Ray head, so no host contract (``TPU_*``) here: Ray
+    Train's workers get theirs from the hosts they land on."""
+    if not slices:
+        raise ValueError("a Ray job needs at least one admitted slice")
+    st = slices[0][1]
+    return {
+        **job_env(job_id, attempt, checkpoint_dir),
+        "TPUFLEET_JOB_KIND": "ray",
+        "TPUFLEET_SLICES": ",".join(name for name, _ in slices),
+        "TPUFLEET_ACCELERATOR_TYPE": st.accelerator_type,
+        "TPUFLEET_TOPOLOGY": str(st.topology),
+        "TPUFLEET_HOSTS_PER_SLICE": str(st.hosts),
+        "TPUFLEET_RAY_ACCELERATOR_TYPE": st.generation.ray_accelerator_type,
+    }
+
+
 def process_env(
     base: dict[str, str], user_env: dict[str, str], host: dict[str, str], attempt: dict[str, str]
 ) -> dict[str, str]:

@@ -14,7 +14,7 @@ import itertools
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -34,11 +34,13 @@ CODE = {
     "ok": "import os; print('hello', os.environ['TPU_NAME'], os.environ['TPU_WORKER_ID'], flush=True)",
     "fail": "import os, sys; print('hello', flush=True); sys.exit(3 * (os.environ['TPU_WORKER_ID'] == '1'))",
     "sleep": "import time; print('hello', flush=True); time.sleep(300)",
+    "driver": "import os; print('driver of', os.environ['TPUFLEET_SLICES'], flush=True)",
 }
 SCRIPTS = {
     "ok": Script(run_after=1, exit_after=2, output="hello {TPU_NAME} {TPU_WORKER_ID}\n"),
     "fail": Script(run_after=1, exit_after=2, exit_codes={(0, 1): 3}, output="hello\n"),
     "sleep": Script(run_after=1, exit_after=None, output="hello\n"),
+    "driver": Script(run_after=1, exit_after=2, output="driver of {TPUFLEET_SLICES}\n"),
 }
 
 
@@ -118,6 +120,22 @@ def test_a_job_that_exits_0_everywhere_succeeds_with_the_contract_and_its_output
     ]
     for worker in (0, 1):
         assert cluster.log(spec, worker).strip() == f"hello {cluster.slice_name} {worker}"
+    cluster.client.stop(spec.job_id, spec.attempt)
+    assert (spec.job_id, spec.attempt) not in cluster.client.running_attempts()
+
+
+def test_a_ray_job_runs_its_driver_once_and_its_output_is_host_0s_log(cluster: Cluster) -> None:
+    """kind=ray (docs/ray-jobs.md): one driver, shown as every host of its slice, which exits 0."""
+    spec = replace(cluster.spec("driver"), kind="ray")
+    cluster.client.launch(spec)
+    cluster.client.launch(spec)  # again: nothing more
+    status = cluster.until(spec, "the driver to exit", lambda st: st.succeeded)
+    assert [(h.slice, h.worker_id, h.exit_code) for h in status.hosts] == [
+        (cluster.slice_name, w, 0) for w in (0, 1)
+    ]
+    assert f"driver of {cluster.slice_name}" in cluster.log(spec, 0)
+    assert cluster.log(spec, 1) == ""
+    cluster.client.stop(spec.job_id, spec.attempt)
     cluster.client.stop(spec.job_id, spec.attempt)
     assert (spec.job_id, spec.attempt) not in cluster.client.running_attempts()
 

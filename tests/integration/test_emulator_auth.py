@@ -80,13 +80,20 @@ def _status(url: str, token: str | None, method: str = "GET", body: bytes | None
         return int(err.code)
 
 
-def test_job_submission_needs_the_token_and_the_head_runs_no_dashboard(fleet: EmulatedFleet) -> None:
+def test_job_submission_needs_the_token_on_the_heads_dashboard_and_agent(fleet: EmulatedFleet) -> None:
     st = store.load(fleet.state_dir)
     assert st is not None
-    with pytest.raises(OSError):  # no dashboard (and so no job API) on the head at all
-        socket.create_connection((st.address, st.dashboard_port), timeout=2).close()
-
     token = fleet.auth_token_path.read_text()
+    # The head's dashboard (Ray jobs go through its job API, docs/ray-jobs.md) listens on loopback
+    # only and refuses a submission without the cluster's token or with another one.
+    with pytest.raises(OSError):
+        socket.create_connection((st.address, st.dashboard_port), timeout=2).close()
+    jobs = f"http://127.0.0.1:{st.dashboard_port}/api/jobs/"
+    body = b'{"entrypoint": "cat /etc/hostname", "submission_id": "tenant-escape-head"}'
+    assert _status(jobs, None, "POST", body) == 401
+    assert _status(jobs, auth.new_token(), "POST", body) == 403
+    assert _status(jobs, token, "GET") == 200  # the token opens it, so the check is real
+
     urls = _agent_urls(fleet)
     assert len(urls) == 1  # the head's
     for base in urls:  # a dashboard agent serves Ray's job agent API

@@ -127,6 +127,11 @@ class JobSubmit(BaseModel):
         "or a URL under a prefix the operator allows (serve --allow-working-dir-url)",
     )
     tenant: str | None = Field(None, description="only with the admin token: the tenant to submit for")
+    kind: str = Field(
+        "spmd",
+        description="spmd (the command on every host) or ray (the command once, as a Ray driver through "
+        "Ray's job submission, on the slices admitted; only with serve --allow-ray-jobs)",
+    )
 
 
 class JobBatch(BaseModel):

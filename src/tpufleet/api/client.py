@@ -188,6 +188,7 @@ class Client:
         env: Mapping[str, str] | None = None,
         working_dir: str | None = None,
         tenant: str | None = None,
+        kind: str = "spmd",
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "command": list(command),
@@ -201,6 +202,8 @@ class Client:
         }
         if max_retries is not None:
             body["max_retries"] = max_retries
+        if kind != "spmd":  # older servers know no kind
+            body["kind"] = kind
         return dict(self.request("POST", f"{API}/jobs", json=body))
 
     def submit_batch(self, bodies: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -143,6 +143,14 @@ def serve_cmd(
             "repeatable; none by default (only uploaded packages).",
         ),
     ] = [],  # noqa: B006
+    allow_ray_jobs: Annotated[
+        bool,
+        typer.Option(
+            "--allow-ray-jobs",
+            help="Accept Ray jobs (submit --ray): a Ray driver holds the Ray cluster's power, so enable "
+            "them only for tenants you trust with it (docs/ray-jobs.md). Off by default.",
+        ),
+    ] = False,
     max_queued_per_tenant: Annotated[
         int, typer.Option("--max-queued-per-tenant", min=1, help="Queued jobs a tenant may have.")
     ] = DEFAULT_LIMITS.max_queued_per_tenant,
@@ -279,6 +287,7 @@ def serve_cmd(
         working_dir_url_prefixes=tuple(_url_prefix(p) for p in allow_working_dir_url),
         max_queued_per_tenant=max_queued_per_tenant,
         max_package_bytes=max_package_bytes,
+        ray_jobs=allow_ray_jobs,
     )
     config = ServiceConfig(
         checkpoint_root=str(checkpoint_root.resolve()) if checkpoint_root else None,
@@ -434,6 +443,14 @@ def submit_cmd(
         ),
     ] = None,
     tenant: Annotated[str | None, typer.Option(help="With the admin token: submit for this tenant.")] = None,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="A Ray job: the command runs once, as a Ray driver through Ray's job submission; Ray "
+            "Train's JaxTrainer lands on the slices admitted (docs/ray-jobs.md).",
+        ),
+    ] = False,
     batch: Annotated[
         Path | None,
         typer.Option(
@@ -453,7 +470,7 @@ def submit_cmd(
 
     Many jobs: `tpufleet submit --batch jobs.jsonl`; a bad line exits 2 naming the line."""
     if batch is not None:
-        flags = (command, accelerator_type, name, working_dir, max_retries, env)
+        flags = (command, accelerator_type, name, working_dir, max_retries, env, ray)
         if any(flags) or (num_slices, priority) != (1, 0):
             raise SpecError("give --batch FILE.jsonl (job fields on each line) or one job's flags, not both")
         _submit_batch(_client(ctx, server, token), batch, tenant, as_json)
@@ -475,6 +492,7 @@ def submit_cmd(
         env=_kv(env, "--env"),
         working_dir=wd,
         tenant=tenant,
+        kind="ray" if ray else "spmd",
     )
     if as_json:
         print_json({"id": job["id"]})
@@ -654,6 +672,7 @@ def _show_job(j: dict[str, Any]) -> None:
         ("state", j["state"]),
         ("attempt", f"{j['attempt']} (failures {j['failures']} of max_retries {j['max_retries']})"),
         ("type", f"{j['accelerator_type']} x {j['num_slices']}"),
+        ("kind", "ray (one Ray driver; docs/ray-jobs.md)" if j.get("kind") == "ray" else "spmd"),
         ("slices", ", ".join(j["slices"]) or "-"),
         ("priority", str(j["priority"])),
         ("borrowing", "yes" if j["borrowing"] else "no"),

@@ -3,7 +3,9 @@
 It starts an emulated fleet (two v4-16 slices and one v6e-16 by default), the control plane
 around the real Ray executor, two tenants, and submits ``examples/train_mlp.py``: a one-slice job
 for ``research`` on the v6e-16, a two-slice (multi-slice) job for ``prod`` on both v4-16s, and a
-third job for ``research`` that has to wait for a v4-16. With ``--chaos`` it also kills one host of
+third job for ``research`` that has to wait for a v4-16, and a Ray job for ``research``
+(``examples/train_jaxtrainer.py``: Ray Train's JaxTrainer over a Ray Data pipeline, submitted with
+``kind=ray``) that waits for a v4-16 too. With ``--chaos`` it also kills one host of
 the multi-slice job half-way, so the attempt ends on every host, the slice is quarantined and the
 job resumes from its checkpoint when the host is back. It shows live progress, then a summary of
 every job, and tears everything down on completion or Ctrl-C.
@@ -53,6 +55,15 @@ def _package(script: Path) -> bytes:
     with zipfile.ZipFile(buf, "w") as z:
         z.write(script, script.name)
     return buf.getvalue()
+
+
+def _ray_job(client: Any, script: Path, steps: int) -> dict[str, Any]:
+    """The Ray job: examples/train_jaxtrainer.py as a Ray driver (JaxTrainer over a Ray Data
+    pipeline) on a v4-16 that tpufleet admits, beside the SPMD jobs."""
+    cmd = [sys.executable, script.name, "--steps", str(steps), "--checkpoint-every", "5"]
+    cmd += ["--step-time", "0.2"]
+    code = client.upload_package(_package(script))
+    return dict(client.submit(cmd, "v4-16", name="jaxtrainer-ray", working_dir=code, kind="ray"))
 
 
 def _train_script() -> Path:
@@ -170,6 +181,7 @@ def demo_cmd(
     from tpufleet.api.client import Client
     from tpufleet.api.server import ControlPlane
     from tpufleet.control.executor import RayExecutor
+    from tpufleet.control.records import Limits
     from tpufleet.emulator import EmulatedFleet
 
     script = _train_script()
@@ -178,13 +190,15 @@ def demo_cmd(
     with ExitStack() as stack:
         if own_dir:
             stack.callback(shutil.rmtree, root, ignore_errors=True)
-        fleet = EmulatedFleet(slices, cpus_per_host=1, state_dir=root / "fleet")
+        # 2 logical CPUs per host: Ray Train's workers and Ray Data's tasks of the Ray job need both
+        fleet = EmulatedFleet(slices, cpus_per_host=2, state_dir=root / "fleet")
         stack.callback(fleet.down)
         with _spinner(f"emulated fleet {slices} up"):
             fleet.up()
         cluster = RayExecutor.connect(fleet.ray_address)
         stack.callback(cluster.release_all)
-        cp = stack.enter_context(ControlPlane(cluster, state_dir=root / "control"))
+        limits = Limits(ray_jobs=True)  # the demo's tenants may run Ray jobs (docs/ray-jobs.md)
+        cp = stack.enter_context(ControlPlane(cluster, state_dir=root / "control", limits=limits))
         with _spinner("control plane serving"):
             url = cp.start_http()
         console.print(f"  API {url}/api/v1 (docs at {url}/docs); admin token in {cp.admin_token_path}")
@@ -215,6 +229,7 @@ def demo_cmd(
                 cmd, "v4-16", num_slices=2, name="mlp-multislice", max_retries=3, working_dir=code["pc"]
             ),
             rc.submit(cmd, "v4-16", name="mlp-v4-waits", working_dir=code["rc"]),
+            _ray_job(rc, script.with_name("train_jaxtrainer.py"), steps),
         ]
         tracked = {s["id"]: Progress_(job=admin.job(s["id"])) for s in submitted}
         multislice = submitted[1]["id"]

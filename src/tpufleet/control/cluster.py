@@ -56,6 +56,7 @@ class AttemptSpec:
     package: bytes | None = field(default=None, repr=False)
     working_dir_url: str | None = None
     hide: tuple[str, ...] = ()
+    kind: str = "spmd"  # ray: ``command`` runs once, as a Ray driver, through Ray's job submission
 
 
 class HostState(StrEnum):
@@ -83,6 +84,8 @@ class AttemptStatus:
     hosts: tuple[HostStatus, ...]
     # The steps process 0 reported (``tpufleet.runtime.report_step``), when the cluster has them.
     progress: StepProgress | None = None
+    # A Ray job: the slices its Ray Train workers were found on (Ray's placement groups), once known.
+    placed: tuple[str, ...] = ()
 
     @property
     def all_running(self) -> bool:

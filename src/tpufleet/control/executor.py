@@ -50,6 +50,7 @@ from tpufleet.control.cluster import (
     LogChunk,
     SliceInfo,
 )
+from tpufleet.control.rayjob import RayJobs
 from tpufleet.control.runner import NAMESPACE, RunRequest, job_runner_name, pool_runner_name, read_log_task
 from tpufleet.control.slices import SlicePool, kill_actor
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
@@ -108,6 +109,7 @@ class RayExecutor:
         self._held: dict[str, tuple[str, int]] = {}
         self._cold: set[str] = set()
         self._recovered = False
+        self._ray = RayJobs(self._pool)  # Ray jobs (docs/ray-jobs.md): drivers, steering windows
 
     @classmethod
     def connect(
@@ -140,17 +142,17 @@ class RayExecutor:
             self._slices = {s.name: s for s in slices}
             if not self._recovered:
                 self._adopt_all()
-            if not self.warm_pool:
-                return
-            now = time.monotonic()
-            for s in slices:
-                if s.name in self._held:
-                    continue
-                if s.intact and s.name not in self._cold:
-                    self._pool.reserve(s)
-                    self._pool.check(s.name, now)
-                elif self._pool.get(s.name) is not None:
-                    self._pool.release(s.name)
+            if self.warm_pool:
+                now = time.monotonic()
+                for s in slices:
+                    if s.name in self._held:
+                        continue
+                    if s.intact and s.name not in self._cold:
+                        self._pool.reserve(s)
+                        self._pool.check(s.name, now)
+                    elif self._pool.get(s.name) is not None:
+                        self._pool.release(s.name)
+            self._ray.advance(self._slices)  # open and close Ray jobs' steering windows
 
     def warm(self, names: list[str]) -> None:
         """Put slices (back) into the warm pool; they are reserved on the next ``maintain()``."""
@@ -171,6 +173,7 @@ class RayExecutor:
         with self._lock:
             self._cold.update(self._slices)
             self._pool.release_all()
+            self._ray.release_fences()
 
     def wait_warm(self, names: list[str], timeout_s: float = 60.0) -> None:
         """Block until the pooled reservations of ``names`` are placed and their runners answer."""
@@ -190,6 +193,9 @@ class RayExecutor:
     # -- launch -------------------------------------------------------------------------------
     def launch(self, spec: AttemptSpec) -> None:
         key = (spec.job_id, spec.attempt)
+        if spec.kind == "ray":
+            self._launch_ray(spec)
+            return
         with self._lock:
             if key in self._attempts and not self._attempts[key].ended:
                 return  # idempotent
@@ -208,6 +214,19 @@ class RayExecutor:
         for host, request in zip(rec.hosts, _requests(spec, infos, layout), strict=True):
             host.started = host.runner.start.remote(replace(request, package=package))
 
+    def _launch_ray(self, spec: AttemptSpec) -> None:
+        """Hold the slices and queue the driver for its type's steering window (``rayjob``)."""
+        key = (spec.job_id, spec.attempt)
+        with self._lock:
+            have = self._ray.get(key)
+            if have is not None and have.state != "ENDED":
+                return  # idempotent
+            infos = [self._claimable(name, spec) for name in spec.slices]
+            for name in spec.slices:
+                self._held[name] = key
+            self._ray.launch(spec, infos)
+            self._ray.advance(self._slices)  # submitted now when its type's window is free
+
     def _claimable(self, name: str, spec: AttemptSpec) -> SliceInfo:
         info = self._slice(name)
         if info.accelerator_type != spec.accelerator_type:
@@ -223,6 +242,10 @@ class RayExecutor:
 
     # -- observe ------------------------------------------------------------------------------
     def poll(self, job_id: str, attempt: int) -> AttemptStatus:
+        if self._ray.knows((job_id, attempt)):
+            dead = {n["NodeID"] for n in _nodes() if not n.get("Alive")}
+            with self._lock:
+                return self._ray.status((job_id, attempt), dead)
         rec = self._record(job_id, attempt)
         if rec.ended:  # what each host's stop answered: its exit code, or LOST
             gone = HostStatus("", 0, HostState.LOST)
@@ -306,6 +329,8 @@ class RayExecutor:
         return rec
 
     def read_logs(self, job_id: str, attempt: int, slice_name: str, worker_id: int, offset: int) -> LogChunk:
+        if self._ray.knows((job_id, attempt)):
+            return self._ray.read_log((job_id, attempt), slice_name, worker_id, offset)
         host = self._find_host(job_id, attempt, slice_name, worker_id)
         try:
             out = None
@@ -348,6 +373,9 @@ class RayExecutor:
 
     # -- stop and recovery --------------------------------------------------------------------
     def stop(self, job_id: str, attempt: int, grace_s: float = 10.0) -> None:
+        if self._ray.knows((job_id, attempt)):
+            self._stop_ray((job_id, attempt), grace_s)
+            return
         try:
             rec = self._record(job_id, attempt)
         except NotFoundError:
@@ -377,6 +405,17 @@ class RayExecutor:
                 if not rec.job_runners and dead.get(name) and self._pool.get(name) is not None:
                     self._pool.replace_runners(name, dead[name], "died during the last job")
 
+    def _stop_ray(self, key: tuple[str, int], grace_s: float) -> None:
+        """The driver and every Train worker gone, the job's placement groups removed: the slices
+        go back to the warm pool (their fences stay while another window of the type is open)."""
+        self._ray.stop(key, grace_s)
+        live = {n["NodeID"] for n in _nodes() if n.get("Alive")}
+        with self._lock:
+            for name in self._ray.finished(key):
+                if self._held.get(name) == key:
+                    del self._held[name]
+                self._return_to_pool(name, live)
+
     def _return_to_pool(self, name: str, live: set[str]) -> None:
         """Keep an intact slice's reservation (and pool runners) for the next job, or release it.
 
@@ -393,8 +432,16 @@ class RayExecutor:
             self._pool.reserve(info)
 
     def running_attempts(self) -> list[tuple[str, int]]:
-        """Attempts whose runners exist: job runners by name, pool runners by their current run."""
-        return sorted(self._scan()[0])
+        """Attempts whose runners exist: job runners by name, pool runners by their current run;
+        and Ray jobs whose driver Ray still runs."""
+        return sorted(set(self._scan()[0]) | {key for key, _ in self._ray_running()})
+
+    def _ray_running(self) -> list[tuple[tuple[str, int], list[str]]]:
+        try:
+            return self._ray.running()
+        except Exception as err:  # no job API (no dashboard): there are no Ray jobs to find
+            log.debug("cannot list Ray jobs: %s", err)
+            return []
 
     def adopt(self) -> list[tuple[str, int]]:
         """Take over the attempts this cluster's runners still run (after a control-plane restart)."""
@@ -408,8 +455,18 @@ class RayExecutor:
         for key, layout in found.items():
             if key not in self._attempts or self._attempts[key].ended:
                 self._adopt(key, layout, handles)
+        adopted = set(found)
+        ray_jobs = self._ray_running()
+        if ray_jobs and not self._slices:
+            self._slices = {s.name: s for s in slices_from_nodes(_nodes())}
+        for key, names in ray_jobs:
+            infos = [self._slices[n] for n in names if n in self._slices]
+            if infos and not self._ray.knows(key):
+                self._ray.adopt(key, infos, infos[0].accelerator_type)
+                self._held.update(dict.fromkeys(names, key))
+            adopted.add(key)
         self._recovered = True
-        return sorted(found)
+        return sorted(adopted)
 
     def _scan(self) -> tuple[dict[tuple[str, int], list[tuple[str, int]]], dict[str, Any]]:
         """What every tpufleet runner says it runs now: {(job, attempt): layout}, and the handles."""

@@ -59,6 +59,7 @@ class FakeProcess:
     state: HostState = HostState.STARTING
     exit_code: int | None = None
     log: str = ""
+    writes_log: bool = True  # a Ray job's driver output is the first host's log; the others stay empty
 
     @property
     def alive(self) -> bool:
@@ -162,12 +163,18 @@ class FakeCluster:
             infos = [self._usable(name, spec.job_id) for name in spec.slices]
             layout = [(info.name, info.slice_type, [h.address or "" for h in info.hosts]) for info in infos]
             envs = iter(contract.attempt_envs(spec.job_id, spec.attempt, spec.checkpoint_dir, layout))
-            procs = []
+            procs: list[FakeProcess] = []
+            driver = contract.ray_driver_env(
+                spec.job_id, spec.attempt, spec.checkpoint_dir, [(i.name, i.slice_type) for i in infos]
+            )
             for index, info in enumerate(infos):
                 for host in info.hosts:
                     contract_env, attempt_env = next(envs)
                     env = contract.process_env({}, dict(spec.env), contract_env, attempt_env)
-                    procs.append(FakeProcess(info.name, index, host.worker_id, env))
+                    if spec.kind == "ray":  # one driver, shown as every host of the slices it holds
+                        env = contract.process_env({}, dict(spec.env), {}, driver)
+                    writes = not procs or spec.kind != "ray"
+                    procs.append(FakeProcess(info.name, index, host.worker_id, env, writes_log=writes))
             self._attempts[key] = FakeAttempt(spec, procs, self._script(spec) if self._script else None)
             self.launches.append(spec)
 
@@ -192,14 +199,16 @@ class FakeCluster:
             if att.script is not None and not att.stopped:
                 self._advance(att, att.script)
             hosts = tuple(HostStatus(p.slice, p.worker_id, p.state, p.exit_code) for p in att.processes)
-            return AttemptStatus(job_id, attempt, hosts, att.progress)
+            ray_running = att.spec.kind == "ray" and any(p.state is HostState.RUNNING for p in att.processes)
+            placed = att.spec.slices if ray_running else ()
+            return AttemptStatus(job_id, attempt, hosts, progress=att.progress, placed=placed)
 
     def _advance(self, att: FakeAttempt, script: Script) -> None:
         if att.polls >= script.run_after:
             for p in att.processes:
                 if p.state is HostState.STARTING:
                     p.state = HostState.RUNNING
-                    p.log += script.output.format_map(p.env)
+                    p.log += script.output.format_map(p.env) if p.writes_log else ""
         if script.exit_after is not None and att.polls >= script.exit_after:
             for p in att.processes:
                 if p.state is HostState.RUNNING:
@@ -261,7 +270,7 @@ class FakeCluster:
     def write(self, job_id: str, text: str, *, slice: str | None = None, worker: int | None = None) -> None:
         with self._lock:
             for p in self.processes(job_id):
-                if slice in (None, p.slice) and worker in (None, p.worker_id):
+                if slice in (None, p.slice) and worker in (None, p.worker_id) and p.writes_log:
                     p.log += text.format_map(p.env)
 
     def report_step(self, job_id: str, step: int, at: float, *, attempt: int | None = None) -> None:

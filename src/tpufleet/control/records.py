@@ -33,6 +33,7 @@ JOB_SETTABLE_ENV = frozenset({"TPUFLEET_SANDBOX_SECONDS", "TPUFLEET_SANDBOX_EXIT
 MAX_PRIORITY = 1_000_000
 MAX_QUOTA_CHIPS = 1_000_000  # per generation: far above any fleet, far below what breaks a column
 DEFAULT_MAX_RETRIES = 2
+JOB_KINDS = ("spmd", "ray")  # spmd: the command on every host; ray: one Ray driver (docs/ray-jobs.md)
 PACKAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
 PAGE_DEFAULT, PAGE_MAX = 100, 1000  # GET /jobs ?limit=
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -60,6 +61,7 @@ class Limits:
     max_env_value_bytes: int = 32 * KiB
     max_env_bytes: int = 256 * KiB
     max_name: int = 128
+    ray_jobs: bool = False  # serve --allow-ray-jobs: a Ray job has the Ray cluster's power (docs/ray-jobs.md)
 
 
 DEFAULT_LIMITS = Limits()
@@ -211,6 +213,7 @@ class JobRecord:
     started_at: float | None
     finished_at: float | None
     attempts: tuple[AttemptRecord, ...] = ()  # filled in by Store.job(), not by listings
+    kind: str = "spmd"  # JOB_KINDS
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -259,6 +262,7 @@ class JobRequest:
     name: str = ""
     env: dict[str, str] = field(default_factory=dict)
     working_dir: str | None = None
+    kind: str = "spmd"
 
     @classmethod
     def build(
@@ -272,10 +276,12 @@ class JobRequest:
         name: str | None = None,
         env: Mapping[str, str] | None = None,
         working_dir: str | None = None,
+        kind: str = "spmd",
         limits: Limits = DEFAULT_LIMITS,
     ) -> JobRequest:
         """The one validation path into the store (REST, in-process callers, tests)."""
         cmd = _check_command(command, limits)
+        check_kind(kind, limits)
         if not isinstance(accelerator_type, str):
             raise SpecError(f"must be a string, got {accelerator_type!r}", field="accelerator_type")
         st = catalog.slice_type(accelerator_type)  # SpecError with the closest sizes
@@ -293,6 +299,20 @@ class JobRequest:
             name=name or default_name(cmd),
             env=_check_env(env or {}, limits),
             working_dir=check_working_dir(working_dir, limits),
+            kind=kind,
+        )
+
+
+def check_kind(kind: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """``spmd`` or ``ray``; a Ray job only where the operator enabled them (``serve --allow-ray-jobs``)."""
+    if kind not in JOB_KINDS:
+        shown = str(kind)[:40]
+        raise SpecError(f"{shown!r} is not a job kind; use {' or '.join(JOB_KINDS)}", field="kind")
+    if kind == "ray" and not limits.ray_jobs:
+        raise SpecError(
+            "Ray jobs are not enabled on this control plane; the operator enables them with "
+            "serve --allow-ray-jobs (a Ray job holds the Ray cluster's power: see docs/ray-jobs.md)",
+            field="kind",
         )
 
 

@@ -82,6 +82,7 @@ class JobRow(Base):
     max_retries: Mapped[int]
     env: Mapped[dict[str, Any]]
     working_dir: Mapped[str | None] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(8), default="spmd")  # spmd | ray (docs/ray-jobs.md)
     state: Mapped[str] = mapped_column(String(16), index=True)
     attempt: Mapped[int] = mapped_column(default=1)
     failures: Mapped[int] = mapped_column(default=0)  # failed attempts, counted against max_retries

@@ -109,6 +109,7 @@ class Service:
         self._stops: dict[Key, Future[AttemptStatus | None]] = {}
         self._stop_failures: dict[Key, int] = {}
         self._status: dict[Key, AttemptStatus] = {}
+        self._placed: set[Key] = set()  # Ray jobs whose placement is on record
         self._released: set[str] = set()
         self._busy = False
         self._log_turn = 0
@@ -304,6 +305,7 @@ class Service:
                 package=package,
                 working_dir_url=wd if wd and package is None else None,
                 hide=(str(self.state_dir.resolve()), *self.config.hide),
+                kind=job.kind,
             )
         )
 
@@ -318,6 +320,7 @@ class Service:
         else:
             self._status[key] = status
             failure = status.failure
+            self._note_placed(key, status)
             if status.progress is not None:
                 self._note_progress(key, status.progress)
         if failure is not None:
@@ -350,6 +353,15 @@ class Service:
         live = {(j.id, j.attempt) for j in active}
         for key in [k for k in self._progress if k not in live]:
             del self._progress[key]
+
+    def _note_placed(self, key: Key, status: AttemptStatus) -> None:
+        """A Ray job: say on the job (an event) where Ray placed its trainer, once it is known."""
+        if status.placed and key not in self._placed:
+            self._placed.add(key)
+            with self.store.tx() as s:
+                where = ", ".join(status.placed)
+                what = f"attempt {key[1]}: Ray Train's placement groups are on {where}, as admitted"
+                self.store.add_event(s, what, job_id=key[0], kind="placed")
 
     def _stopping(self, job: ActiveJob, kind: StopKind | None = None) -> None:
         """Issue the stop (once per process lifetime), and finish the attempt when it returned."""

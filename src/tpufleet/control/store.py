@@ -202,6 +202,7 @@ class Store(TenantOps):
                 max_retries=req.max_retries,
                 env=dict(req.env),
                 working_dir=req.working_dir,
+                kind=req.kind,
                 state=r.QUEUED,
                 attempt=1,
                 failures=0,
@@ -596,6 +597,7 @@ def _job_values(req: r.JobRequest) -> dict[str, Any]:
         "max_retries": req.max_retries,
         "env": dict(req.env),
         "working_dir": req.working_dir,
+        "kind": req.kind,
         "state": r.QUEUED,
         "attempt": 1,
         "failures": 0,
@@ -635,6 +637,7 @@ def job_record(j: JobRow, attempts: tuple[r.AttemptRecord, ...] = ()) -> r.JobRe
         started_at=j.started_at,
         finished_at=j.finished_at,
         attempts=attempts,
+        kind=j.kind or "spmd",
     )
 
 

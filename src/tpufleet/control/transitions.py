@@ -57,6 +57,7 @@ class ActiveJob:
     working_dir: str | None
     tenant: str = "default"
     admitted_at: float | None = None  # the current attempt's admission (the start timeout counts from it)
+    kind: str = "spmd"  # spmd | ray (docs/ray-jobs.md)
 
 
 class Transitions:
@@ -313,6 +314,7 @@ class Transitions:
                     j.working_dir,
                     j.tenant,
                     j.admitted_at,
+                    j.kind or "spmd",
                 )
                 for j in rows
             ]

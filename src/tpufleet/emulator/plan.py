@@ -109,14 +109,25 @@ def head_argv(
         str(gcs_port),
         "--num-cpus",
         "0",
+        # The dashboard serves Ray's job submission API, which Ray jobs (docs/ray-jobs.md) go
+        # through; it listens on 127.0.0.1 and, like every Ray API here, wants the cluster's token.
         "--include-dashboard",
-        "false",
+        "true",
         "--dashboard-port",
         str(dashboard_port),
         "--ray-client-server-port",
         str(client_port),
         *_common_args(address, temp_dir, object_store_bytes),
     ]
+
+
+def host_cpus(slice_type: SliceType, cap: int) -> int:
+    """Logical CPUs an emulated host offers Ray: its machine type's vCPUs (``catalog``: a v4 host has
+    240, a v5p host 208), at most ``cap`` (``--cpus-per-host``), since every emulated host shares
+    this machine's cores. A host with one CPU cannot run Ray Train's workers and Ray Data's read tasks
+    at once (the trainer hangs), so a JaxTrainer with a dataset wants 2 or more."""
+    vcpus = slice_type.vcpus_per_host
+    return cap if vcpus is None else min(vcpus, cap)
 
 
 def host_argv(
@@ -136,7 +147,7 @@ def host_argv(
         "--address",
         gcs_address,
         "--num-cpus",
-        str(cpus),
+        str(host_cpus(slice_type, cpus)),
         "--resources",
         json.dumps({"TPU": slice_type.chips_per_host}),
         "--include-log-monitor",

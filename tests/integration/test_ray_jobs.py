@@ -1,0 +1,233 @@
+"""Ray jobs (``submit --ray``, docs/ray-jobs.md) through the whole control plane on the shared
+emulated fleet (two ``v4-16`` slices): Ray Train's JaxTrainer with a Ray Data pipeline
+(``examples/train_jaxtrainer.py``, uploaded as the tenant's package) lands on exactly the slice
+tpufleet admitted, next to an SPMD job and next to another Ray job; cancel ends the driver and every
+Train worker and frees the slice; a lost host ends the attempt and the next one restores Ray Train's
+checkpoint.
+
+Where each Train worker runs is read from inside it: the example prints
+``worker <rank> on <TPU_NAME>/<TPU_WORKER_ID>``, which Ray forwards to the driver's log.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from _executor_helpers import wait_for
+
+from tpufleet.api.client import Client
+from tpufleet.api.server import ControlPlane
+from tpufleet.control.executor import RayExecutor
+from tpufleet.control.records import Limits
+from tpufleet.control.service import ServiceConfig
+
+pytestmark = pytest.mark.integration
+
+PY = sys.executable
+EXAMPLE = Path(__file__).parents[2] / "examples" / "train_jaxtrainer.py"
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+CONFIG = ServiceConfig(
+    interval_s=0.2, preempt_grace_s=3.0, cancel_grace_s=1.0, fail_grace_s=1.0, start_timeout_s=300.0
+)
+WORKER = re.compile(r"worker (\d+) on ([\w-]+)/(\d+)")
+_names = itertools.count()
+
+
+@dataclass
+class Plane:
+    cp: ControlPlane
+    cluster: RayExecutor
+    url: str
+    admin: Client
+    package_dir: Path
+    clients: list[Client] = field(default_factory=list)
+
+    def tenant(self, **quota: int) -> Client:
+        client = Client(self.url, self.admin.create_tenant(f"ray-{next(_names)}", quota)["token"])
+        self.clients.append(client)
+        return client
+
+    def ray_job(self, client: Client, *args: str, **kw: Any) -> str:
+        package = client.upload_package(self.package_dir)
+        command = [PY, "train_jaxtrainer.py", "--rows", "512", *args]
+        job = client.submit(command, "v4-16", working_dir=package, kind="ray", **kw)
+        return str(job["id"])
+
+
+@pytest.fixture(scope="module")
+def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    package_dir = tmp_path_factory.mktemp("package")
+    shutil.copy(EXAMPLE, package_dir)
+    cluster = RayExecutor.connect(fleet.ray_address)
+    cp = ControlPlane(
+        cluster,
+        state_dir=tmp_path_factory.mktemp("control-plane"),
+        config=CONFIG,
+        limits=Limits(ray_jobs=True),
+    )
+    try:
+        v4 = [s.name for s in cluster.inventory() if s.intact and s.accelerator_type == "v4-16"]
+        cluster.wait_warm(v4, timeout_s=120)
+        url = cp.start_http()
+        with Client(url, cp.admin_token) as admin:
+            p = Plane(cp, cluster, url, admin, package_dir)
+            yield p
+            _cancel_all(admin)
+            for c in p.clients:
+                c.close()
+    finally:
+        cp.close()
+        cluster.release_all()
+
+
+@pytest.fixture(autouse=True)
+def _no_job_left_behind(plane: Plane) -> Iterator[None]:
+    yield
+    _cancel_all(plane.admin)
+
+
+def _cancel_all(admin: Client) -> None:
+    for j in admin.jobs():
+        if j["state"] not in TERMINAL:
+            admin.cancel(j["id"])
+    wait_for("every job to end", lambda: all(j["state"] in TERMINAL for j in admin.jobs()), 120)
+
+
+def wait_state(client: Client, job_id: str, *states: str, timeout_s: float = 300.0) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        job = client.job(job_id)
+        if job["state"] in states:
+            return job
+        if job["state"] in TERMINAL:
+            log = _driver_log(client, job_id)
+            raise AssertionError(f"job {job_id} ended {job['state']}, expected {states}: {job}\n{log}")
+        return None
+
+    return wait_for(f"job {job_id} to be {'/'.join(states)}", probe, timeout_s, every_s=0.5)
+
+
+def _driver_log(client: Client, job_id: str, attempt: int | None = None) -> str:
+    hosts = client.logs(job_id, attempt=attempt)["hosts"]
+    return str(hosts[0]["data"]) if hosts else ""
+
+
+def workers_on(client: Client, job_id: str, count: int, attempt: int | None = None) -> set[tuple[str, int]]:
+    """(TPU_NAME, TPU_WORKER_ID) of every Train worker, as each printed it, once all ``count`` did."""
+
+    def probe() -> set[tuple[str, int]] | None:
+        found = {(m[1], int(m[2])) for m in WORKER.findall(_driver_log(client, job_id, attempt))}
+        return found if len(found) >= count else None
+
+    return wait_for(f"{count} Train workers of {job_id} to say where they run", probe, 300, every_s=0.5)
+
+
+def test_a_ray_job_and_an_spmd_job_of_two_tenants_each_run_on_their_own_slice(plane: Plane) -> None:
+    a, b = plane.tenant(v4=8), plane.tenant(v4=8)
+    ray_job = plane.ray_job(a, "--steps", "6", "--step-time", "1.0")
+    wait_state(a, ray_job, "RUNNING")
+    spmd = b.submit([PY, "-c", _PRINT_AND_WAIT], "v4-16")["id"]
+    admitted = wait_state(a, ray_job, "RUNNING")["slices"]
+    other = wait_state(b, spmd, "RUNNING")["slices"]
+    assert len(admitted) == 1 and len(other) == 1 and admitted != other
+    assert workers_on(a, ray_job, 2) == {(admitted[0], 0), (admitted[0], 1)}
+    spmd_lines = wait_for("the SPMD job's hosts", lambda: _all_hosts(b, spmd, "on "), 120)
+    assert {line.split()[-1] for line in spmd_lines} == {f"{other[0]}/0", f"{other[0]}/1"}
+    events = [e["message"] for e in a.events(ray_job)]
+    assert any(f"placement groups are on {admitted[0]}" in m for m in events), events
+    done = wait_state(a, ray_job, "SUCCEEDED")
+    assert done["exit_code"] == 0 and "RESULT " in _driver_log(a, ray_job)
+
+
+_PRINT_AND_WAIT = (
+    "import os, time; print('on', os.environ['TPU_NAME'] + '/' + os.environ['TPU_WORKER_ID'], flush=True); "
+    "time.sleep(20)"
+)
+
+
+def _all_hosts(client: Client, job_id: str, text: str) -> list[str] | None:
+    hosts = client.logs(job_id)["hosts"]
+    lines = [ln for h in hosts for ln in str(h["data"]).splitlines() if ln.startswith(text)]
+    return lines if len(lines) == len(hosts) and hosts else None
+
+
+def test_two_ray_jobs_of_the_same_type_admitted_together_each_train_on_their_slice(plane: Plane) -> None:
+    a, b = plane.tenant(v4=8), plane.tenant(v4=8)
+    jobs = [(a, plane.ray_job(a, "--steps", "4")), (b, plane.ray_job(b, "--steps", "4"))]
+    admitted = [wait_state(c, j, "STARTING", "RUNNING")["slices"] for c, j in jobs]
+    assert sorted(s for x in admitted for s in x) == ["tpu-v4-16-0", "tpu-v4-16-1"]
+    for (client, job), slices in zip(jobs, admitted, strict=True):
+        assert workers_on(client, job, 2) == {(slices[0], 0), (slices[0], 1)}
+    for client, job in jobs:
+        assert wait_state(client, job, "SUCCEEDED")["exit_code"] == 0
+
+
+def test_cancel_stops_the_driver_and_every_train_worker_and_frees_the_slice(plane: Plane) -> None:
+    a = plane.tenant(v4=8)
+    job = plane.ray_job(a, "--steps", "500", "--step-time", "0.5")
+    slices = wait_state(a, job, "RUNNING")["slices"]
+    workers_on(a, job, 2)
+    ray_job = plane.cluster._ray.get((job, 1))
+    assert ray_job is not None and ray_job.ray_job
+    assert _alive_actors(ray_job.ray_job) >= 2  # the controller and the Train workers
+    a.cancel(job)
+    assert wait_state(a, job, "CANCELLED")["state"] == "CANCELLED"
+    assert _alive_actors(ray_job.ray_job) == 0
+    wait_for("the slice to be free", lambda: _free(plane, slices[0]), 60)
+
+
+def _alive_actors(ray_job: str) -> int:
+    from ray.util.state import list_actors
+
+    return len(
+        list_actors(
+            filters=[("job_id", "=", ray_job), ("state", "=", "ALIVE")], raise_on_missing_output=False
+        )
+    )
+
+
+def _free(plane: Plane, name: str) -> bool:
+    return any(s["name"] == name and s["state"] == "FREE" for s in plane.admin.slices())
+
+
+def test_a_lost_host_ends_the_attempt_and_the_next_restores_ray_trains_checkpoint(
+    plane: Plane, fleet: Any
+) -> None:
+    a = plane.tenant(v4=16)
+    job = plane.ray_job(a, "--steps", "40", "--checkpoint-every", "2", "--step-time", "0.5")
+    first = wait_state(a, job, "RUNNING")["slices"][0]
+    wait_for("a checkpoint", lambda: "checkpoint at step 4" in _driver_log(a, job, 1), 300, every_s=0.5)
+    fleet.kill_host(first, 1)
+    second = wait_for(
+        "attempt 2 to run", lambda: (j := a.job(job))["attempt"] == 2 and j["state"] == "RUNNING" and j, 300
+    )
+    assert second["slices"] != [first]  # the broken slice is quarantined: attempt 2 runs elsewhere
+    restored = wait_for(
+        "attempt 2 to restore", lambda: re.search(r"restored step (\d+)", _driver_log(a, job, 2)), 300, 0.5
+    )
+    saved = {int(s) for s in re.findall(r"checkpoint at step (\d+)", _driver_log(a, job, 1))}
+    assert int(restored.group(1)) in saved and min(saved) >= 2  # a checkpoint attempt 1 reported
+    assert wait_state(a, job, "SUCCEEDED")["exit_code"] == 0
+    assert '"step": 40' in _driver_log(a, job, 2)
+    attempts = a.job(job)["attempts"]
+    assert "lost" in (attempts[0]["message"] or "") or "broken" in (attempts[0]["message"] or "")
+
+
+def test_the_fleet_is_whole_afterwards() -> None:
+    """Nothing of this module holds a head resource or fence any more (later modules reserve)."""
+    from tpufleet.control.rayjob import FENCE_PREFIX
+
+    names = [
+        row.get("name") or ""
+        for row in ray.util.placement_group_table().values()
+        if row.get("state") != "REMOVED"
+    ]
+    assert not [n for n in names if n.startswith(FENCE_PREFIX)]
