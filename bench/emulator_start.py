@@ -95,6 +95,12 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def _first_and_last(err: Exception) -> str:
+    """An error's first line and, for a failed start, the last line of the log it quotes."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    return lines[0][:200] + (f" ... {lines[-1][:200]}" if len(lines) > 1 else "")
+
+
 def measure(slices: str, lean: bool, timeout_s: float) -> dict[str, Any]:
     """Start one fleet, measure it, stop it. ``error`` is set when it did not come up."""
     out: dict[str, Any] = {
@@ -110,7 +116,7 @@ def measure(slices: str, lean: bool, timeout_s: float) -> dict[str, Any]:
         try:
             fleet.up()
         except Exception as err:
-            out["error"] = str(err).splitlines()[0][:300]
+            out["error"] = _first_and_last(err)
             return out
         try:
             out["hosts"] = sum(len(s["hosts"]) for s in fleet.status()["slices"])
@@ -124,7 +130,7 @@ def measure(slices: str, lean: bool, timeout_s: float) -> dict[str, Any]:
             out |= _memory(fleet)
             out["available_gib_while_up"] = round(psutil.virtual_memory().available / 2**30, 1)
         except Exception as err:
-            out["error"] = str(err).splitlines()[0][:300]
+            out["error"] = _first_and_last(err)
         finally:
             ray.shutdown()
             fleet.down()
