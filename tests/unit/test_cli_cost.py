@@ -110,9 +110,15 @@ def test_serve_refuses_a_bad_prices_file_before_starting(tmp_path: Path) -> None
 
     bad = tmp_path / "prices.yaml"
     bad.write_text("pricing:\n  v4: {on_demand: -3}\n")
+    spec = tmp_path / "fleet.yaml"  # --fleet's pricing: section is read the same way
+    spec.write_text(Path("examples/fleet.yaml").read_text() + "pricing:\n  v4: {spot: nope}\n")
     state = tmp_path / "state"
-    result = CliRunner().invoke(
-        app, ["serve", "--sandbox", "v4-16:1", "--pricing", str(bad), "--state-dir", str(state)]
-    )
-    assert isinstance(result.exception, SpecError) and "pricing.v4.on_demand" in str(result.exception)
+    for flag, path, field in (
+        ("--pricing", bad, "pricing.v4.on_demand"),
+        ("--fleet", spec, "pricing.v4.spot"),
+    ):
+        result = CliRunner().invoke(
+            app, ["serve", "--sandbox", "v4-16:1", flag, str(path), "--state-dir", str(state)]
+        )
+        assert isinstance(result.exception, SpecError) and field in str(result.exception), result.output
     assert not (state / "tpufleet.db").exists()  # nothing started

@@ -203,7 +203,8 @@ def serve_cmd(
             "--pricing",
             metavar="FILE",
             help="Prices for cost (USD per chip-hour) over the shipped table: a fleet spec's pricing: "
-            "section, or a file of just that mapping (docs/observability.md). Unknown prices stay unknown.",
+            "section, or a file of just that mapping (default: --fleet's; docs/observability.md). "
+            "Unknown prices stay unknown.",
             show_default=False,
         ),
     ] = None,
@@ -239,7 +240,9 @@ def serve_cmd(
     from tpufleet.control.service import ServiceConfig
     from tpufleet.pricing import load_file as load_prices
 
-    prices = load_prices(pricing_file) if pricing_file else None  # a bad file: one line, exit 2
+    # --pricing FILE, else the --fleet spec's pricing: section, over the shipped table; a bad file: exit 2
+    price_file = pricing_file or fleet
+    prices = load_prices(price_file) if price_file else None
 
     given = {
         name
