@@ -23,6 +23,7 @@ from tpufleet.cli import tenants as _tenants  # noqa: F401  isort: skip
 from tpufleet.cli import top as _top  # noqa: F401  isort: skip
 from tpufleet.cli import db as _db  # noqa: F401  isort: skip
 from tpufleet.cli import demo as _demo  # noqa: F401  isort: skip
+from tpufleet.cli import chaos as _chaos  # noqa: F401  isort: skip
 
 __all__ = ["app", "main"]
 

@@ -1,0 +1,69 @@
+"""The chaos soak's plan and its judgement of markers (tpufleet.chaos), without a fleet."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from tpufleet.chaos import (
+    FAULT_KINDS,
+    ChaosConfig,
+    double_runs,
+    overlaps,
+    plan_faults,
+    plan_jobs,
+    read_markers,
+)
+from tpufleet.errors import SpecError
+
+
+def _m(attempt: int, start: float, beat: float, end: float | None = None) -> dict[str, object]:
+    return {"attempt": attempt, "slice": "s", "worker": "0", "start": start, "beat": beat, "end": end}
+
+
+def test_the_plan_is_the_seeds() -> None:
+    cfg = ChaosConfig(seed=7, jobs=30, minutes=2, slices="v4-8:2,v4-16:1")
+    a = (plan_jobs(cfg, random.Random(7)), plan_faults(cfg, random.Random(7)))
+    b = (plan_jobs(cfg, random.Random(7)), plan_faults(cfg, random.Random(7)))
+    c = plan_jobs(cfg, random.Random(8))
+    assert a == b and a[0] != c
+    jobs, faults = a
+    assert len(jobs) == 30 and all(0 <= j.at <= 60 for j in jobs)
+    assert {(j.accelerator_type, j.num_slices) for j in jobs} <= {("v4-8", 1), ("v4-8", 2), ("v4-16", 1)}
+    assert len({j.tenant for j in jobs}) == 2 and len({j.priority for j in jobs}) > 1
+    assert {f.kind for f in faults} == set(FAULT_KINDS)
+    assert all(12 <= f.at <= 102 for f in faults) and [f.at for f in faults] == sorted(f.at for f in faults)
+
+
+def test_attempts_overlap_only_when_a_later_one_starts_before_the_earlier_ones_last_sign_of_life() -> None:
+    apart = {1: [_m(1, 0.0, 4.0), _m(1, 0.1, 4.2)], 2: [_m(2, 4.5, 9.0, 9.0)]}
+    assert overlaps(apart) == []
+    together = {1: [_m(1, 0.0, 4.0), _m(1, 0.1, 6.0)], 2: [_m(2, 5.0, 9.0, 9.0)], 3: [_m(3, 10.0, 11.0)]}
+    assert overlaps(together) == [(1, 2)]
+
+
+def test_a_second_successful_attempt_is_a_double_run() -> None:
+    job = {"attempts": [{"attempt": 1, "state": "SUCCEEDED"}, {"attempt": 2, "state": "SUCCEEDED"}]}
+    assert double_runs(job, {}) == ["attempts 1, 2 all succeeded"]
+    once = {"attempts": [{"attempt": 1, "state": "PREEMPTED"}, {"attempt": 2, "state": "SUCCEEDED"}]}
+    assert double_runs(once, {}) == []
+
+
+def test_markers_are_read_per_attempt_and_a_torn_one_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "chaos-1-s-0.json").write_text(json.dumps(_m(1, 0.0, 1.0)))
+    (tmp_path / "chaos-2-s-0.json").write_text(json.dumps(_m(2, 2.0, 3.0)))
+    (tmp_path / "chaos-2-s-1.json").write_text("{")
+    got = read_markers(tmp_path)
+    assert sorted(got) == [1, 2] and [len(v) for v in got.values()] == [1, 1]
+
+
+def test_bad_input_is_refused_before_anything_starts() -> None:
+    from tpufleet.chaos import Soak
+
+    with pytest.raises(SpecError, match="v9"):
+        Soak(ChaosConfig(slices="v9-8:1"))
+    with pytest.raises(SpecError, match="--jobs"):
+        Soak(ChaosConfig(jobs=0))
