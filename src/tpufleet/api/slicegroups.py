@@ -82,7 +82,7 @@ def get_group(name: str, store: Admin) -> dict[str, Any]:
     return group_view(store, SliceGroups(store).get(name))
 
 
-@router.delete("/slice-groups/{name}", status_code=202, responses=_errs(403, 404, 422))
+@router.delete("/slice-groups/{name}", responses=_errs(403, 404, 422))
 def delete_group(name: str, store: Admin, request: Request, force: bool = False) -> dict[str, Any]:
     """Drain and delete (admin): waits for the holder to finish, or with ``force`` preempts it
     (checkpoint signal and grace, requeued without using a retry), then releases the slices."""
