@@ -75,7 +75,13 @@ def _show(status: dict[str, Any], as_json: bool) -> None:
 @emulate_app.command("up")
 def up_cmd(
     slices: Annotated[str, typer.Option(help="Slice types and counts, e.g. v4-16:2,v6e-4.")] = "v4-16:2",
-    cpus_per_host: Annotated[int, typer.Option(help="Logical CPUs each host offers Ray.")] = 1,
+    cpus_per_host: Annotated[
+        int,
+        typer.Option(
+            help="Logical CPUs each host offers Ray: its machine type's vCPUs (a v4 host has 240), capped "
+            "at this, since every emulated host shares this machine (2+ for Ray Train with Ray Data)."
+        ),
+    ] = 1,
     state_dir: StateDir = None,
     as_json: AsJson = False,
 ) -> None:

@@ -150,7 +150,11 @@ class RayJobs:
                 self._close(stype, inventory)
         for att in sorted(self._attempts.values(), key=lambda a: a.order):
             if att.state == "WAITING" and att.type not in self._window:
-                self._open(att, inventory)
+                try:
+                    self._open(att, inventory)
+                except Exception as err:  # Ray did not take a fence or a release: next cycle again
+                    log.warning("could not open the window of %s: %s", submission_id(*att.key), err)
+                    self._window.pop(att.type, None)
 
     def _open(self, att: RayAttempt, inventory: dict[str, SliceInfo]) -> None:
         mine = {i.name for i in att.infos}
@@ -241,7 +245,14 @@ class RayJobs:
                 shutil.rmtree(scratch, ignore_errors=True)
 
     def _refresh(self, att: RayAttempt) -> None:
-        """Ray's word on the driver, and where the job's placement groups are."""
+        """Ray's word on the driver, and where the job's placement groups are. A Ray API that does
+        not answer now changes nothing (the last answer stands; the next poll asks again)."""
+        try:
+            self._ask_ray(att)
+        except Exception as err:
+            log.warning("could not read Ray job %s: %s", submission_id(*att.key), err)
+
+    def _ask_ray(self, att: RayAttempt) -> None:
         if att.state in ("WAITING", "ENDED") and att.status not in _TERMINAL:
             return
         if att.status not in _TERMINAL:
