@@ -23,6 +23,11 @@ in a process that already lives on the host (the runner actor calls it); the ``/
 every :data:`TICK_S` only while something scrapes. A second caller on the same host finds the
 port taken and tries again every few seconds, so the plugin moves to another process on the host
 when its first one dies.
+
+Where the control plane finds it: every runner publishes its host's ``TPU_DEVICE_PLUGIN_ADDR`` in
+Ray's internal KV under ``tpufleet:device-plugin:<node id>`` (Ray node labels cannot hold
+``ip:port``). Real GKE hosts do the same with the address the TPU webhook gave them, so one path
+serves both.
 """
 
 from __future__ import annotations
@@ -261,10 +266,14 @@ _running: list[threading.Thread] = []
 
 
 def serve_from_env(environ: dict[str, str] | None = None, retry_s: float = 5.0) -> bool:
-    """On an emulated host (``TPUFLEET_EMULATED=1`` and ``TPU_DEVICE_PLUGIN_ADDR`` set), start the
-    plugin's thread in this process (once); returns whether it was started. Binding is retried
-    every ``retry_s`` while another process of the host holds the port."""
+    """Publish this host's ``TPU_DEVICE_PLUGIN_ADDR`` for the control plane (any host that has one:
+    on GKE the webhook sets it to the node's plugin, which the control plane then reads), and on an
+    emulated host (``TPUFLEET_EMULATED=1``) start the plugin's thread in this process (once);
+    returns whether it was started. Binding is retried every ``retry_s`` while another process of
+    the host holds the port."""
     env = dict(os.environ if environ is None else environ)
+    if ADDR_VAR in env:
+        _publish(env[ADDR_VAR])
     if env.get("TPUFLEET_EMULATED") != "1" or ADDR_VAR not in env or "TPU_ACCELERATOR_TYPE" not in env:
         return False
     with _started:
@@ -273,7 +282,6 @@ def serve_from_env(environ: dict[str, str] | None = None, retry_s: float = 5.0) 
         raylet = _raylet_of(os.getpid())
         if raylet is None:
             return False
-        _publish(env[ADDR_VAR])
         plugin = _Plugin(env, HostWork(raylet))
         thread = threading.Thread(
             target=_bind_and_serve, args=(plugin, retry_s), name="tpu-device-plugin", daemon=True
@@ -299,7 +307,7 @@ def _publish(address: str) -> None:
 
 
 def published_endpoints(node_ids: list[str]) -> dict[str, str]:
-    """``{node id: TPU_DEVICE_PLUGIN_ADDR}`` of the given emulated hosts that published one (from a
+    """``{node id: TPU_DEVICE_PLUGIN_ADDR}`` of the given hosts that published one (from a
     process connected to the fleet's Ray)."""
     from ray.experimental import internal_kv
 

@@ -22,7 +22,7 @@ own inventory (what is paid for), whether or not it reported:
 
 ``tenant`` is the holder's tenant, empty on a free slice. The targets (:class:`HostTarget`) and
 holders come from callables the control plane passes in (:func:`register`); the only Ray call is
-reading the addresses emulated hosts publish (:func:`published_or_default`).
+reading the addresses hosts publish (:func:`published_or_default`).
 
 In Prometheus the job gauge's ``job`` label meets the scrape job's: scrape the control plane with
 ``honor_labels: true`` (docs/observability.md), or it arrives as ``exported_job``.
@@ -388,9 +388,9 @@ def _families() -> dict[str, GaugeMetricFamily]:
 def published_or_default(
     slices: Sequence[SliceInfo], default_port: int | None = None
 ) -> dict[tuple[str, int], Endpoint]:
-    """Each alive host's device plugin: the address an emulated host published (Ray's internal KV,
-    see ``emulator/deviceplugin.py``), else ``<host address>:<default_port>`` when given (a GKE
-    fleet whose plugin answers on the Ray node's address: ``GKE_DEVICE_PLUGIN_PORT``)."""
+    """Each alive host's device plugin: the ``TPU_DEVICE_PLUGIN_ADDR`` its runner published (Ray's
+    internal KV, see ``emulator/deviceplugin.py``; an emulated host's or a GKE host's), else
+    ``<host address>:<default_port>`` when given (a plugin on the Ray node's own address)."""
     hosts = [(s.name, h) for s in slices for h in s.hosts if h.alive]
     published: dict[str, str] = {}
     node_ids = [h.node_id for _, h in hosts if h.node_id]
