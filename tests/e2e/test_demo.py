@@ -26,10 +26,13 @@ def test_demo_with_chaos_recovers_and_trains(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "chaos: killed host 1 of" in out.stdout
     rows = {r["name"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
-    assert set(rows) == {"mlp-v6e", "mlp-multislice", "mlp-v4-waits"}
+    assert set(rows) == {"mlp-v6e", "mlp-multislice", "mlp-v4-waits", "jaxtrainer-ray"}
     assert all(r["state"] == "SUCCEEDED" for r in rows.values()), rows
     multi = rows["mlp-multislice"]
     assert multi["attempt"] == 2 and len(multi["slices"]) == 2
+    ray = rows.pop("jaxtrainer-ray")  # the Ray job: JaxTrainer over Ray Data, on a v4-16 it was admitted
+    assert ray["losses"] and ray["losses"][-1] < ray["losses"][0], ray
+    assert ray["slices"][0].startswith("tpu-v4-16-"), ray
     for r in rows.values():
         assert r["losses"] and r["losses"][-1] < r["losses"][0], r
         # train_mlp reports its steps: goodput is known, and below 1 (start-up, JAX compiling)
