@@ -25,6 +25,7 @@ from tpufleet.control.records import JobRequest
 from tpufleet.control.sandbox import SandboxCluster
 from tpufleet.control.service import ServiceConfig
 from tpufleet.control.store import Store
+from tpufleet.observe.device import DeviceSampler, Endpoint, HostTarget
 from tpufleet.observe.tpumetrics import ChipReading
 
 STATIC = resources.files("tpufleet.api").joinpath("static")
@@ -304,3 +305,25 @@ def test_queue_places_match_a_plain_sort_of_each_slice_types_queue(tmp_path: Pat
             assert {q["id"]: q["position"] for q in view["queue"]} == {j[0]: expected[j[0]] for j in order}
     finally:
         store.close()
+
+
+def test_the_control_plane_shows_what_its_device_sampler_read(plane: ControlPlane) -> None:
+    """ControlPlane wires GET /api/v1/fleet to its sampler (``cp.devices``), read through the
+    sampler's reader seam: host 1 of the v4-16 answers, every other host has no endpoint."""
+    target = HostTarget("tpu-v4-16-1", 1, "v4-16", "v4", 4, True, Endpoint("device_plugin", "127.0.0.1:9"))
+    read = [ChipReading(chip=c, duty_cycle_percent=25.0 * c) for c in range(4)]
+    plane.devices.stop()
+    plane.devices = DeviceSampler(lambda: [target], reader=lambda endpoint, timeout_s: read)
+    assert plane.devices.sample_once() == 1
+    plane.start()
+    _wait(lambda: len(plane.store.slices()) == 4, "the loop lists the slices")
+    view = TestClient(plane.app).get(
+        "/api/v1/fleet", headers={"Authorization": f"Bearer {plane.admin_token}"}
+    )
+    hosts = {
+        (s["name"], h["worker_id"]): h["duty_cycle_percent"]
+        for s in view.json()["slices"]
+        for h in s["hosts"]
+    }
+    assert hosts.pop(("tpu-v4-16-1", 1)) == [0.0, 25.0, 50.0, 75.0]
+    assert set(hosts.values()) == {None}

@@ -28,6 +28,7 @@ from tpufleet import pricing
 from tpufleet.api.app import create_app
 from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
 from tpufleet.control.cluster import ClusterClient
+from tpufleet.control.fleetview import duty_cycles
 from tpufleet.control.records import DEFAULT_LIMITS, Limits
 from tpufleet.control.service import Decide, Service, ServiceConfig
 from tpufleet.control.store import Clock, Store, new_job_id
@@ -122,6 +123,8 @@ class ControlPlane:
             limits=limits,
             admin_token_path=self.admin_token_path,
         )
+        # the fleet page's chips are shaded by what the device sampler last read (GET /api/v1/fleet)
+        self.app.state.duty_cycles = lambda: duty_cycles(self.devices.view()[2])
         self._http: uvicorn.Server | None = None
         self._http_thread: threading.Thread | None = None
         self.url: str | None = None
