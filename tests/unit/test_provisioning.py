@@ -220,3 +220,22 @@ def test_utilization_over_rest_carries_measured_duty_cycles(world: World) -> Non
     assert got["device_metrics"] == {"duty_cycle_percent": {"train-0": 60.0}}
     assert http.get("/api/v1/slice-groups/nope/utilization").status_code == 404
     assert http.get("/api/v1/slice-groups/train/utilization", params={"window": "x"}).status_code == 400
+
+
+def test_a_restarted_control_plane_asks_a_fresh_provider_for_its_groups_again(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    w = World(store, clock, tmp_path, (POOL,), delay_s=1)
+    w.groups.create("keep", "v4-8", 1)
+    w.until(lambda: w.groups.get("keep").state == "ACTIVE")
+    # A restart: a new loop, a new provider and cluster that know nothing (as serve --provider
+    # emulator starts a fresh fleet); the stored groups are asked for again under their names.
+    cluster = SandboxCluster([], job_seconds=1, clock=clock)
+    provider = MemoryProvider(clock=clock, on_up=cluster.add_slices, on_down=cluster.remove_slices)
+    prov = Provisioner(store, provider, ProvisionConfig(pools=(POOL,)))
+    w.service = Service(store, cluster, state_dir=tmp_path, decide=prov.wrap(decide), config=CONFIG)
+    w.cycle()
+    assert [r.name for r in provider.requests] == ["keep"]
+    job = w.submit()
+    w.until(lambda: w.job(job).state == "SUCCEEDED")
+    assert w.job(job).slices == ("keep-0",)
