@@ -4,6 +4,7 @@ memory accounting (PSS/RSS per process, by component) the emulator's tests and b
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,21 +110,35 @@ def _gone(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] == "Z"
 
 
-def test_the_stand_in_reports_no_agent_services_and_ends_with_its_raylet(tmp_path: Path) -> None:
+@pytest.mark.parametrize("gnu_tail", [True, False])
+def test_the_stand_in_reports_no_agent_services_and_ends_with_its_raylet(
+    tmp_path: Path, gnu_tail: bool
+) -> None:
     node = "ab" * 28
+    session = tmp_path / "session"
+    session.mkdir()
+    env = dict(os.environ)
+    if not gnu_tail:  # a PATH without tail: the stand-in falls back to polling its parent
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        for tool in ("mv", "sleep"):
+            (bin_dir / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
+        env["PATH"] = str(bin_dir)
     argv = ["/bin/sh", "-c", rayhost.AGENT_STANDIN, rayhost.STANDIN_NAME]
-    argv += [f"--node-id={node}", f"--session-dir={tmp_path}", "--agent-id", "7"]
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, *argv], stdout=subprocess.PIPE, text=True)
+    argv += [f"--node-id={node}", f"--session-dir={session}", "--agent-id", "7"]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, *argv], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert parent.stdout is not None
         standin = int(parent.stdout.readline())
         names = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port")
         deadline = time.monotonic() + 10
-        while not all((tmp_path / f"{n}_{node}").exists() for n in names) and time.monotonic() < deadline:
+        while not all((session / f"{n}_{node}").exists() for n in names) and time.monotonic() < deadline:
             time.sleep(0.05)
         # What Ray's own agent writes for a service that is off, and what Ray's persist_port reads
-        assert {(tmp_path / f"{n}_{node}").read_text().strip() for n in names} == {"-1"}
-        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}_{node}" for n in names)
+        assert {(session / f"{n}_{node}").read_text().strip() for n in names} == {"-1"}
+        assert sorted(p.name for p in session.iterdir()) == sorted(f"{n}_{node}" for n in names)
         time.sleep(0.5)
         assert not _gone(standin)  # it stays while its raylet lives (Ray ends a raylet whose agent exits)
         parent.send_signal(signal.SIGKILL)

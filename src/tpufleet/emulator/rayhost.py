@@ -33,11 +33,12 @@ from typing import Any
 # The dashboard agent's stand-in, a POSIX shell script (no quotes or backslashes: the raylet splits
 # its agent command itself). The raylet appends nothing we rely on; the node id and session dir
 # come as arguments. Port files are written whole (temp file, then rename): the raylet polls them.
+# It then waits for its parent, the raylet, to exit: GNU tail's --pid, else a kill -0 loop.
 AGENT_STANDIN = (
     "for a; do case $a in --node-id=*) n=${a#*=};; --session-dir=*) d=${a#*=};; esac; done; "
     "for p in metrics_agent_port metrics_export_port dashboard_agent_listen_port; "
     "do echo -1 > $d/.${p}_$n && mv $d/.${p}_$n $d/${p}_$n; done; "
-    "exec tail --pid=$PPID -f /dev/null"
+    "tail --pid=$PPID -f /dev/null 2>/dev/null || while kill -0 $PPID 2>/dev/null; do sleep 1; done"
 )
 STANDIN_NAME = "tpufleet-agent-standin"
 
