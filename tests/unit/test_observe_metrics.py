@@ -310,3 +310,38 @@ def test_lean_reads_give_the_same_cost_and_goodput(fleet: Fleet) -> None:
     now = fleet.clock.now
     reports = [cost.report(rows, pricing.shipped(), {}, now=now).to_dict() for rows in (full, lean)]
     assert reports[0] == reports[1] and reports[0]["jobs"][0]["goodput"] is not None
+
+
+def test_the_kept_all_time_costs_equal_a_fresh_report_as_jobs_come_and_go(fleet: Fleet) -> None:
+    from tpufleet.control.usage import Usage
+    from tpufleet.observe import cost
+
+    usage = Usage(fleet.store)
+    kept = cost.AllTime(usage, pricing.shipped())
+
+    def same() -> None:
+        fresh = cost.report(usage.attempts(), pricing.shipped(), usage.slice_pricing(), now=fleet.clock.now)
+        assert kept.report().to_dict() == fresh.to_dict()
+        assert kept.report("team-b").to_dict()["tenants"] == [
+            t for t in fresh.to_dict()["tenants"] if t["tenant"] == "team-b"
+        ]
+
+    fleet.store.create_tenant("team-a", {"v4": 16})
+    fleet.store.create_tenant("team-b", {"v6e": 16})
+    same()  # nothing yet
+    run_with_steps(fleet, fleet.submit("team-a"))
+    same()
+    retried = fleet.submit("team-a", max_retries=1)
+    running = fleet.submit("team-b", accelerator_type="v6e-16")
+    fleet.cycle()
+    fleet.cluster.start(retried)
+    fleet.cluster.start(running)
+    fleet.cycle(30)
+    same()  # two running: their cost grows
+    fleet.cluster.exit(retried, 1)  # fails: back to the queue for attempt 2
+    fleet.cycle(10)
+    same()
+    fleet.store.request_cancel(retried)  # cancelled while queued: no attempt changes
+    fleet.cycle(10)
+    same()
+    assert kept.open == {running}  # what is read again next time

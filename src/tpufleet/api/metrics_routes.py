@@ -46,6 +46,7 @@ def install(
     app.state.prices = prices or pricing.shipped()
     usage = Usage(store)
     reports: dict[tuple[object, ...], dict[str, Any]] = {}
+    alltime = cost.AllTime(usage, app.state.prices)
 
     @app.get(
         "/metrics",
@@ -89,9 +90,12 @@ def install(
         cached = reports.get(key)
         if cached is not None:
             return cached
-        start = now - window if window is not None else None
-        rows = usage.attempts(tenant=scope or tenant, since=start, lean=True)
-        got = cost.report(rows, request.app.state.prices, usage.slice_pricing(), now=now, since=start)
+        if window is None:  # all time: kept between reports, only what changed is read again
+            got = alltime.report(scope or tenant)
+        else:
+            start = now - window
+            rows = usage.attempts(tenant=scope or tenant, since=start, lean=True)
+            got = cost.report(rows, request.app.state.prices, usage.slice_pricing(), now=now, since=start)
         reports[key] = answer = got.to_dict()
         while len(reports) > 16:
             reports.pop(next(iter(reports)))

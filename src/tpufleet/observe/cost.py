@@ -12,19 +12,30 @@ how many chip-hours had no price. Pure arithmetic over ``control.usage`` rows.
 from __future__ import annotations
 
 import re
+import threading
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
 from tpufleet import catalog, pricing
-from tpufleet.control.usage import ON_DEMAND, UsageAttempt
+from tpufleet.control.usage import ON_DEMAND, Usage, UsageAttempt
 from tpufleet.errors import SpecError
 from tpufleet.observe import goodput
 
-__all__ = ["CostReport", "JobCost", "TenantCost", "attempt_chip_seconds", "parse_duration", "report"]
+__all__ = [
+    "AllTime",
+    "CostReport",
+    "JobCost",
+    "TenantCost",
+    "assemble",
+    "attempt_chip_seconds",
+    "parse_duration",
+    "report",
+]
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+_TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -136,10 +147,20 @@ def report(
     for a in attempts:
         by_job[a.job_id].append(a)
     jobs = [job_cost(rows, prices, pricing_of, now=now, since=since) for rows in by_job.values()]
-    jobs = [j for j in jobs if j.chip_seconds > 0]
-    jobs.sort(key=lambda j: (j.tenant, -(j.dollars or 0.0), -j.chip_seconds, j.job_id))
+    return assemble(jobs, prices, now=now, since=since)
+
+
+def assemble(
+    jobs: Iterable[JobCost], prices: pricing.PriceTable, *, now: float, since: float | None = None
+) -> CostReport:
+    """The report of these jobs' costs: the jobs that held chips, most expensive first per tenant,
+    and each tenant's sums."""
+    held = sorted(
+        (j for j in jobs if j.chip_seconds > 0),
+        key=lambda j: (j.tenant, -(j.dollars or 0.0), -j.chip_seconds, j.job_id),
+    )
     tenants: dict[str, TenantCost] = {}
-    for j in jobs:
+    for j in held:
         t = tenants.setdefault(j.tenant, TenantCost(j.tenant))
         t.jobs += 1
         t.chip_seconds += j.chip_seconds
@@ -147,7 +168,50 @@ def report(
         t.dollars = _add(t.dollars, j.dollars)
         t.badput_dollars = _add(t.badput_dollars, j.badput_dollars)
         t.by_generation[j.generation] = t.by_generation.get(j.generation, 0.0) + j.chip_seconds
-    return CostReport(since, now, sorted(tenants.values(), key=lambda t: t.tenant), jobs, prices.to_list())
+    return CostReport(since, now, sorted(tenants.values(), key=lambda t: t.tenant), held, prices.to_list())
+
+
+class AllTime:
+    """Every job's all-time cost, kept between reports (``GET /api/v1/cost`` without ``since``).
+
+    The first report reads every attempt; later ones read again only the jobs that hold slices now
+    (their cost grows), the jobs with an attempt admitted or ended since the last report (with
+    ``slack_s`` for transactions that commit late) and the unfinished jobs kept from before. A job
+    that finished, with every attempt ended, no longer changes and is not read again. The same
+    numbers as :func:`report` over every attempt (a test compares them)."""
+
+    def __init__(self, usage: Usage, prices: pricing.PriceTable, slack_s: float = 300.0) -> None:
+        self.usage, self.prices, self.slack_s = usage, prices, slack_s
+        self.jobs: dict[str, JobCost] = {}
+        self.open: set[str] = set()  # kept jobs that may still change
+        self.mark: float | None = None
+        self._lock = threading.Lock()
+
+    def report(self, tenant: str | None = None) -> CostReport:
+        with self._lock:  # API requests run on a thread pool
+            return self._report(tenant)
+
+    def _report(self, tenant: str | None) -> CostReport:
+        now = self.usage.clock()
+        pricing_of = self.usage.slice_pricing()
+        if self.mark is None:
+            rows = self.usage.attempts(lean=True)
+        else:
+            since = self.mark - self.slack_s
+            touched = {a.job_id for a in self.usage.admitted_since(since)}
+            touched |= {a.job_id for a in self.usage.ended_since(since)}
+            touched |= {a.job_id for a in self.usage.open_attempts()} | self.open
+            rows = self.usage.attempts(job_ids=touched, lean=True) if touched else []
+        by_job: dict[str, list[UsageAttempt]] = defaultdict(list)
+        for a in rows:
+            by_job[a.job_id].append(a)
+        for job_id, attempts in by_job.items():
+            self.jobs[job_id] = job_cost(attempts, self.prices, pricing_of, now=now)
+            finished = attempts[0].job_state in _TERMINAL and all(a.ended_at is not None for a in attempts)
+            (self.open.discard if finished else self.open.add)(job_id)
+        self.mark = now
+        mine = self.jobs.values() if tenant is None else (j for j in self.jobs.values() if j.tenant == tenant)
+        return assemble(mine, self.prices, now=now)
 
 
 def job_cost(
