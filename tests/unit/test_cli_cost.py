@@ -82,6 +82,14 @@ def test_cost_since_and_bad_durations(cli: Cli, clock: FakeClock) -> None:
     assert "--since" in str(err) and "7d" in str(err)
 
 
+def test_a_tenants_badput_says_when_part_of_it_is_unknown() -> None:
+    from tpufleet.cli.cost import _badput
+
+    assert _badput({"badput_dollars": 1.5, "unreported_jobs": 0}) == "$1.50"
+    assert _badput({"badput_dollars": 1.5, "unreported_jobs": 2}) == "$1.50 + unknown"
+    assert _badput({"badput_dollars": None, "unreported_jobs": 1}) == "unknown"
+
+
 def test_money_is_unknown_never_zero() -> None:
     assert money(None) == "unknown"
     assert money(0.0) == "$0.00"

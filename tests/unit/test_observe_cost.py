@@ -110,6 +110,7 @@ def test_tenants_sum_their_jobs_and_count_unpriced_chip_time() -> None:
         1600 / 3600
     )
     assert (b.tenant, b.chip_seconds) == ("team-b", 1600)  # running: to now
+    assert (a.unreported_jobs, a.badput_dollars) == (2, None)  # no job reports steps: badput unknown
     assert got.to_dict()["currency"] == "USD" and got.to_dict()["prices"][0]["generation"] == "v4"
 
 

@@ -70,9 +70,16 @@ def tenants_table(rows: list[dict[str, Any]], since: str | None) -> Table:
             str(t["jobs"]),
             _hours(t["chip_hours"]),
             money(t["dollars"], t["unpriced_chip_hours"]),
-            money(t["badput_dollars"]) if t["badput_dollars"] is not None else "-",
+            _badput(t),
         )
     return table
+
+
+def _badput(t: dict[str, Any]) -> str:
+    """A tenant's dollars lost to badput; ``+ unknown`` where some of its jobs report no steps."""
+    if t["badput_dollars"] is None:
+        return "unknown" if t.get("unreported_jobs") else "-"
+    return money(t["badput_dollars"], 1.0 if t.get("unreported_jobs") else 0.0)
 
 
 def jobs_cost_table(rows: list[dict[str, Any]]) -> Table:

@@ -105,7 +105,8 @@ class TenantCost:
     chip_seconds: float = 0.0
     dollars: float | None = None
     unpriced_chip_seconds: float = 0.0
-    badput_dollars: float | None = None
+    badput_dollars: float | None = None  # over the jobs that report steps (see ``unreported_jobs``)
+    unreported_jobs: int = 0  # jobs that report no steps: their badput is unknown
     by_generation: dict[str, float] = field(default_factory=dict)  # chip-seconds
 
     def to_dict(self) -> dict[str, object]:
@@ -167,6 +168,7 @@ def assemble(
         t.unpriced_chip_seconds += j.unpriced_chip_seconds
         t.dollars = _add(t.dollars, j.dollars)
         t.badput_dollars = _add(t.badput_dollars, j.badput_dollars)
+        t.unreported_jobs += j.badput_chip_seconds is None
         t.by_generation[j.generation] = t.by_generation.get(j.generation, 0.0) + j.chip_seconds
     return CostReport(since, now, sorted(tenants.values(), key=lambda t: t.tenant), held, prices.to_list())
 
