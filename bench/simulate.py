@@ -60,7 +60,7 @@ so the 10,000-host, 100,000-job run uses ``--cycle-s 300`` to finish in minutes.
   (quota / fleet), and ``entitlement_met``: the time integral of ``min(held, quota)`` over that of
   ``min(held + queued, quota)`` -- 1.0 means the tenant never had less than its entitlement while it
   had the demand for it. ``jain_fairness`` is Jain's index over ``entitlement_met``;
-  ``min_entitlement_met`` the lowest.
+  ``min_entitlement_met`` the lowest. Each tenant's ``wait_p50_s`` / ``wait_p99_s`` too.
 - ``goodput``: chip-seconds of progress kept over chip-seconds held, over the whole run (restarts
   and work lost to host failures are badput).
 - ``chip_hours_paid``: chips present in the fleet (spot slices that are away excluded) over the
@@ -804,9 +804,11 @@ def replay(trace: Trace, cfg: Config, policy: str) -> dict[str, object]:
     fleet = trace.capacity_chips * h
     offered = sum(j.chips * min(j.duration + cfg.restart_min * 60, h - j.arrival) for j in trace.jobs)
     waits: dict[int, list[float]] = {u: [] for u, _ in SIZE_MIX}
+    tenant_waits: dict[str, list[float]] = {t: [] for t in trace.tenants}
     for r in eng.runs:
         if r.first_start is not None:
             waits[r.job.units].append(r.first_start - r.job.arrival)
+            tenant_waits[r.job.tenant].append(r.first_start - r.job.arrival)
     every = [w for ws in waits.values() for w in ws]
     tenants: dict[str, dict[str, float]] = {}
     met: list[float] = []
@@ -817,6 +819,8 @@ def replay(trace: Trace, cfg: Config, policy: str) -> dict[str, object]:
             "share": round(eng.tenant_used[t] / fleet, 4) if fleet else 0.0,
             "entitlement": round(trace.quota[t] / trace.capacity_chips, 4),
             "entitlement_met": round(m, 4),
+            "wait_p50_s": round(_pct(tenant_waits[t], 0.50), 1),
+            "wait_p99_s": round(_pct(tenant_waits[t], 0.99), 1),
         }
     util = eng.used_window / fleet if fleet else 0.0
     load = offered / fleet if fleet else 0.0

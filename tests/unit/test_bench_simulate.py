@@ -127,6 +127,8 @@ def test_tpufleet_reclaims_a_tenant_entitlement_that_fifo_leaves_to_the_flood() 
     assert tpf["preemptions"] >= 1
     assert tpf["tenants"]["t1"]["entitlement_met"] > 0.9
     assert fifo["tenants"]["t1"]["entitlement_met"] < 0.5
+    assert tpf["tenants"]["t1"]["wait_p99_s"] <= 2 * cfg.cycle_s + cfg.grace_s  # reclaimed, not waited out
+    assert fifo["tenants"]["t1"]["wait_p99_s"] >= 28 * H  # behind t0's 30-hour jobs
     assert tpf["jain_fairness"] > fifo["jain_fairness"]
     assert tpf["min_entitlement_met"] > fifo["min_entitlement_met"]
 
