@@ -193,6 +193,7 @@ def test_the_page_shows_the_fleet_a_running_job_and_updates_when_it_ends(
     # the job's hosts, attempts and live logs
     running.locator(".job-name").click()
     page.wait_for_selector("#job:not([hidden])")
+    page.locator("#job-title", has_text=HOSTILE).wait_for(timeout=10_000)  # the id at once, then the name
     assert page.locator("#job-title").text_content() == f"{job} · {HOSTILE}"
     page.locator("#job-attempts tr[data-attempt='1']").wait_for(timeout=10_000)
     assert page.locator("#job-hosts .host").count() == 2
@@ -201,7 +202,8 @@ def test_the_page_shows_the_fleet_a_running_job_and_updates_when_it_ends(
 
     # the job ends: the page moves it to Finished and frees its slice, without a reload
     page.locator(f'#recent tr[data-job="{job}"][data-state="SUCCEEDED"]').wait_for(timeout=30_000)
-    assert running.count() == 0 and held.count() == 0
+    running.wait_for(state="detached", timeout=10_000)
+    held.wait_for(state="detached", timeout=10_000)  # its slice is free again
     page.locator("#job-logs-note", has_text="complete").wait_for(timeout=10_000)
     assert "sandbox: exit 0" in page.locator("#job-logs").text_content()
     assert page.evaluate("window.__same_document") is True

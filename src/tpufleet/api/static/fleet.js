@@ -15,6 +15,7 @@
   let costs = null; // GET /api/v1/cost: {tenants: {name: row}, jobs: {id: row}}, null until it answers
   let costAt = 0;
   let slicesDrawn = null; // the slices as last drawn (JSON), to skip an unchanged redraw
+  let session = 0; // bumped at every sign-in and sign-out: answers to an older session are dropped
   const COST_MS = 10000; // the cost report reads every attempt: refreshed less often than the fleet
 
   const $ = (id) => document.getElementById(id);
@@ -55,6 +56,7 @@
   }
 
   function signOut(message) {
+    session += 1;
     sessionStorage.removeItem(KEY);
     if (timer) clearTimeout(timer);
     timer = null;
@@ -83,6 +85,7 @@
   }
 
   function start() {
+    session += 1;
     $("login").hidden = true;
     $("fleet").hidden = false;
     $("signout").hidden = false;
@@ -90,34 +93,39 @@
   }
 
   async function tick() {
+    const mine = session;
     timer = null;
     try {
-      fleet = await api("/api/v1/fleet");
-      await refreshCost();
+      const view = await api("/api/v1/fleet");
+      await refreshCost(mine);
+      if (mine !== session) return; // signed out (or in again) meanwhile: not this session's to draw
+      fleet = view;
       render(fleet);
       if (selected) await refreshJob();
+      if (mine !== session) return;
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
       $("updated").classList.remove("error");
     } catch (err) {
-      if (!token()) return;
+      if (mine !== session || !token()) return;
       $("updated").textContent = "not updated: " + err.message;
       $("updated").classList.add("error");
     }
-    if (token()) timer = setTimeout(tick, POLL_MS);
+    if (mine === session && token()) timer = setTimeout(tick, POLL_MS);
   }
 
-  async function refreshCost() {
+  async function refreshCost(mine) {
     if (Date.now() - costAt < COST_MS) return;
     costAt = Date.now();
+    let got = null; // no cost report on this server (yet): shown as a dash, never as zero
     try {
       const report = await api("/api/v1/cost");
-      costs = { tenants: {}, jobs: {} };
-      for (const t of report.tenants || []) costs.tenants[t.tenant] = t;
-      for (const j of report.jobs || []) costs.jobs[j.job_id] = j;
+      got = { tenants: {}, jobs: {} };
+      for (const t of report.tenants || []) got.tenants[t.tenant] = t;
+      for (const j of report.jobs || []) got.jobs[j.job_id] = j;
     } catch (err) {
       if (!token()) throw err;
-      costs = null; // no cost report on this server (yet): shown as a dash, never as zero
     }
+    if (mine === session) costs = got;
   }
 
   // -- formatting -------------------------------------------------------------------------------
