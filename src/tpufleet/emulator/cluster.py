@@ -1,9 +1,12 @@
 """``EmulatedFleet``: a local Ray cluster whose raylets Ray, Ray Train and JAX take for TPU hosts.
 
-One head (no TPU, no CPU) plus one ``ray start`` per emulated host, each in its own session and
-its own Ray temp dir, all on this machine with random free ports, so several fleets (and other
-people's clusters) coexist. Every operation is recorded in ``state_dir`` (see ``state.py``), so a
-fleet started by one process (``tpufleet emulate up``) is inspected, broken and stopped by others::
+One head (no TPU, no CPU) plus one Ray node per emulated host, each in its own session and its
+own Ray temp dir, all on this machine with random free ports, so several fleets (and other
+people's clusters) coexist. Nodes are started by ``rayhost.py`` with ``ray start``'s flags
+(``lean=True``, the default: no ``ray start`` CLI, a stand-in for each host's dashboard agent, no
+prestarted workers; ``lean=False`` is plain ``ray start``), hosts ``wave_size`` at a time.
+Every operation is recorded in ``state_dir`` (see ``state.py``), so a fleet started by one
+process (``tpufleet emulate up``) is inspected, broken and stopped by others::
 
     with EmulatedFleet("v4-16:2,v6e-4") as fleet:
         ray.init(address=fleet.ray_address)
