@@ -307,6 +307,10 @@ def test_top_once_prints_one_frame_of_the_fleet(server: Server) -> None:
         time.sleep(0.2)
     held = server.job(job)["slices"][0]
     server.submit("prod", command=["python", "big.py"], accelerator_type="v6e-8", num_slices=2)
+    # earlier tests' research jobs may still be stopping: wait until only this one holds chips
+    while _held(server, "research") != {"v4": 8}:
+        assert time.monotonic() < deadline + 30, _held(server, "research")
+        time.sleep(0.2)
     try:
         out = _top(server, server.admin)
         assert out.returncode == 0, out.stderr
@@ -330,6 +334,12 @@ def test_top_once_prints_one_frame_of_the_fleet(server: Server) -> None:
             headers={"Authorization": f"Bearer {server.admin}"},
             timeout=10,
         )
+
+
+def _held(server: Server, tenant: str) -> dict[str, int]:
+    headers = {"Authorization": f"Bearer {server.admin}"}
+    view = httpx.get(f"{server.url}/api/v1/fleet", headers=headers, timeout=10).json()
+    return dict(next(t["held"] for t in view["tenants"] if t["name"] == tenant))
 
 
 def test_top_with_a_bad_token_says_so_in_one_line(server: Server) -> None:
