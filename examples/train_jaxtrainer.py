@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import time
@@ -138,6 +139,14 @@ def main() -> int:
     from tpufleet import runtime
 
     ray.init()  # a Ray job's driver: joins the cluster it was submitted to
+
+    def checkpoint_signal(*_: object) -> None:
+        # tpufleet stops a Ray job (preemption, cancel, a failed host) with Ray's job stop: SIGTERM
+        # here. The run's checkpoints are already in storage; the next attempt restores the newest.
+        print("driver: SIGTERM (the checkpoint signal); the next attempt resumes", flush=True)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, checkpoint_signal)
     if os.environ.get("TPUFLEET_JOB_KIND") == "ray":
         scaling, run = runtime.scaling_config(), runtime.run_config()
     else:
