@@ -403,7 +403,7 @@ class Soak:
                 continue
             wait = ev.at - self._now()
             if wait > 0:
-                self._stop_faults.wait(min(wait, 0.5))
+                time.sleep(min(wait, 0.2))
                 continue
             heapq.heappop(self._events)
             if ev.kind in FAULT_KINDS and ev.at > window:

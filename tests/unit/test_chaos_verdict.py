@@ -67,3 +67,59 @@ def test_bad_input_is_refused_before_anything_starts() -> None:
         Soak(ChaosConfig(slices="v9-8:1"))
     with pytest.raises(SpecError, match="--jobs"):
         Soak(ChaosConfig(jobs=0))
+
+
+def _result(**over: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "seed": 1,
+        "slices": "v4-8:2",
+        "jobs": 2,
+        "succeeded": 1,
+        "failed": [{"name": "chaos-1", "id": "ab", "reason": "attempt 3 failed (exit 1)"}],
+        "lost": [],
+        "double_runs": [],
+        "leaked_placement_groups": [],
+        "leaked_processes": [],
+        "faults": {"kill_host": 1, "skipped": 2},
+        "seconds": 61.0,
+    }
+    return base | over
+
+
+@pytest.mark.parametrize(
+    ("over", "ok"),
+    [
+        ({}, True),
+        ({"lost": [{"name": "chaos-0", "id": "cd", "why": "never ended (still QUEUED)"}]}, False),
+        (
+            {
+                "double_runs": [
+                    {"name": "chaos-0", "id": "cd", "why": ["attempts 1 and 2 ran at the same time"]}
+                ]
+            },
+            False,
+        ),
+        ({"leaked_placement_groups": [{"id": "ff", "name": "", "state": "CREATED"}]}, False),
+        ({"leaked_processes": [4242]}, False),
+    ],
+)
+def test_the_verdict_fails_on_any_loss_double_run_or_leak_but_not_on_a_failed_job(
+    over: dict[str, object], ok: bool
+) -> None:
+    from tpufleet.chaos import passed
+
+    assert passed(_result(**over)) is ok
+
+
+def test_the_table_names_each_failure_and_counts_faults_without_the_skipped() -> None:
+    from rich.console import Console
+
+    from tpufleet.cli.chaos import result_table
+
+    console = Console(width=200, record=True)
+    console.print(result_table(_result(leaked_processes=[4242])))
+    text = console.export_text()
+    assert "chaos-1: attempt 3 failed (exit 1)" in text
+    assert "4242" in text
+    faults_row = next(line for line in text.splitlines() if line.strip().startswith("faults"))
+    assert faults_row.split()[1] == "1" and "skipped 2" in faults_row
