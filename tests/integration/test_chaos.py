@@ -39,7 +39,9 @@ def test_a_short_seeded_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
     assert result["lost"] == [] and result["double_runs"] == []
     assert result["leaked_placement_groups"] == [] and result["leaked_processes"] == []
     faults = result["faults"]
-    assert sum(faults.get(k, 0) for k in FAULT_KINDS) == 4, faults  # one of each kind at this length
+    # a minute has four faults, one of each kind; a host fault finding no whole slice is skipped
+    assert sum(faults.get(k, 0) for k in FAULT_KINDS) + faults.get("skipped", 0) == 4, faults
+    assert sum(faults.get(k, 0) for k in ("kill_host", "preempt", "preempt_notice")) >= 2, faults
     assert faults["control_plane_kill"] == faults["control_plane_restart"] == 1
     assert result["control_plane_starts"] == 2
     assert faults.get("restore", 0) >= 1, faults
