@@ -439,10 +439,17 @@ def _pg_handle(pg_id: str) -> PlacementGroup:
 
 
 def _default_client() -> Any:
-    """Ray's job submission client for the cluster this process is connected to (the dashboard's
-    address from ``ray.init``; Ray's token is added by the client when token auth is on)."""
+    """Ray's job submission client for the cluster this process is connected to: the dashboard's
+    address as that cluster's GCS records it (never Ray's "auto" search, which finds whatever Ray
+    runs on this machine); Ray's token is added by the client when token auth is on."""
+    from ray._private.services import get_webui_url_from_internal_kv
     from ray.job_submission import JobSubmissionClient
 
     if not ray.is_initialized():
         raise ClusterError("not connected to Ray: RayExecutor.connect() first")
-    return JobSubmissionClient()
+    url = get_webui_url_from_internal_kv()  # type: ignore[no-untyped-call]
+    if not url:
+        raise ClusterError(
+            "the Ray cluster runs no dashboard, so it has no job API for Ray jobs", retry_after=30
+        )
+    return JobSubmissionClient(url if "://" in url else f"http://{url}")
