@@ -135,6 +135,52 @@ def test_a_killed_host_is_lost_and_its_slice_broken_until_restored(cluster: RayE
     cluster.stop(again.job_id, again.attempt)
 
 
+def test_a_host_that_died_while_the_control_plane_was_down_is_lost_and_its_slice_comes_back(
+    cluster: RayExecutor, fleet: Any
+) -> None:
+    """Adopted without a runner (its node died meanwhile): poll says LOST, stop ends the attempt
+    and frees the slice, so the next launch there is not refused as held (found by tpufleet chaos)."""
+    victim = v4_slices(cluster, 2)[1]
+    job, tok = f"died-{os.getpid()}", token()
+    script = textwrap.dedent(
+        f"""
+        import time
+        from tpufleet.control.cluster import AttemptSpec
+        from tpufleet.control.executor import RayExecutor
+        c = RayExecutor.connect({ray.get_runtime_context().gcs_address!r})
+        c.inventory()
+        cmd = ({sys.executable!r}, "-c", {SLEEP!r}, {tok!r})
+        where = dict(tenant={TENANT!r}, job_root={JOB_ROOT!r})
+        c.launch(AttemptSpec({job!r}, 1, ({victim.name!r},), "v4-16", cmd, **where))
+        while not c.poll({job!r}, 1).all_running:
+            time.sleep(0.05)
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)  # that control plane is gone
+    dead_node = victim.hosts[1].node_id
+    fleet.kill_host(victim.name, 1)
+    try:
+        wait_for(
+            "the node to be dead",
+            lambda: not any(n["NodeID"] == dead_node and n["Alive"] for n in ray.nodes()),
+        )
+        fresh = RayExecutor()
+        assert (job, 1) in fresh.adopt()
+        status = wait_for("host 1 lost", lambda: (st := fresh.poll(job, 1)).failure and st, 60)
+        assert {h.worker_id: h.state for h in status.hosts}[1] == HostState.LOST
+        fresh.stop(job, 1, grace_s=1)
+        assert procs_with(tok) == []
+        assert (job, 1) not in fresh.running_attempts()
+    finally:
+        fleet.restore(victim.name)
+    wait_for("the slice to be intact again", lambda: _intact(fresh, victim.name), 120, every_s=0.5)
+    fresh.wait_warm([victim.name], timeout_s=120)
+    again = spec([victim], "print('back')")
+    fresh.launch(again)  # not refused: the dead attempt no longer holds the slice
+    assert wait_for("a job on the slice", lambda: finished(fresh, again)).succeeded
+    fresh.stop(again.job_id, again.attempt)
+
+
 def _intact(cluster: RayExecutor, name: str) -> bool:
     return any(x.name == name and x.intact for x in cluster.inventory())
 

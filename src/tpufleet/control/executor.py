@@ -260,9 +260,11 @@ class RayExecutor:
         starts = [h.started for h in rec.hosts if h.started is not None]
         returned = set(ray.wait(starts, num_returns=len(starts), timeout=0)[0]) if starts else set()
         started = [h.started is None or h.started in returned for h in rec.hosts]
-        refs = [h.runner.status.remote(job_id, attempt) for h in rec.hosts]
-        progress_ref = rec.hosts[0].runner.progress.remote(job_id, attempt) if rec.hosts else None
-        asked = refs + ([progress_ref] if progress_ref is not None else [])
+        # A host adopted after a restart without a runner (its node died meanwhile) has nobody to ask.
+        refs = [h.runner.status.remote(job_id, attempt) if h.runner is not None else None for h in rec.hosts]
+        first = rec.hosts[0].runner if rec.hosts else None
+        progress_ref = first.progress.remote(job_id, attempt) if first is not None else None
+        asked = [r for r in refs if r is not None] + ([progress_ref] if progress_ref is not None else [])
         ready, _ = ray.wait(asked, num_returns=len(asked), timeout=_POLL_WAIT_S)
         done = set(ready)
         if progress_ref is not None and progress_ref in done:
@@ -270,6 +272,10 @@ class RayExecutor:
         dead_nodes: set[str] | None = None
         statuses = []
         for host, ref, was_started in zip(rec.hosts, refs, started, strict=True):
+            if ref is None:
+                host.last = HostStatus(host.slice, host.worker_id, HostState.LOST)
+                statuses.append(host.last)
+                continue
             status = self._host_status(host, ref if ref in done else None, was_started)
             if status is None:  # no answer in time: a dead node, or the runner is still busy
                 if dead_nodes is None:
@@ -380,11 +386,17 @@ class RayExecutor:
             rec = self._record(job_id, attempt)
         except NotFoundError:
             return
-        refs = [h.runner.stop.remote(job_id, attempt, grace_s) for h in rec.hosts]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s + _CALL_TIMEOUT_S)
+        # A host without a runner (adopted after its node died) is LOST; the others are asked to stop.
+        refs = [
+            h.runner.stop.remote(job_id, attempt, grace_s) if h.runner is not None else None
+            for h in rec.hosts
+        ]
+        asked = [r for r in refs if r is not None]
+        wait_s = grace_s + _CALL_TIMEOUT_S
+        ready = ray.wait(asked, num_returns=len(asked), timeout=wait_s)[0] if asked else []
         dead: dict[str, list[int]] = {}
         for host, ref in zip(rec.hosts, refs, strict=True):
-            if ref in ready and _died(ref):
+            if ref is None or (ref in ready and _died(ref)):
                 dead.setdefault(host.slice, []).append(host.worker_id)
             host.last = _stopped(host, ref if ref in ready else None)
         if rec.hosts and rec.hosts[0].runner is not None:  # the last steps, before a job runner goes
@@ -393,7 +405,8 @@ class RayExecutor:
                 self._keep_progress(rec, final)
         if rec.job_runners:
             for h in rec.hosts:
-                kill_actor(h.runner)
+                if h.runner is not None:
+                    kill_actor(h.runner)
         live = {n["NodeID"] for n in _nodes() if n.get("Alive")}
         with self._lock:
             rec.ended = True
