@@ -157,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         _without_dashboard_agent(services, ray_constants)
     params = params_of(args, ray_parameter)
     node = ray_node.Node(params, head=args.head, shutdown_at_exit=False, spawn_reaper=False)
+    if args.head:
+        # As `ray start --head` does: "auto" on this node (Ray's job supervisor giving a Ray job's
+        # driver its RAY_ADDRESS) reads it from the temp dir, instead of picking whichever Ray
+        # cluster this machine runs (another fleet's, whose token differs).
+        import ray._private.utils as ray_utils
+
+        ray_utils.write_ray_address(node.address, args.temp_dir)
     what = "head" if args.head else "host"
     print(f"emulated {what} started: Ray node {node.node_id} at {node.address}", flush=True)
     return 0
