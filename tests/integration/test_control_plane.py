@@ -26,7 +26,7 @@ from tpufleet.api.server import ControlPlane
 from tpufleet.control.executor import RayExecutor
 from tpufleet.control.records import Limits
 from tpufleet.control.service import ServiceConfig
-from tpufleet.errors import AuthError, ForbiddenError, NotFoundError
+from tpufleet.errors import AuthError, ConflictError, ForbiddenError, NotFoundError
 
 pytestmark = pytest.mark.integration
 
@@ -341,6 +341,45 @@ def test_a_higher_priority_job_preempts_its_own_tenants_lower_priority_job(plane
     logged(client, low["id"], "resumed from step-42 on attempt 2", attempt=2)
     client.cancel(low["id"])
     wait_state(client, low["id"], "CANCELLED", timeout_s=30)
+
+
+# -- operating a tenant on a live fleet (issue 14) -----------------------------------------------
+def test_operating_a_tenant_on_a_live_fleet(plane: Plane) -> None:
+    name, client = plane.tenant(v4=16)
+    job = client.submit([PY, "-c", TRAP], "v4-16", max_retries=0, name="lives-through-changes")
+    wait_state(client, job["id"], "RUNNING")
+    logged(client, job["id"], "running attempt 1")  # the SIGTERM handler is in place
+    # A quota lowered below what the tenant holds stops nothing: the job now borrows (reclaimable).
+    assert plane.admin.update_tenant(name, quota={"v4": 0})["quota"].get("v4", 0) == 0
+    wait_for("the job to count as borrowing", lambda: client.job(job["id"])["borrowing"] is True, 30)
+    assert client.job(job["id"])["state"] == "RUNNING" and client.job(job["id"])["attempt"] == 1
+    # A second token of the tenant works until it is revoked, then gets 401 at once.
+    made = plane.admin.create_token(name)
+    with Client(plane.url, made["token"]) as second:
+        assert [j["id"] for j in second.jobs()] == [job["id"]]
+        plane.admin.revoke_token(made["id"])
+        with pytest.raises(AuthError):
+            second.jobs()
+    # Delete refuses while the tenant has work; --force cancels it (SIGTERM, grace) and deletes.
+    with pytest.raises(ConflictError, match="running"):
+        plane.admin.delete_tenant(name)
+    plane.admin.delete_tenant(name, force=True)
+    wait_state(plane.admin, job["id"], "CANCELLED", timeout_s=60)
+    for h in plane.admin.logs(job["id"], attempt=1)["hosts"]:
+        assert "SIGTERM on attempt 1" in h["data"], h
+    wait_for("the tenant to be deleted", lambda: plane.admin.tenant(name).get("state") == "deleted", 30)
+    with pytest.raises(AuthError):
+        client.jobs()  # its tokens went with it
+    assert plane.admin.job(job["id"])["tenant"] == name  # its records stay readable to the admin
+    said = [(e["kind"], e["actor"], e["message"]) for e in plane.admin.audit(name)]
+    for kind, words in (
+        ("tenant", f"tenant {name} updated"),
+        ("borrowing", "now borrowing"),
+        ("token", "created"),
+        ("token", "revoked"),
+        ("tenant", f"tenant {name} deleted"),
+    ):
+        assert any(k == kind and a == "admin" and words in m for k, a, m in said), (kind, words, said)
 
 
 # -- a lost host ---------------------------------------------------------------------------------

@@ -197,6 +197,58 @@ def test_a_batch_of_mixed_shapes_from_two_tenants_all_succeed_exactly_once(
     http.close()
 
 
+def test_at_scale_urgent_work_preempts_its_own_tenants_low_priority_work(tmp_path: Path) -> None:
+    """Issue 14 in sandbox mode: 64 long low-priority jobs fill a tenant's quota (the whole fleet);
+    40 short urgent ones of the same tenant preempt them. Every job ends SUCCEEDED, no retry is
+    used, each urgent job runs once, and every preempted attempt names the urgent job it made room
+    for; the other tenant's in-quota job is never touched."""
+    cluster = SandboxCluster.of("v4-16:16", job_seconds=0.05)
+    config = ServiceConfig(interval_s=0.02, busy_interval_s=0.005, log_budget_s=0.05, preempt_grace_s=0.2)
+    cp = ControlPlane(cluster, state_dir=tmp_path / "state", config=config)
+    try:
+        http = TestClient(cp.app)
+        admin = {"Authorization": f"Bearer {cp.admin_token}"}
+        for name, quota in (("team-a", 120), ("team-b", 8)):
+            body = {"name": name, "quota": {"v4": quota}}
+            assert http.post("/api/v1/tenants", json=body, headers=admin).is_success
+
+        def batch(tenant: str, n: int, priority: int, seconds: float) -> list[str]:
+            bodies = [
+                {"command": ["train"], "accelerator_type": "v4-16", "tenant": tenant, "priority": priority,
+                 "env": {SECONDS_VAR: str(seconds)}, "max_retries": 0}
+                for _ in range(n)
+            ]  # fmt: skip
+            resp = http.post("/api/v1/jobs/batch", json={"jobs": bodies}, headers=admin)
+            assert resp.status_code == 201, resp.text
+            return list(resp.json()["ids"])
+
+        other = batch("team-b", 1, 0, 1.5)
+        low = batch("team-a", 64, 0, 1.0)
+        cp.start()
+        deadline = time.monotonic() + 60
+        while cp.store.counts()["running"] < 16:
+            assert time.monotonic() < deadline, cp.store.counts()
+            time.sleep(0.02)
+        urgent = batch("team-a", 40, 9, 0.1)
+        while cp.store.counts()["queued"] or cp.store.counts()["running"]:
+            assert time.monotonic() < deadline, cp.store.counts()
+            time.sleep(0.05)
+        done = {j.id: j for j in cp.store.jobs()}
+        assert {(j.state, j.failures) for j in done.values()} == {("SUCCEEDED", 0)}  # no retry used
+        assert {done[i].attempt for i in urgent} == {1}
+        assert done[other[0]].attempt == 1  # never preempted: another tenant, in quota
+        with cp.store.tx() as s:
+            preempted = [
+                (a.job_id, a.message) for a in s.scalars(select(AttemptRow)) if a.state == "PREEMPTED"
+            ]
+        assert preempted, "the urgent jobs preempted nothing"
+        assert {job for job, _ in preempted} <= set(low)
+        assert all(any(f"preempted for job {u}" in (m or "") for u in urgent) for _, m in preempted)
+        http.close()
+    finally:
+        cp.close()
+
+
 # -- tpufleet serve --sandbox ------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
