@@ -159,6 +159,7 @@ def _all_hosts(client: Client, job_id: str, text: str) -> list[str] | None:
     return lines if len(lines) == len(hosts) and hosts else None
 
 
+@pytest.mark.timeout(900)  # two Ray Train start-ups on a shared 2-core machine
 def test_two_ray_jobs_of_the_same_type_admitted_together_each_train_on_their_slice(plane: Plane) -> None:
     a, b = plane.tenant(v4=8), plane.tenant(v4=8)
     jobs = [(a, plane.ray_job(a, "--steps", "4")), (b, plane.ray_job(b, "--steps", "4"))]
@@ -198,6 +199,7 @@ def _free(plane: Plane, name: str) -> bool:
     return any(s["name"] == name and s["state"] == "FREE" for s in plane.admin.slices())
 
 
+@pytest.mark.timeout(900)  # two Ray Train start-ups on a shared 2-core machine
 def test_a_lost_host_ends_the_attempt_and_the_next_restores_ray_trains_checkpoint(
     plane: Plane, fleet: Any
 ) -> None:
@@ -219,6 +221,33 @@ def test_a_lost_host_ends_the_attempt_and_the_next_restores_ray_trains_checkpoin
     assert '"step": 40' in _driver_log(a, job, 2)
     attempts = a.job(job)["attempts"]
     assert "lost" in (attempts[0]["message"] or "") or "broken" in (attempts[0]["message"] or "")
+
+
+@pytest.mark.timeout(900)  # two Ray Train start-ups on a shared 2-core machine
+def test_a_borrowing_ray_job_is_preempted_for_quota_gets_sigterm_and_resumes(plane: Plane) -> None:
+    """Quota applies to Ray jobs: one that borrows (its tenant has no v4 quota) is preempted when a
+    tenant owed the chips needs them; its driver gets SIGTERM through Ray's job stop, the job is
+    requeued without using a retry, and runs again once the chips are free."""
+    borrower, owner = plane.tenant(v4=0), plane.tenant(v4=16)
+    job = plane.ray_job(borrower, "--steps", "40", "--checkpoint-every", "2", "--step-time", "0.5")
+    wait_state(borrower, job, "RUNNING")
+    assert borrower.job(job)["borrowing"] is True
+    try:
+        wait_for("a checkpoint", lambda: "checkpoint at step 2" in _driver_log(borrower, job, 1), 300, 0.5)
+    except AssertionError:
+        raise AssertionError(_driver_log(borrower, job, 1)[-3000:]) from None
+    both = owner.submit([PY, "-c", "import time; time.sleep(600)"], "v4-16", num_slices=2)["id"]
+    wait_state(owner, both, "RUNNING")
+    first = borrower.job(job)["attempts"][0]
+    assert first["state"] == "PREEMPTED" and "preempted" in (first["message"] or ""), first
+    assert "SIGTERM (the checkpoint signal)" in _driver_log(borrower, job, 1)
+    assert borrower.job(job)["state"] == "QUEUED" and borrower.job(job)["failures"] == 0
+    owner.cancel(both)
+    done = wait_state(borrower, job, "SUCCEEDED", timeout_s=400)
+    assert done["attempt"] == 2 and done["failures"] == 0 and done["exit_code"] == 0
+    # Not asserted: that attempt 2 restored attempt 1's checkpoint. After a failed run it does (the
+    # lost-host test); after a driver killed mid-run by the stop, Ray Train 2.60 started afresh in
+    # our runs (docs/ray-jobs.md, Limits).
 
 
 def test_the_fleet_is_whole_afterwards() -> None:
