@@ -174,11 +174,14 @@ def test_a_host_that_died_while_the_control_plane_was_down_is_lost_and_its_slice
     finally:
         fleet.restore(victim.name)
     wait_for("the slice to be intact again", lambda: _intact(fresh, victim.name), 120, every_s=0.5)
-    fresh.wait_warm([victim.name], timeout_s=120)
-    again = spec([victim], "print('back')")
-    fresh.launch(again)  # not refused: the dead attempt no longer holds the slice
-    assert wait_for("a job on the slice", lambda: finished(fresh, again)).succeeded
-    fresh.stop(again.job_id, again.attempt)
+    try:
+        fresh.wait_warm([victim.name], timeout_s=120)
+        again = spec([victim], "print('back')")
+        fresh.launch(again)  # not refused: the dead attempt no longer holds the slice
+        assert wait_for("a job on the slice", lambda: finished(fresh, again)).succeeded
+        fresh.stop(again.job_id, again.attempt)
+    finally:
+        fresh.release_all()  # its reservation of the slice, so this module's executor can make its own
 
 
 def _intact(cluster: RayExecutor, name: str) -> bool:

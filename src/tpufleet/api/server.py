@@ -190,7 +190,9 @@ class ControlPlane:
             self._http.should_exit = True
             self._http_thread.join(timeout=30)
             self._http = self._http_thread = None
-        self.devices.stop()
+        # Asked first, waited for not at all: a device read stuck on a cluster that is gone must
+        # not add its timeout to the loop's (serve must stop within seconds of SIGTERM).
+        self.devices.stop(wait_s=0)
         self.service.close(timeout_s=loop_timeout_s)
         self.store.close()
 

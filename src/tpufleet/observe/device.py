@@ -293,10 +293,12 @@ class DeviceSampler:
                 log.exception("device sampler round failed")
             self._stop.wait(min(1.0, self.interval_s) if not self._targets else self.interval_s / 2)
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float | None = None) -> None:
+        """Stop sampling; wait up to ``wait_s`` (default: one read's timeout + 5 s) for a round
+        under way. The thread is a daemon: one still stuck in a read ends with the process."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.timeout_s + 5.0)
+            self._thread.join(timeout=self.timeout_s + 5.0 if wait_s is None else wait_s)
             self._thread = None
         self._pool.shutdown(wait=False, cancel_futures=True)
 
