@@ -19,6 +19,10 @@ Output (stdout and stderr interleaved) goes to ``<log_root>/<job>/<attempt>/<sli
 (0600, in 0700 directories, hidden from jailed jobs); the exit code is written next to it
 (``.exit``), so logs and results outlive the attempt and can be read through any later runner of
 the same host. A dead runner is replaced by the executor before its slice is offered again.
+
+The runner also carries its host's device page for the control plane, as a daemon thread: the
+emulated TPU device plugin on an emulated host (``emulator/deviceplugin.py``), or on a GCE TPU VM
+the relay of libtpu's metrics (``devicerelay.py``); on GKE it publishes the plugin's address.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from tpufleet import contract
+from tpufleet import contract, devicerelay
 from tpufleet.control import contain, jobfiles
 from tpufleet.emulator import deviceplugin
 from tpufleet.runtime import PROGRESS_VAR, read_progress
@@ -156,6 +160,7 @@ class HostRunner:
         self._node = _node_id()
         self._jail_off = contain.jail_available()
         deviceplugin.serve_from_env()  # an emulated host's TPU device plugin: a thread in this process
+        devicerelay.serve_from_env()  # a GCE TPU VM's libtpu numbers over HTTP: a thread in this process
 
     def ping(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}

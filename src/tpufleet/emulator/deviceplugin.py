@@ -26,8 +26,9 @@ when its first one dies.
 
 Where the control plane finds it: every runner publishes its host's ``TPU_DEVICE_PLUGIN_ADDR`` in
 Ray's internal KV under ``tpufleet:device-plugin:<node id>`` (Ray node labels cannot hold
-``ip:port``). Real GKE hosts do the same with the address the TPU webhook gave them, so one path
-serves both.
+``ip:port``; :func:`publish`). Real GKE hosts do the same with the address the TPU webhook gave
+them, and GCE TPU VMs with their libtpu relay's (``devicerelay.py``), so one path serves all three.
+The page itself is rendered by ``tpudevice.render_device_plugin``, shared with the relay.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpufleet import catalog
+from tpufleet.tpudevice import EMULATED_INFO, ChipReading, render_device_plugin
 
 __all__ = [
     "ADDR_VAR",
@@ -55,6 +58,7 @@ __all__ = [
     "exposition",
     "host_env",
     "job_processes",
+    "publish",
     "published_endpoints",
     "serve_from_env",
 ]
@@ -187,34 +191,28 @@ def exposition(env: dict[str, str], duty: float, rss_bytes: int) -> str:
     chips, worker = st.chips_per_host, int(env.get("TPU_WORKER_ID", "0"))
     total = st.generation.hbm_gib_per_chip * (1 << 30)
     used = min(total, rss_bytes // max(1, chips))
-    base = {
-        "make": "cloud-tpu",
-        "model": st.generation.gke_accelerator,
-        "tpu_topology": str(st.topology),
-    }
     pod = {"container": "tpufleet-job", "namespace": "tpufleet", "pod": f"{env.get('TPU_NAME', '')}-{worker}"}
     uid = zlib.crc32(env.get("TPU_NAME", "").encode())  # one id per slice, as real accelerator ids
     lines = [
-        f"# HELP {_EMULATED} 1: tpufleet's emulator; the numbers are measured from the host's processes",
-        f"# TYPE {_EMULATED} gauge",
-        f'{_EMULATED}{{slice="{env.get("TPU_NAME", "")}",worker="{worker}"}} 1',
+        f"# HELP {EMULATED_INFO} 1: tpufleet's emulator; the numbers are measured from the host's processes",
+        f"# TYPE {EMULATED_INFO} gauge",
+        f'{EMULATED_INFO}{{slice="{env.get("TPU_NAME", "")}",worker="{worker}"}} 1',
     ]
-    families = (
-        ("duty_cycle", "Percent of time when the TPU was actively processing", float(duty)),
-        ("memory_used", "Allocated TPU memory in bytes", float(used)),
-        ("memory_total", "Total memory available on the TPU in bytes", float(total)),
+    readings = [
+        ChipReading(
+            chip, duty_cycle_percent=float(duty), hbm_used_bytes=float(used), hbm_total_bytes=float(total)
+        )
+        for chip in range(chips)
+    ]
+    lines += render_device_plugin(
+        readings,
+        id_prefix=str(uid),
+        first_index=worker * chips,
+        model=st.generation.gke_accelerator,
+        topology=str(st.topology),
+        pod=pod,
     )
-    for name, help_text, value in families:
-        for suffix, labels in (("", {**pod, **base}), ("_node", base)):
-            lines += [f"# HELP {name}{suffix} {help_text}", f"# TYPE {name}{suffix} gauge"]
-            for chip in range(chips):
-                ident = {"accelerator_id": f"{uid}-{worker * chips + chip}", **labels}
-                text = ",".join(f'{k}="{v}"' for k, v in sorted(ident.items()))
-                lines.append(f"{name}{suffix}{{{text}}} {value}")
     return "\n".join(lines) + "\n"
-
-
-_EMULATED = "tpufleet_emulated_device_plugin"  # tpumetrics.EMULATED_INFO (the reader's layer is above)
 
 
 class _Plugin:
@@ -273,7 +271,7 @@ def serve_from_env(environ: dict[str, str] | None = None, retry_s: float = 5.0) 
     the host holds the port."""
     env = dict(os.environ if environ is None else environ)
     if ADDR_VAR in env:
-        _publish(env[ADDR_VAR])
+        publish(env[ADDR_VAR])
     if env.get("TPUFLEET_EMULATED") != "1" or ADDR_VAR not in env or "TPU_ACCELERATOR_TYPE" not in env:
         return False
     with _started:
@@ -294,16 +292,31 @@ def serve_from_env(environ: dict[str, str] | None = None, retry_s: float = 5.0) 
 KV_PREFIX = "tpufleet:device-plugin:"  # + Ray node id -> the host's TPU_DEVICE_PLUGIN_ADDR
 
 
-def _publish(address: str) -> None:
-    """Tell the control plane where this host's plugin is: Ray's internal KV, keyed by node id
-    (Ray node labels cannot hold ``ip:port``). Only from a process connected to Ray."""
-    with contextlib.suppress(Exception):
-        import ray
-        from ray.experimental import internal_kv
+def publish(
+    address: str, node_id: str | None = None, put: Callable[[str, str], object] | None = None
+) -> bool:
+    """Tell the control plane where this host's device page is (a ``TPU_DEVICE_PLUGIN_ADDR`` or the
+    GCE relay's ``ip:port``): Ray's internal KV under ``KV_PREFIX + node id`` (Ray node labels
+    cannot hold ``ip:port``). ``node_id`` defaults to this process's Ray node and ``put`` to Ray's
+    KV (only from a process connected to Ray). Returns whether it was published; never raises."""
+    try:
+        if put is None or node_id is None:
+            import ray
 
-        if ray.is_initialized():
-            node = ray.get_runtime_context().get_node_id()
-            internal_kv._internal_kv_put(f"{KV_PREFIX}{node}", address, overwrite=True)
+            if not ray.is_initialized():
+                return False
+            node_id = node_id or ray.get_runtime_context().get_node_id()
+        (put or _kv_put)(f"{KV_PREFIX}{node_id}", address)
+        return True
+    except Exception as err:  # Ray away for a moment: the next runner of the host publishes again
+        log.debug("cannot publish the device page's address %s: %s", address, err)
+        return False
+
+
+def _kv_put(key: str, value: str) -> object:
+    from ray.experimental import internal_kv
+
+    return internal_kv._internal_kv_put(key, value, overwrite=True)
 
 
 def published_endpoints(node_ids: list[str]) -> dict[str, str]:

@@ -6,5 +6,7 @@
   arithmetic over ``control.usage`` reads and a ``pricing.PriceTable``).
 - ``metrics.py``: the Prometheus collectors ``GET /metrics`` serves; :func:`collectors` lists the
   ones a control plane registers (add a device collector there).
-- ``tpumetrics.py``, ``device.py``: TPU device numbers from the hosts (the device-metrics work).
+- ``tpumetrics.py``, ``device.py``: TPU device numbers from the hosts (the device-metrics work);
+  the hosts' side (libtpu's reader, the page's renderer, the GCE relay) is below ``control/``, in
+  ``tpufleet/tpudevice.py`` and ``tpufleet/devicerelay.py``.
 """

@@ -1,10 +1,11 @@
 """TPU device metrics per chip, joined to slice, host, job and tenant, for ``GET /metrics``.
 
 :class:`DeviceSampler` reads every host's device source (``tpumetrics.py``: the GKE device plugin
-over HTTP, or libtpu's gRPC service) on a timer, each read with a timeout, several hosts at once.
-A host that fails is tried again after a growing pause (interval, 2x, 4x ... at most
-``max_backoff_s``) for as long as it is in the inventory: unlike Ray's reader, which stops after
-one failure, it never gives up for good. A reading older than ``stale_s`` is dropped.
+over HTTP, the same page from a GCE host's libtpu relay (``devicerelay.py``) or the emulator's
+plugin, or libtpu's gRPC service where the reader runs on the host) on a timer, each read with a
+timeout, several hosts at once. A host that fails is tried again after a growing pause (interval,
+2x, 4x ... at most ``max_backoff_s``) for as long as it is in the inventory: unlike Ray's reader,
+which stops after one failure, it never gives up for good. A reading older than ``stale_s`` is dropped.
 
 :class:`DeviceCollector` (a prometheus_client collector) exports, for every chip of tpufleet's
 own inventory (what is paid for), whether or not it reported:
@@ -391,7 +392,8 @@ def published_or_default(
     slices: Sequence[SliceInfo], default_port: int | None = None
 ) -> dict[tuple[str, int], Endpoint]:
     """Each alive host's device plugin: the ``TPU_DEVICE_PLUGIN_ADDR`` its runner published (Ray's
-    internal KV, see ``emulator/deviceplugin.py``; an emulated host's or a GKE host's), else
+    internal KV, see ``emulator/deviceplugin.py``; an emulated host's, a GKE host's, or a GCE
+    host's libtpu relay, ``devicerelay.py``), else
     ``<host address>:<default_port>`` when given (a plugin on the Ray node's own address)."""
     hosts = [(s.name, h) for s in slices for h in s.hosts if h.alive]
     published: dict[str, str] = {}
