@@ -7,8 +7,9 @@ this script is the driver; it runs once, on the Ray head. Ray Data reads a synth
 model data-parallel (gradients averaged over every device of every host by XLA), report metrics and,
 every ``--checkpoint-every`` steps, a checkpoint. Ray Train restores the newest checkpoint when the
 run starts again with the same ``RunConfig`` (``tpufleet.runtime.run_config()``: the job's
-checkpoint directory and id), so the attempt after a failed one continues where it left off (after
-a preemption Ray Train 2.60 has been seen to start afresh: docs/ray-jobs.md, Limits).
+checkpoint directory and id), so the attempt after a failed or stopped one continues where it left
+off. A stop (preemption, cancel) is SIGTERM to this driver: ``tpufleet.runtime.handle_stop_signal()``
+keeps it alive a few seconds so that Ray Train records the checkpoints already reported.
 
 ``tpufleet.runtime.scaling_config()`` gives the ScalingConfig of the admitted slices (workers,
 topology, accelerator type); outside tpufleet the script uses one v4-16 (``2x2x2``).
@@ -23,7 +24,6 @@ import argparse
 import json
 import os
 import pickle
-import signal
 import sys
 import tempfile
 import time
@@ -141,15 +141,10 @@ def main() -> int:
 
     ray.init()  # a Ray job's driver: joins the cluster it was submitted to
 
-    def checkpoint_signal(*_: object) -> None:
-        # tpufleet stops a Ray job (preemption, cancel, a failed host) with Ray's job stop: SIGTERM
-        # here. The run's checkpoints are already in storage; the next attempt restores the newest.
-        # Say so, then die of the signal as an unhandled SIGTERM would (no unwinding through fit()).
-        print("driver: SIGTERM (the checkpoint signal); the next attempt resumes", flush=True)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, checkpoint_signal)
+    # tpufleet stops a Ray job (preemption, cancel, a lost host) with Ray's job stop: SIGTERM here.
+    # The handler lives on a few seconds so that Ray Train records the checkpoints the workers have
+    # already reported (its controller does so when it next polls them), then dies of the signal.
+    runtime.handle_stop_signal()
     if os.environ.get("TPUFLEET_JOB_KIND") == "ray":
         scaling, run = runtime.scaling_config(), runtime.run_config()
     else:

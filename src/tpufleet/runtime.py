@@ -46,8 +46,10 @@ __all__ = [
     "DistributedArgs",
     "StepProgress",
     "distributed_args",
+    "handle_stop_signal",
     "initialize_jax",
     "is_emulated",
+    "ray_train_settle_s",
     "read_progress",
     "report_step",
 ]
@@ -199,6 +201,55 @@ def run_config(environ: Mapping[str, str] | None = None, **overrides: Any) -> An
     if not where or not job:
         raise ValueError("not a tpufleet job: TPUFLEET_CHECKPOINT_DIR and TPUFLEET_JOB_ID are not set")
     return RunConfig(**({"storage_path": where, "name": f"tpufleet-{job}"} | overrides))
+
+
+TRAIN_POLL_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # how often Ray Train's controller polls workers
+TRAIN_POLL_DEFAULT_S = 2.0  # Ray Train 2.60's default for it
+MAX_SETTLE_S = 20.0  # well inside the 30 s between a Ray job's SIGTERM and its SIGKILL (rayjob.STOP_WAIT_S)
+
+
+def ray_train_settle_s(environ: Mapping[str, str] | None = None) -> float:
+    """How long a stopped Ray Train driver should live on so that the checkpoints its workers have
+    already reported are recorded: two polls of Ray Train's controller plus a second.
+
+    A worker's ``train.report(checkpoint=...)`` returns once the checkpoint is in storage, but the
+    run's ``checkpoint_manager_snapshot.json`` (what the next run restores from) is written by the
+    controller when it next polls the workers (``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s by
+    default). The controller dies with the driver, so a driver that exits at once on SIGTERM loses
+    the newest checkpoints, or all of them when the stop comes just after the first."""
+    env = os.environ if environ is None else environ
+    try:
+        poll = float(env.get(TRAIN_POLL_VAR, TRAIN_POLL_DEFAULT_S))
+    except ValueError:
+        poll = TRAIN_POLL_DEFAULT_S
+    if not math.isfinite(poll) or poll <= 0:
+        poll = TRAIN_POLL_DEFAULT_S
+    return min(2 * poll + 1.0, MAX_SETTLE_S)
+
+
+def handle_stop_signal(settle_s: float | None = None, *, say: Any = None) -> None:
+    """Install the SIGTERM handler a Ray Train driver wants under tpufleet (call it before ``fit()``).
+
+    tpufleet stops a Ray job (preemption, cancel, a lost host) with Ray's job stop: SIGTERM to the
+    driver, SIGKILL 30 s later. On SIGTERM the handler says so in the driver's log, waits
+    ``settle_s`` (default :func:`ray_train_settle_s`) while the Train controller records the
+    checkpoints already reported, then dies of SIGTERM as an unhandled one would (no unwinding
+    through ``fit()``). A second SIGTERM while it waits ends the driver at once."""
+    import signal
+
+    wait = ray_train_settle_s() if settle_s is None else max(0.0, float(settle_s))
+    tell = say if say is not None else (lambda line: print(line, flush=True))
+
+    def on_sigterm(_signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        tell(
+            f"driver: SIGTERM (the checkpoint signal); exiting in {wait:g} s, once Ray Train has "
+            "recorded the checkpoints already reported; the next attempt resumes from the newest"
+        )
+        time.sleep(wait)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 @dataclass(frozen=True)
