@@ -214,6 +214,10 @@ class RayJobs:
     def _submit(self, att: RayAttempt) -> None:
         spec = att.spec
         env = {
+            # Every Train worker's lines in the driver's log, the job's one log: Ray's dedup folds
+            # lines that differ only in numbers ("worker 3 on tpu-v4-16-1/0 [repeated 3x]").
+            # The job's own env may turn it back on.
+            "RAY_DEDUP_LOGS": "0",
             **spec.env,
             **contract.ray_driver_env(
                 spec.job_id, spec.attempt, spec.checkpoint_dir, [(i.name, i.slice_type) for i in att.infos]
