@@ -5,6 +5,12 @@
 context the user has never changes what a test does. google-auth never probes a GCE metadata
 server: ``NO_GCE_CHECK`` (lowercase ``true`` is what google-auth reads) and both metadata addresses
 point at a closed local port.
+
+``make test`` runs pytest on two workers (pytest-xdist, ``--dist loadgroup``): every test under
+``tests/integration`` and ``tests/e2e`` is in one group, so they run one after another on one
+worker, in file order, around the one emulated fleet they share (and the fleets the demo and the
+chaos soak start are never up beside it); the unit tests fill the other worker. Without xdist
+(``make unit``, ``make integration``, a plain ``pytest``) the marker does nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+CLUSTER_GROUP = "cluster"  # the xdist group of every test that starts or shares Ray
 NO_CLOUD = {"NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
 
 
@@ -33,3 +40,11 @@ def _isolated_cli_context() -> Iterator[Path]:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    cluster_dirs = (here / "integration", here / "e2e")
+    for item in items:
+        if any(d in Path(str(item.path)).parents for d in cluster_dirs):
+            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
