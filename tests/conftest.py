@@ -6,11 +6,11 @@ context the user has never changes what a test does. google-auth never probes a 
 server: ``NO_GCE_CHECK`` (lowercase ``true`` is what google-auth reads) and both metadata addresses
 point at a closed local port.
 
-``make test`` runs pytest on two workers (pytest-xdist, ``--dist loadgroup``): every test under
-``tests/integration`` and ``tests/e2e`` is in one group, so they run one after another on one
-worker, in file order, around the one emulated fleet they share (and the fleets the demo and the
-chaos soak start are never up beside it); the unit tests fill the other worker. Without xdist
-(``make unit``, ``make integration``, a plain ``pytest``) the marker does nothing.
+``make test`` runs pytest on two workers (pytest-xdist, ``-n 2``): every test under
+``tests/integration`` and ``tests/e2e`` goes to one worker, one after another in file order, around
+the one emulated fleet they share (and the fleets the demo and the chaos soak start are never up
+beside it); the unit tests fill the other worker (:func:`pytest_xdist_make_scheduler`). Without
+xdist (``make unit``, ``make integration``, a plain ``pytest``) nothing changes.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-CLUSTER_GROUP = "cluster"  # the xdist group of every test that starts or shares Ray
+CLUSTER_DIRS = ("tests/integration/", "tests/e2e/")  # the tests that start or share a Ray fleet
+CLUSTER_GROUP = "cluster"
 NO_CLOUD = {"NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
 
 
@@ -42,9 +44,17 @@ def _isolated_cli_context() -> Iterator[Path]:
                     os.environ[key] = value
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    cluster_dirs = (here / "integration", here / "e2e")
-    for item in items:
-        if any(d in Path(str(item.path)).parents for d in cluster_dirs):
-            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under xdist (``make test``: ``-n 2``): every test under ``CLUSTER_DIRS`` is one unit of work,
+    sent whole to one worker and run there in file order; each other test is a unit of its own.
+
+    xdist's own ``--dist loadgroup`` would do this from an ``xdist_group`` marker, but pytest-xdist
+    3.8.0 names the group by rewriting ``item._nodeid``, which pytest 9 no longer reads (a node's id
+    is ``_id``): the marked tests were spread over both workers, each starting a Ray fleet."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return CLUSTER_GROUP if nodeid.startswith(CLUSTER_DIRS) else nodeid
+
+    return ClusterTestsTogether(config, log)
