@@ -31,7 +31,7 @@ lint: venv
 
 test: lint
 	./scripts/ensure-test-services.sh
-	TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1 $(BIN)/python -m pytest tests -n 2 --durations=25
+	TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1 $(BIN)/python -m pytest tests --durations=25
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit -q
