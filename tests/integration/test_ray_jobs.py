@@ -217,43 +217,20 @@ def _free(plane: Plane, name: str) -> bool:
     return any(s["name"] == name and s["state"] == "FREE" for s in plane.admin.slices())
 
 
-@pytest.mark.timeout(900)  # two Ray Train start-ups on a shared 2-core machine
-def test_a_lost_host_ends_the_attempt_and_the_next_restores_ray_trains_checkpoint(
+@pytest.mark.timeout(900)  # three Ray Train start-ups on a shared 2-core machine
+def test_a_preempted_then_host_lost_ray_job_restores_its_checkpoint_each_time(
     plane: Plane, fleet: Any
 ) -> None:
-    a = plane.tenant(v4=16)
-    job = plane.ray_job(a, "--steps", "40", "--checkpoint-every", "2", "--step-time", "0.5")
-    first = wait_state(a, job, "RUNNING")["slices"][0]
-    wait_for("a checkpoint", lambda: "checkpoint at step 4" in _driver_log(a, job, 1), 300, every_s=0.5)
-    fleet.kill_host(first, 1)
-    second = wait_for(
-        "attempt 2 to run", lambda: (j := a.job(job))["attempt"] == 2 and j["state"] == "RUNNING" and j, 300
-    )
-    assert second["slices"] != [first]  # the broken slice is quarantined: attempt 2 runs elsewhere
-    restored = wait_for(
-        "attempt 2 to restore", lambda: re.search(r"restored step (\d+)", _driver_log(a, job, 2)), 300, 0.5
-    )
-    saved = {int(s) for s in re.findall(r"checkpoint at step (\d+)", _driver_log(a, job, 1))}
-    assert int(restored.group(1)) in saved and min(saved) >= 2  # a checkpoint attempt 1 reported
-    assert wait_state(a, job, "SUCCEEDED")["exit_code"] == 0
-    assert '"step": 40' in _driver_log(a, job, 2)
-    attempts = a.job(job)["attempts"]
-    assert "lost" in (attempts[0]["message"] or "") or "broken" in (attempts[0]["message"] or "")
-
-
-@pytest.mark.timeout(900)  # two Ray Train start-ups on a shared 2-core machine
-def test_a_borrowing_ray_job_is_preempted_for_quota_gets_sigterm_and_resumes(plane: Plane) -> None:
-    """Quota applies to Ray jobs: one that borrows (its tenant has no v4 quota) is preempted when a
-    tenant owed the chips needs them; its driver gets SIGTERM through Ray's job stop, the job is
-    requeued without using a retry, and runs again once the chips are free."""
+    """Quota and recovery apply to Ray jobs. One that borrows (its tenant has no v4 quota) is
+    preempted when a tenant owed the chips needs them: its driver gets SIGTERM through Ray's job stop,
+    the job is requeued without using a retry, and attempt 2 restores a checkpoint attempt 1
+    reported. Then a host of attempt 2's slice dies: the attempt ends, the slice is quarantined, and
+    attempt 3 runs elsewhere from attempt 2's newest checkpoint to the end."""
     borrower, owner = plane.tenant(v4=0), plane.tenant(v4=16)
-    job = plane.ray_job(borrower, "--steps", "40", "--checkpoint-every", "2", "--step-time", "0.5")
+    job = plane.ray_job(borrower, "--steps", "30", "--checkpoint-every", "2", "--step-time", "0.5")
     wait_state(borrower, job, "RUNNING")
     assert borrower.job(job)["borrowing"] is True
-    try:
-        wait_for("a checkpoint", lambda: "checkpoint at step 2" in _driver_log(borrower, job, 1), 300, 0.5)
-    except AssertionError:
-        raise AssertionError(_driver_log(borrower, job, 1)[-3000:]) from None
+    _checkpointed(borrower, job, 1, after=0)
     both = owner.submit([PY, "-c", "import time; time.sleep(600)"], "v4-16", num_slices=2)["id"]
     wait_state(owner, both, "RUNNING")
     first = borrower.job(job)["attempts"][0]
@@ -261,12 +238,70 @@ def test_a_borrowing_ray_job_is_preempted_for_quota_gets_sigterm_and_resumes(pla
     assert "SIGTERM (the checkpoint signal)" in _driver_log(borrower, job, 1)
     assert borrower.job(job)["state"] == "QUEUED" and borrower.job(job)["failures"] == 0
     owner.cancel(both)
+
+    second = wait_for("attempt 2 to run", lambda: _running(borrower, job, 2), 300)
+    from_first = _restored(borrower, job, 2)
+    assert from_first in _saved(borrower, job, 1), (from_first, _driver_log(borrower, job, 1)[-3000:])
+    _checkpointed(borrower, job, 2, after=from_first)
+    # Ray Train records a reported checkpoint at its controller's next poll; a host lost before that
+    # loses the checkpoint (Ray Train's behaviour, not tpufleet's). Kill once one is recorded.
+    wait_for(
+        "a checkpoint of attempt 2 recorded",
+        lambda: max(_recorded(borrower, job), default=0) > from_first,
+        60,
+    )
+    fleet.kill_host(second["slices"][0], 1)
+
+    third = wait_for("attempt 3 to run", lambda: _running(borrower, job, 3), 300)
+    assert third["slices"] != second["slices"]  # the broken slice is quarantined
+    from_second = _restored(borrower, job, 3)
+    assert from_second in _saved(borrower, job, 2) and from_second > from_first, (from_first, from_second)
     done = wait_state(borrower, job, "SUCCEEDED", timeout_s=400)
-    assert done["attempt"] == 2 and done["failures"] == 0 and done["exit_code"] == 0
-    first_log, second_log = _driver_log(borrower, job, 1), _driver_log(borrower, job, 2)
-    saved = {int(s) for s in re.findall(r"checkpoint at step (\d+)", first_log)}
-    restored = re.search(r"restored step (\d+)", second_log)
-    assert restored and int(restored.group(1)) in saved, f"{first_log[-4000:]}\n----\n{second_log[-6000:]}"
+    assert done["attempt"] == 3 and done["failures"] == 1 and done["exit_code"] == 0
+    assert '"step": 30' in _driver_log(borrower, job, 3)
+    lost = borrower.job(job)["attempts"][1]["message"] or ""
+    assert "lost" in lost or "broken" in lost, lost
+
+
+def _running(client: Client, job_id: str, attempt: int) -> dict[str, Any] | None:
+    job = client.job(job_id)
+    return job if job["attempt"] == attempt and job["state"] == "RUNNING" else None
+
+
+def _saved(client: Client, job_id: str, attempt: int) -> set[int]:
+    return {int(s) for s in re.findall(r"checkpoint at step (\d+)", _driver_log(client, job_id, attempt))}
+
+
+def _checkpointed(client: Client, job_id: str, attempt: int, after: int) -> None:
+    """Until the attempt has reported a checkpoint past step ``after``."""
+    try:
+        wait_for("a checkpoint", lambda: max(_saved(client, job_id, attempt), default=0) > after, 300, 0.5)
+    except AssertionError:
+        raise AssertionError(_driver_log(client, job_id, attempt)[-3000:]) from None
+
+
+def _recorded(client: Client, job_id: str) -> set[int]:
+    """Steps of the checkpoints Ray Train has recorded in the run's snapshot (what the next run
+    restores from), found next to the checkpoints the driver's log names."""
+    where = re.findall(
+        r"Checkpoint successfully created at: Checkpoint\(filesystem=local, path=(\S+?)\)",
+        _driver_log(client, job_id),
+    )
+    if not where:
+        return set()
+    snapshot = Path(where[-1]).parent / "checkpoint_manager_snapshot.json"
+    text = snapshot.read_text() if snapshot.exists() else ""
+    return {int(s) for s in re.findall(r'\\?"step\\?":\s*(\d+)', text)}
+
+
+def _restored(client: Client, job_id: str, attempt: int) -> int:
+    found = wait_for(
+        f"attempt {attempt} to restore",
+        lambda: re.search(r"restored step (\d+)", _driver_log(client, job_id, attempt)),
+        300,
+        0.5,
+    )
+    return int(found.group(1))
 
 
 def test_the_fleet_is_whole_afterwards() -> None:
