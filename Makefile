@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tpufleet-installed
+# make test fails, never skips, when a service the tests start is missing
+REQUIRE := TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1
 
 .PHONY: venv test lint unit integration demo bench clean help
 
@@ -31,7 +33,10 @@ lint: venv
 
 test: lint
 	./scripts/ensure-test-services.sh
-	TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1 $(BIN)/python -m pytest tests --durations=25
+	@# The unit tests on both cores (pytest-xdist); then, in one process, the tests that share one
+	@# emulated Ray fleet (each needs both cores while Ray and JAX start).
+	$(REQUIRE) $(BIN)/python -m pytest tests/unit -n 2 --durations=10
+	$(REQUIRE) $(BIN)/python -m pytest tests/integration tests/e2e --durations=25
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit -q

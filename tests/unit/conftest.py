@@ -121,7 +121,7 @@ class PostgresServer:
         if pidfile.exists():
             pid = int(pidfile.read_text().split()[0])
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)  # fast shutdown
+                os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the cluster is thrown away
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
