@@ -5,6 +5,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tpufleet-installed
 # make test fails, never skips, when a service the tests start is missing
 REQUIRE := TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1
+# unit tests that start, scan or kill the host's processes: never two at once
+HOST_TESTS := tests/unit/test_runner.py tests/unit/test_runner_progress.py \
+              tests/unit/test_emulator_deviceplugin.py tests/unit/test_emulator_lean.py
 
 .PHONY: venv test lint unit integration demo bench clean help
 
@@ -33,10 +36,11 @@ lint: venv
 
 test: lint
 	./scripts/ensure-test-services.sh
-	@# The unit tests on both cores (pytest-xdist); then, in one process, the tests that share one
-	@# emulated Ray fleet (each needs both cores while Ray and JAX start).
-	$(REQUIRE) $(BIN)/python -m pytest tests/unit -n 2 --durations=10
-	$(REQUIRE) $(BIN)/python -m pytest tests/integration tests/e2e --durations=25
+	@# The unit tests on both cores (pytest-xdist), but for those that start, scan or kill the host's
+	@# processes; then, in one process, those and the tests that share one emulated Ray fleet (each
+	@# needs both cores while Ray and JAX start).
+	$(REQUIRE) $(BIN)/python -m pytest tests/unit -n 2 --durations=10 $(addprefix --ignore=,$(HOST_TESTS))
+	$(REQUIRE) $(BIN)/python -m pytest $(HOST_TESTS) tests/integration tests/e2e --durations=25
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit -q
