@@ -51,7 +51,14 @@ from typing import Any
 
 from tpufleet import catalog
 from tpufleet.emulator.deviceplugin import ADDR_VAR, publish
-from tpufleet.tpudevice import LIBTPU_ADDR, ChipReading, DeviceReadError, read_libtpu, render_device_plugin
+from tpufleet.tpudevice import (
+    LIBTPU_ADDR,
+    ChipReading,
+    DeviceReadError,
+    page_handler,
+    read_libtpu,
+    render_device_plugin,
+)
 
 __all__ = [
     "PORT_VAR",
@@ -172,26 +179,6 @@ class Relay:
             self.serving.clear()
 
 
-def _handler(relay: Relay) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404, "only /metrics here")
-                return
-            status, text = relay.page()
-            body = text.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    return Handler
-
-
 class _Server6(http.server.ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
@@ -199,7 +186,7 @@ class _Server6(http.server.ThreadingHTTPServer):
 def _bind(host: str, port: int, relay: Relay) -> http.server.ThreadingHTTPServer | None:
     kind = _Server6 if ":" in host else http.server.ThreadingHTTPServer  # a node IP may be IPv6
     try:
-        server = kind((host, port), _handler(relay))
+        server = kind((host, port), page_handler(relay.page))
     except OSError:
         return None
     server.daemon_threads = True

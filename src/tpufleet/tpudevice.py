@@ -14,7 +14,8 @@ the names and adds the device plugin's parser.
   stub are the ones the ``tpu-info`` package ships (pinned), never copies; ``grpc`` is imported
   only when a read happens.
 - **The device plugin's page** (:func:`render_device_plugin`): the GKE TPU device plugin's
-  Prometheus families for given chip readings, the format ``observe.tpumetrics`` parses.
+  Prometheus families for given chip readings, the format ``observe.tpumetrics`` parses, and the
+  HTTP handler both host-side servers answer ``GET /metrics`` with (:func:`page_handler`).
 
 Every read takes a timeout and raises :class:`DeviceReadError` (one line, what and where) on any
 failure; the caller decides when to try again.
@@ -22,8 +23,9 @@ failure; the caller decides when to try again.
 
 from __future__ import annotations
 
+import http.server
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "LIBTPU_METRICS",
     "ChipReading",
     "DeviceReadError",
+    "page_handler",
     "read_libtpu",
     "render_device_plugin",
 ]
@@ -194,3 +197,26 @@ def render_device_plugin(
                 ident = {"accelerator_id": f"{id_prefix}-{index}", **labels}
                 lines.append(f"{name}{suffix}{_labels(ident)} {float(value)}")
     return lines
+
+
+def page_handler(page: Callable[[], tuple[int, str]]) -> type[http.server.BaseHTTPRequestHandler]:
+    """An HTTP handler answering ``GET /metrics`` with ``page()``'s (status, Prometheus text) and
+    every other path with 404; it logs nothing (a scrape every few seconds is not news)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404, "only /metrics here")
+                return
+            status, text = page()
+            body = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler

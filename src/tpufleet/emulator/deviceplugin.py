@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpufleet import catalog
-from tpufleet.tpudevice import EMULATED_INFO, ChipReading, render_device_plugin
+from tpufleet.tpudevice import EMULATED_INFO, ChipReading, page_handler, render_device_plugin
 
 __all__ = [
     "ADDR_VAR",
@@ -240,25 +240,6 @@ class _Plugin:
             time.sleep(TICK_S)
 
 
-def _handler(plugin: _Plugin) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404, "only /metrics here")
-                return
-            body = plugin.page().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    return Handler
-
-
 _started = threading.Lock()
 _running: list[threading.Thread] = []
 
@@ -334,9 +315,10 @@ def published_endpoints(node_ids: list[str]) -> dict[str, str]:
 
 def _bind_and_serve(plugin: _Plugin, retry_s: float) -> None:
     host, _, port = plugin.env[ADDR_VAR].rpartition(":")
+    handler = page_handler(lambda: (200, plugin.page()))
     while True:
         try:
-            server = http.server.ThreadingHTTPServer((host, int(port)), _handler(plugin))
+            server = http.server.ThreadingHTTPServer((host, int(port)), handler)
             break
         except OSError:
             time.sleep(retry_s)
