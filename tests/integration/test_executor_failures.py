@@ -63,10 +63,9 @@ def _our_actor_names() -> set[str]:
     return {r["name"] for r in ray.util.list_named_actors(all_namespaces=True) if r["namespace"] == NAMESPACE}
 
 
-def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayExecutor) -> None:
-    victim = v4_slices(cluster, 1)[0]
-    job = f"restart-{os.getpid()}"
-    tok = token()
+def _launch_from_a_control_plane_that_then_exits(slice_name: str, job: str, attempt: int, tok: str) -> None:
+    """Another process's executor launches ``SLEEP`` (tagged ``tok``) on every host of the slice,
+    waits until all run, and exits: what a control plane that was killed leaves behind."""
     script = textwrap.dedent(
         f"""
         import time
@@ -76,12 +75,19 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayExecut
         c.inventory()
         cmd = ({sys.executable!r}, "-c", {SLEEP!r}, {tok!r})
         where = dict(tenant={TENANT!r}, job_root={JOB_ROOT!r})
-        c.launch(AttemptSpec({job!r}, 3, ({victim.name!r},), "v4-16", cmd, **where))
-        while not c.poll({job!r}, 3).all_running:
+        c.launch(AttemptSpec({job!r}, {attempt}, ({slice_name!r},), "v4-16", cmd, **where))
+        while not c.poll({job!r}, {attempt}).all_running:
             time.sleep(0.05)
         """
     )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)  # that control plane is gone now
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+
+
+def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayExecutor) -> None:
+    victim = v4_slices(cluster, 1)[0]
+    job = f"restart-{os.getpid()}"
+    tok = token()
+    _launch_from_a_control_plane_that_then_exits(victim.name, job, 3, tok)
     fresh = RayExecutor()
     assert (job, 3) in fresh.running_attempts()  # a pure read...
     assert (job, 3) in fresh.adopt()  # ...and the explicit take-over that lets poll reach it
@@ -142,21 +148,7 @@ def test_a_host_that_died_while_the_control_plane_was_down_is_lost_and_its_slice
     and frees the slice, so the next launch there is not refused as held (found by tpufleet chaos)."""
     victim = v4_slices(cluster, 2)[1]
     job, tok = f"died-{os.getpid()}", token()
-    script = textwrap.dedent(
-        f"""
-        import time
-        from tpufleet.control.cluster import AttemptSpec
-        from tpufleet.control.executor import RayExecutor
-        c = RayExecutor.connect({ray.get_runtime_context().gcs_address!r})
-        c.inventory()
-        cmd = ({sys.executable!r}, "-c", {SLEEP!r}, {tok!r})
-        where = dict(tenant={TENANT!r}, job_root={JOB_ROOT!r})
-        c.launch(AttemptSpec({job!r}, 1, ({victim.name!r},), "v4-16", cmd, **where))
-        while not c.poll({job!r}, 1).all_running:
-            time.sleep(0.05)
-        """
-    )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)  # that control plane is gone
+    _launch_from_a_control_plane_that_then_exits(victim.name, job, 1, tok)
     dead_node = victim.hosts[1].node_id
     fleet.kill_host(victim.name, 1)
     try:
