@@ -9,10 +9,10 @@ import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
+import libtpu_fake
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tpu_info.proto import tpu_metric_service_pb2 as pb
@@ -48,20 +48,7 @@ class _Libtpu(pb_grpc.RuntimeMetricServiceServicer):
             rows = [(c, pb.Gauge(as_double=5.0 * (c + 1))) for c in range(self.chips)]
         else:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no metric {request.metric_name}")
-        metrics = [
-            pb.Metric(attribute=pb.Attribute(key="device-id", value=pb.AttrValue(int_attr=d)), gauge=g)
-            for d, g in rows
-        ]
-        return pb.MetricResponse(metric=pb.TPUMetric(name=request.metric_name, metrics=metrics))
-
-
-def _serve_libtpu(servicer: _Libtpu, port: int = 0) -> tuple[grpc.Server, str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_RuntimeMetricServiceServicer_to_server(servicer, server)
-    bound = server.add_secure_port(f"127.0.0.1:{port}", grpc.local_server_credentials())
-    assert bound, f"could not bind 127.0.0.1:{port}"
-    server.start()
-    return server, f"127.0.0.1:{bound}"
+        return libtpu_fake.metric_response(request.metric_name, rows)
 
 
 def _free_port() -> int:
@@ -105,7 +92,7 @@ def test_relay_serves_libtpu_as_the_device_plugin_page(
 ) -> None:
     chips = 4
     servicer = _Libtpu(chips, cores, bandwidth)
-    server, libtpu = _serve_libtpu(servicer)
+    server, libtpu = libtpu_fake.serve(servicer)
     try:
         facts = HostFacts("my-slice", 1, accelerator_type, "")
         relay = _start(relays, facts, libtpu)
@@ -149,7 +136,7 @@ def test_a_failed_libtpu_read_is_503_with_the_reason_and_read_again_later(relays
     with pytest.raises(DeviceReadError, match=r"503|Service Unavailable"):
         tpumetrics.read_device_plugin(relay.address, timeout_s=10)
 
-    server, _ = _serve_libtpu(_Libtpu(4, 2, True), port)  # libtpu comes up: the next scrape reads it
+    server, _ = libtpu_fake.serve(_Libtpu(4, 2, True), port)  # libtpu comes up: the next scrape reads it
     try:
         status, text = _scrape(relay)
         assert status == 200, text

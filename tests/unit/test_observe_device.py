@@ -8,10 +8,10 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
+import libtpu_fake
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -140,25 +140,13 @@ class _Libtpu(pb_grpc.RuntimeMetricServiceServicer):
             rows = [(0, pb.Gauge(as_double=3.5)), (1, pb.Gauge(as_double=40.0))]
         else:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no metric {request.metric_name}")
-        metrics = [
-            pb.Metric(attribute=pb.Attribute(key="device-id", value=pb.AttrValue(int_attr=d)), gauge=g)
-            for d, g in rows
-        ]
-        return pb.MetricResponse(metric=pb.TPUMetric(name=request.metric_name, metrics=metrics))
-
-
-def _serve(servicer: _Libtpu) -> tuple[grpc.Server, str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_RuntimeMetricServiceServicer_to_server(servicer, server)
-    port = server.add_secure_port("127.0.0.1:0", grpc.local_server_credentials())
-    server.start()
-    return server, f"127.0.0.1:{port}"
+        return libtpu_fake.metric_response(request.metric_name, rows)
 
 
 @pytest.mark.parametrize("with_bandwidth", [True, False])
 def test_read_libtpu_from_a_real_grpc_server(with_bandwidth: bool) -> None:
     servicer = _Libtpu(with_bandwidth)
-    server, address = _serve(servicer)
+    server, address = libtpu_fake.serve(servicer)
     try:
         chips = tpumetrics.read_libtpu(address, timeout_s=5)
     finally:
