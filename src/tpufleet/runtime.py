@@ -36,7 +36,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -227,7 +227,7 @@ def ray_train_settle_s(environ: Mapping[str, str] | None = None) -> float:
     return min(2 * poll + 1.0, MAX_SETTLE_S)
 
 
-def handle_stop_signal(settle_s: float | None = None, *, say: Any = None) -> None:
+def handle_stop_signal(settle_s: float | None = None, *, say: Callable[[str], None] | None = None) -> None:
     """Install the SIGTERM handler a Ray Train driver wants under tpufleet (call it before ``fit()``).
 
     tpufleet stops a Ray job (preemption, cancel, a lost host) with Ray's job stop: SIGTERM to the
@@ -238,7 +238,7 @@ def handle_stop_signal(settle_s: float | None = None, *, say: Any = None) -> Non
     import signal
 
     wait = ray_train_settle_s() if settle_s is None else max(0.0, float(settle_s))
-    tell = say if say is not None else (lambda line: print(line, flush=True))
+    tell: Callable[[str], None] = say if say is not None else (lambda line: print(line, flush=True))
 
     def on_sigterm(_signum: int, _frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
