@@ -87,36 +87,42 @@ def _split(jobs: Sequence[JobView]) -> tuple[list[JobView], list[tuple[TenantNam
     """The active jobs by (seq, id); each tenant's queued jobs by ``_queue_key``, tenants by their first.
 
     A pass over 100,000 jobs costs about as much as a sort of them, so the pass that splits them
-    also notes which sorts can be skipped: the one by id when no two queued jobs share a seq, the
-    one by head of line when no job held it.
+    also notes which sorts can be skipped: the ones by id and seq when the queued jobs come in
+    strictly rising seq (as the control plane's kept state hands them over), else the one by id
+    when no two queued jobs share a seq; the one by head of line when no job held it.
     """
     active: list[JobView] = []
     queues: dict[TenantName, list[JobView]] = {}
-    seqs: set[int] = set()
-    heads = False
+    heads = unordered = False
+    last = -1
     for j in jobs:
         if j.state == _QUEUED:
             queues.setdefault(j.tenant, []).append(j)
-            seqs.add(j.seq)
+            if j.seq > last:
+                last = j.seq
+            else:
+                unordered = True
             heads = heads or j.head_of_line
         elif j.state in ACTIVE_STATES:
             active.append(j)
-    ties = len(seqs) < sum(len(q) for q in queues.values())
+    queued = sum(len(q) for q in queues.values())
+    ties = unordered and len({j.seq for q in queues.values() for j in q}) < queued
     for queue in queues.values():
-        _sort_queue(queue, ties=ties, heads=heads)
+        _sort_queue(queue, ties=ties, heads=heads, ordered=not unordered)
     active.sort(key=lambda j: (j.seq, j.id))
     return active, sorted(queues.items(), key=lambda tq: _queue_key(tq[1][0]))
 
 
-def _sort_queue(jobs: list[JobView], *, ties: bool, heads: bool) -> None:
+def _sort_queue(jobs: list[JobView], *, ties: bool, heads: bool, ordered: bool = False) -> None:
     """Sort ``jobs`` in place by ``_queue_key``: stable sorts on one plain key each, least significant first.
 
     Ints, bools and strings are not tracked by the cyclic garbage collector; 100,000 tuple keys
     alive at once set off more than a hundred collections, which cost more than the sorting itself.
     """
-    if ties:
-        jobs.sort(key=attrgetter("id"))
-    jobs.sort(key=attrgetter("seq"))
+    if not ordered:  # ``ordered``: already by seq, no two alike
+        if ties:
+            jobs.sort(key=attrgetter("id"))
+        jobs.sort(key=attrgetter("seq"))
     if heads:
         jobs.sort(key=attrgetter("head_of_line"), reverse=True)  # reverse keeps ties in order (stable)
     jobs.sort(key=attrgetter("priority"), reverse=True)
@@ -130,6 +136,15 @@ class _Entry:
     chips: int  # chips of all the slices the job asks for
     in_quota: bool = False
     yields: bool = False  # beyond quota, but its tenant's lower-priority jobs could make room
+
+
+@dataclass(frozen=True, slots=True)
+class _Deferred:
+    """What ``_fate`` made of a job that is not in quota and may still borrow: its alike jobs get the same."""
+
+    pool: TypePool
+    gen: str
+    chips: int
 
 
 class _Cycle:
@@ -150,7 +165,7 @@ class _Cycle:
         self.out: list[Decision] = []
         self._static: dict[tuple[str, int], _Static | NotFit] = {}
         self._reasons: dict[tuple[object, ...], NotFit] = {}
-        self._settled: dict[tuple[TenantName, str, int, int], NotFit] = {}
+        self._settled: dict[tuple[TenantName, str, int, int], NotFit | _Deferred] = {}
 
     def _load_slices(self, snapshot: Snapshot, held: set[SliceName]) -> dict[str, int]:
         capacity: dict[str, int] = {}
@@ -200,11 +215,11 @@ class _Cycle:
     def run(self) -> list[Decision]:
         self.deferred: dict[TenantName, list[_Entry]] = {}
         for entry in in_order(self.queues, self._key, self._settle_in_quota_pass):
-            self._settled.clear()  # placing a job changes the state that settled them
             if entry.in_quota:
+                self._settled.clear()  # placing a job changes the state that settled them
                 self._place_in_quota(entry)
             else:
-                self._defer(entry)
+                self._defer(entry)  # changes nothing another job's fate reads
         for entry in in_order(self.deferred.items(), self._key, self._settle_borrowing_pass):
             self._place_borrower(entry)
         return self.out
@@ -262,8 +277,9 @@ class _Cycle:
         """Decide the jobs from ``start`` on whose fate nothing can change; the first job that needs the walk.
 
         Jobs alike (same tenant, type, size and priority: all ``_fate`` reads of a job but its id)
-        share the reason while the state stays as it was: between two placements only ``blocked``
-        changes, and both clear ``_settled``. Most queued jobs of a large queue end here. A job that
+        share the reason, or the deferral to the borrowing pass, while the state stays as it was:
+        between two placements only ``blocked`` changes, and both clear ``_settled`` (a deferral
+        changes nothing ``_fate`` reads). Most queued jobs of a large queue end here. A job that
         is not in quota and comes next anyway (its key is below ``bound``) is deferred on the spot,
         as ``run`` would when the walk yields it.
         """
@@ -271,17 +287,25 @@ class _Cycle:
         for index in range(start, len(queue)):
             job = queue[index]
             shape = (job.tenant, job.accelerator_type, job.num_slices, job.priority)
-            reason = settled.get(shape)
-            if reason is None:
+            known = settled.get(shape)
+            if isinstance(known, NotFit):
+                out.append(Wait(job.id, known))
+                continue
+            if known is None:
                 fate = self._fate(job)
-                if isinstance(fate, _Entry):
-                    if fate.in_quota or bound is None or not self._key(fate) < bound:
-                        return index, fate
-                    settled.clear()
-                    self._defer(fate)
+                if isinstance(fate, NotFit):
+                    settled[shape] = fate
+                    out.append(Wait(job.id, fate))
                     continue
-                reason = settled[shape] = fate
-            out.append(Wait(job.id, reason))
+                if fate.in_quota:
+                    return index, fate
+                settled[shape] = _Deferred(fate.pool, fate.gen, fate.chips)
+                entry = fate
+            else:
+                entry = _Entry(job, known.pool, known.gen, known.chips)
+            if bound is None or not self._key(entry) < bound:
+                return index, entry
+            self._defer(entry)
         return None
 
     def _fate(self, job: JobView) -> _Entry | NotFit:
