@@ -125,6 +125,10 @@ class Service:
 
     # -- the cycle ----------------------------------------------------------------------------
     def run_once(self) -> list[Decision]:
+        with _cyclic_gc_paused():
+            return self._cycle()
+
+    def _cycle(self) -> list[Decision]:
         started = time.monotonic()
         if not self._reconciled:
             self.reconcile()
@@ -210,21 +214,15 @@ class Service:
         self._pool_draining(slices)
 
     def _schedule(self) -> list[Decision]:
-        with _cyclic_gc_paused():
-            return self._schedule_now()
-
-    def _schedule_now(self) -> list[Decision]:
         snapshot, reasons = self.state.snapshot() if self.config.incremental else self.tr.snapshot()
         decisions = list(self.decide(snapshot))
-        waits = []
-        for d in decisions:
+        waits = [d for d in decisions if type(d) is Wait]  # nearly all of them, in the policy's order
+        for d in decisions if len(waits) < len(decisions) else ():
             if isinstance(d, Admit):
                 if not self.tr.admit(d):
                     log.warning("dropped admission of %s on %s: no longer applies", d.job, d.slices)
             elif isinstance(d, Preempt):
                 self.tr.preempt(d)
-            elif isinstance(d, Wait):
-                waits.append(d)
         refresh = self.config.reason_rewrites_per_cycle if self.config.incremental else None
         self.state.reasons_written(self.tr.wait_reasons(waits, reasons, refresh=refresh))
         return decisions
@@ -537,12 +535,15 @@ class Service:
 
 @contextlib.contextmanager
 def _cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a cycle's decisions are made and written.
+    """Pause Python's cyclic garbage collector for a cycle.
 
     A cycle over 100,000 queued jobs allocates several hundred thousand short-lived objects (keys,
     decisions, rows), none of them in reference cycles; each collection they set off also walks
     the kept state's 100,000 long-lived job views, which made up a third of the cycle
-    (bench/cycle.py). Reference counting still frees everything at once; collection resumes after.
+    (bench/cycle.py). Resumed while a cycle's 100,000 decisions were still alive (the rest of the
+    cycle acts on them), it promoted them to the old generations, which soon set off a full
+    collection. Reference counting still frees everything as it goes; collection resumes after
+    the cycle, when the decisions are gone.
     """
     if not gc.isenabled():
         yield

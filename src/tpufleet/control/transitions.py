@@ -27,6 +27,7 @@ from tpufleet.scheduler.model import (
     JobId,
     JobState,
     JobView,
+    NotFit,
     Preempt,
     SliceName,
     SliceState,
@@ -65,6 +66,9 @@ class Transitions:
         self.store = store
         self.clock = store.clock
         self._wording_turn = 0
+        # One tuple object per distinct stored reason, so that an unchanged reason is the same
+        # object as last cycle's and ``wait_reasons`` compares 100,000 of them by identity.
+        self._canonical: dict[Stored, Stored] = {}
 
     # -- inventory ---------------------------------------------------------------------------
     def sync_slices(self, infos: Iterable[SliceInfo]) -> None:
@@ -136,7 +140,7 @@ class Transitions:
                 for j in s.execute(q.order_by(JobRow.seq)):
                     jobs.append(_view(j))
                     if j.state == r.QUEUED:
-                        reasons[j.id] = (j.reason_code, j.reason_message, bool(j.head_of_line))
+                        reasons[j.id] = self._canon((j.reason_code, j.reason_message, bool(j.head_of_line)))
         if ids is not None:
             jobs.sort(key=lambda v: v.seq)
         return jobs, reasons
@@ -230,14 +234,27 @@ class Transitions:
         changes: list[tuple[str, Stored]] = []
         codes: list[tuple[str, Stored]] = []
         wordings: list[tuple[str, Stored]] = []
-        said: dict[int, tuple[str, str]] = {}  # one NotFit is shared by many waits: read it once
+        # One NotFit is shared by many waits (mostly in a row): read it once, as the two stored
+        # tuples it can give (without and with head of line), canonical so most checks are `is`.
+        said: dict[int, tuple[Stored, Stored]] = {}
+        last: NotFit | None = None
+        pair: tuple[Stored, Stored] = ((None, None, False), (None, None, True))
+        get = stored.get
         for w in waits:
-            words = said.get(id(w.reason))
-            if words is None:
-                words = said[id(w.reason)] = (w.reason.code.value, w.reason.message)
-            new = (words[0], words[1], w.head_of_line)
-            old = stored.get(w.job)
-            if old is None or old == new:
+            reason = w.reason
+            if reason is not last:
+                last = reason
+                found = said.get(id(reason))
+                if found is None:
+                    code, message = reason.code.value, reason.message
+                    found = said[id(reason)] = (
+                        self._canon((code, message, False)),
+                        self._canon((code, message, True)),
+                    )
+                pair = found
+            new = pair[1] if w.head_of_line else pair[0]
+            old = get(w.job)
+            if old is new or old is None or old == new:
                 continue
             if refresh is None or old[0] is None or old[2] != new[2]:
                 changes.append((w.job, new))
@@ -268,6 +285,15 @@ class Transitions:
             with self.store.tx() as s:
                 s.connection().execute(statement, rows)
         return changes
+
+    def _canon(self, stored: Stored) -> Stored:
+        """The one tuple kept for this reason (the table is emptied once it holds 100,000)."""
+        found = self._canonical.get(stored)
+        if found is None:
+            if len(self._canonical) >= 100_000:  # old wordings; equal tuples still compare equal
+                self._canonical.clear()
+            found = self._canonical[stored] = stored
+        return found
 
     def preempt(self, d: Preempt) -> bool:
         kind = lc.StopKind.PRIORITY if d.within_tenant else lc.StopKind.PREEMPT
