@@ -15,6 +15,7 @@ On first start an admin token is written to ``<state-dir>/admin-token`` (mode 06
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import socket
 import threading
@@ -29,6 +30,7 @@ from tpufleet.api.app import create_app
 from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
 from tpufleet.control.cluster import ClusterClient
 from tpufleet.control.fleetview import duty_cycles
+from tpufleet.control.raywatch import AWAIT_ENV, await_seconds, wait_for_gcs
 from tpufleet.control.records import DEFAULT_LIMITS, Limits
 from tpufleet.control.service import Decide, Service, ServiceConfig
 from tpufleet.control.store import Clock, Store, new_job_id
@@ -38,6 +40,8 @@ from tpufleet.observe import device
 from tpufleet.observe.metrics import cycle_histogram
 from tpufleet.observe.registry import metrics_registry
 
+log = logging.getLogger(__name__)
+
 DEFAULT_PORT = 8600
 
 
@@ -46,46 +50,27 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("TPUFLEET_STATE_DIR") or Path.home() / ".tpufleet")
 
 
-def _gcs_endpoint(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a ``host:port`` GCS address; None for what Ray resolves itself (``auto``)."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    return (host.strip("[]"), int(port)) if sep and host and port.isdigit() else None
-
-
-def wait_for_gcs(address: str, timeout_s: float = 5.0) -> None:
-    """Return once something accepts TCP connections at ``address``, or raise a ClusterError
-    naming it within ``timeout_s``: ``ray.init`` on an address nobody listens at retries forever."""
-    endpoint = _gcs_endpoint(address)
-    if endpoint is None:
-        return
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection(endpoint, timeout=min(1.0, timeout_s)):
-                return
-        except OSError as err:
-            if time.monotonic() >= deadline:
-                raise ClusterError(
-                    f"no Ray cluster at {address} (tried for {timeout_s:g} s: {err.strerror or err}); "
-                    "start one with `tpufleet emulate up` and use `tpufleet serve --emulator`, "
-                    "or give the GCS address `ray start --head` printed"
-                ) from None
-        time.sleep(0.2)
-
-
 def ray_cluster(address: str, connect_timeout_s: float = 5.0) -> ClusterClient:
     """The Ray executor connected to ``address``, or a ClusterError saying why not: within
     ``connect_timeout_s`` when nothing listens there."""
-    wait_for_gcs(address, connect_timeout_s)
+    wait_for_gcs(address, await_seconds(connect_timeout_s))
     try:
         executor = importlib.import_module("tpufleet.control.executor")
     except ImportError as err:
         raise ClusterError(f"the Ray executor (tpufleet.control.executor) is not available: {err}") from err
-    try:
-        cluster: ClusterClient = executor.RayExecutor.connect(address)
-    except Exception as err:  # ray raises ConnectionError, RuntimeError, ValueError...
-        raise ClusterError(f"cannot connect to Ray at {address!r}: {type(err).__name__}: {err}") from err
-    return cluster
+    while True:
+        try:
+            cluster: ClusterClient = executor.RayExecutor.connect(address)
+            return cluster
+        except Exception as err:  # ray raises ConnectionError, RuntimeError, ValueError...
+            if not os.environ.get(AWAIT_ENV):
+                raise ClusterError(
+                    f"cannot connect to Ray at {address!r}: {type(err).__name__}: {err}"
+                ) from err
+            # Back from a lost head: the GCS answers before the new cluster takes drivers.
+            log.warning("Ray at %s is not ready yet (%s: %s); trying again", address, type(err).__name__, err)
+            executor.ray.shutdown()
+            time.sleep(2.0)
 
 
 class ControlPlane:

@@ -274,7 +274,15 @@ def serve_cmd(
             )
         state_dir = state_dir or default_state_dir()
     else:
+        from tpufleet.control.raywatch import AWAIT_ENV
+
+        lost = os.environ.get(AWAIT_ENV)  # a fresh start after a lost head (raywatch): wait for Ray
+        if lost:
+            console_err.print(
+                f"Ray's head at {lost} was lost: waiting for Ray to answer again", highlight=False
+            )
         ray_address, cluster = _ray(ray_address, emulator, emulator_dir)
+        os.environ.pop(AWAIT_ENV, None)
         where = f"Ray at {ray_address}"
     prov, started = provisioning(fleet, provider, sandboxed, state_dir, None if sandbox else ray_address)
     if started is not None:
@@ -310,6 +318,12 @@ def serve_cmd(
     )
     console_err.print(f"admin token ({note}): {cp.admin_token_path} (mode 0600)", highlight=False)
     console_err.print(f"tpufleet control plane on {url} for {where} (API /api/v1, /docs)", highlight=False)
+    if (
+        sandbox is None and started is None and ray_address
+    ):  # a Ray cluster someone else runs: follow its head
+        from tpufleet.control.raywatch import HeadWatch
+
+        HeadWatch(ray_address).start()
     try:
         cp.serve(host, port)
     finally:

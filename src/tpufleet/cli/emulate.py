@@ -162,6 +162,23 @@ def restore_cmd(
     console.print(f"restored {slice_name} workers: {done}")
 
 
+@emulate_app.command("kill-head")
+def kill_head_cmd(state_dir: StateDir = None) -> None:
+    """SIGKILL the head (its GCS) the way a crashed head VM disappears: the Ray cluster is gone."""
+    _fleet(state_dir).kill_head()
+    console.print("killed the head; `tpufleet emulate restart` brings the fleet back")
+
+
+@emulate_app.command("restart")
+def restart_cmd(state_dir: StateDir = None) -> None:
+    """Bring back a fleet whose head died: the head at the same address, every slice with the same names."""
+    fleet = _fleet(state_dir)
+    fleet.restart()
+    console.print(
+        f"restarted the fleet (Ray at {fleet.ray_address}; a new cluster, the old one's work is gone)"
+    )
+
+
 @emulate_app.command("add")
 def add_cmd(
     accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="e.g. v4-16 or v6e-4")],

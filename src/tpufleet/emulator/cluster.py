@@ -38,7 +38,7 @@ from typing import Any
 
 from tpufleet import catalog
 from tpufleet.catalog import SliceType
-from tpufleet.emulator import auth, deviceplugin, plan, procs
+from tpufleet.emulator import auth, deviceplugin, plan, procs, raynodes
 from tpufleet.emulator import state as store
 from tpufleet.emulator.raynodes import read_nodes
 from tpufleet.emulator.state import FleetState, HostRecord, SliceRecord
@@ -426,6 +426,49 @@ class EmulatedFleet:
             store.save(self.state_dir, st)
             self._await(st, launchers, [(slice_name, w) for w in missing])
         return missing
+
+    def kill_head(self) -> None:
+        """SIGKILL every process of the head (its GCS above all) at once, like a head VM that crashed.
+
+        Ray keeps no copy of the GCS here, so the cluster is gone with it: the hosts' raylets give
+        up on it after ``gcs_rpc_server_reconnect_timeout_s`` and exit; ``restart`` brings the fleet
+        back in place."""
+        with store.locked(self.state_dir):
+            st = self._load()
+            if st.head is None or not procs.members(st.head):
+                raise ConflictError(
+                    f"the head of the fleet in {self.state_dir} is already down; `restart` it"
+                )
+            left = procs.kill_sessions([st.head])
+            if left:
+                raise ClusterError(f"could not end processes {left} of the head")
+            st.head = None
+            store.save(self.state_dir, st)
+        raynodes.forget()  # this process's connections to the old GCS
+
+    def restart(self) -> None:
+        """Bring back a fleet whose head died, in place: end what is left of its hosts, start the head
+        again at the same GCS address (clients keep their ``ray_address``) and every host of every
+        slice with the same names and worker ids; return once they have all joined.
+
+        It is a new Ray cluster: the old one's placement groups, actors and jobs are gone."""
+        with store.locked(self.state_dir):
+            st = self._load()
+            if st.head is not None and procs.members(st.head):
+                raise ConflictError(f"the head of the fleet in {self.state_dir} runs; nothing to restart")
+            left = procs.kill_sessions(st.sessions())
+            if left:
+                raise ClusterError(f"processes {left} of the old fleet would not die")
+            for rec in st.slices:
+                for h in rec.hosts:
+                    h.session = None
+            shutil.rmtree(st.temp_dir, ignore_errors=True)
+            st.temp_dir = tempfile.mkdtemp(prefix="tpf-", dir="/tmp")
+            head = self._launch_head(st)
+            store.save(self.state_dir, st)
+            raynodes.forget()
+            auth.activate(self.auth_token_path)
+            self._start_in_waves(st, head)
 
     def add(self, accelerator_type: str, name: str | None = None, *, wait: bool = True) -> str:
         """Add one slice of ``accelerator_type`` (named ``name``, default the next

@@ -1,0 +1,106 @@
+"""The control plane notices a lost Ray head, starts afresh in place and waits for Ray to come back."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from tpufleet.control import raywatch
+from tpufleet.errors import ClusterError
+
+
+def _listener() -> tuple[socket.socket, str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock, f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_head_that_stops_answering_is_reported_once_after_the_misses() -> None:
+    sock, address = _listener()
+    probes = threading.Semaphore(0)
+    lost: list[str] = []
+    done = threading.Event()
+
+    def probe(addr: str) -> bool:
+        up = raywatch.answers(addr, timeout_s=0.5)
+        probes.release()
+        return up
+
+    def on_lost(addr: str) -> None:
+        lost.append(addr)
+        done.set()
+
+    watch = raywatch.HeadWatch(address, every_s=0.02, misses=3, probe=probe, on_lost=on_lost).start()
+    try:
+        for _ in range(10):  # ten checks while the GCS answers: nothing is reported
+            assert probes.acquire(timeout=10)
+        assert lost == []
+        sock.close()
+        assert done.wait(timeout=20)
+        assert lost == [address]
+    finally:
+        watch.stop()
+        sock.close()
+
+
+def test_an_address_ray_resolves_itself_is_not_watched() -> None:
+    called: list[str] = []
+    watch = raywatch.HeadWatch("auto", every_s=0.01, probe=lambda a: called.append(a) or False).start()
+    assert watch._thread is None
+    assert called == []
+
+
+def test_after_a_lost_head_the_start_waits_for_the_gcs_however_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening: connections are refused
+    with pytest.raises(ClusterError, match="no Ray cluster at"):
+        raywatch.wait_for_gcs(address, raywatch.await_seconds(0.3))
+    monkeypatch.setenv(raywatch.AWAIT_ENV, address)
+    assert raywatch.await_seconds(0.3) == float("inf")
+    threading.Timer(1.0, sock.listen).start()  # Ray comes back a second later
+    try:
+        raywatch.wait_for_gcs(address, raywatch.await_seconds(0.3))
+        assert raywatch.answers(address)
+    finally:
+        sock.close()
+
+
+def test_the_fresh_start_is_the_same_process_and_command_waiting_for_ray(tmp_path: Path) -> None:
+    """``restart_process`` re-executes the interpreter with the same arguments in the same PID."""
+    script = tmp_path / "serve.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, os, sys
+            from tpufleet.control import raywatch
+            out = sys.argv[1]
+            with open(out, "a") as f:
+                f.write(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:],
+                                    "await": os.environ.get(raywatch.AWAIT_ENV)}) + "\\n")
+            if not os.environ.get(raywatch.AWAIT_ENV):
+                raywatch.restart_process("10.0.0.1:6379")
+            """
+        )
+    )
+    out = tmp_path / "starts.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-u", str(script), str(out), "--flag", "x y"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    first, second = (json.loads(line) for line in out.read_text().splitlines())
+    assert first["pid"] == second["pid"]
+    assert first["argv"] == second["argv"] == [str(out), "--flag", "x y"]
+    assert (first["await"], second["await"]) == (None, "10.0.0.1:6379")
