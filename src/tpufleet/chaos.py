@@ -42,6 +42,8 @@ from tpufleet.errors import SpecError, TpufleetError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 FAULT_KINDS = ("kill_host", "preempt", "preempt_notice", "control_plane_kill")
+HEAD_KILL = "ray_head_kill"  # once a run: the Ray cluster is lost and the fleet brought back
+DAMAGE = (*FAULT_KINDS, HEAD_KILL)  # what stops with the window
 TENANTS = {"chaos-a": 8, "chaos-b": 8}  # tenant -> quota in chips per generation present
 NO_CLOUD = {"NO_GCE_CHECK": "True", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
 
@@ -155,7 +157,10 @@ def plan_faults(cfg: ChaosConfig, rng: random.Random) -> list[Event]:
     rng.shuffle(kinds)
     kinds += [rng.choice(FAULT_KINDS) for _ in range(count - len(kinds))]
     times = sorted(rng.uniform(0.1 * window, 0.85 * window) for _ in range(count))
-    return [Event(round(at, 3), i, kind) for i, (at, kind) in enumerate(zip(times, kinds, strict=True))]
+    events = [Event(round(at, 3), i, kind) for i, (at, kind) in enumerate(zip(times, kinds, strict=True))]
+    # Once, in the middle of the window (its own stream, so the other faults stay as they were).
+    head_at = random.Random(cfg.seed + 2).uniform(0.3 * window, 0.6 * window)
+    return sorted([*events, Event(round(head_at, 3), count, HEAD_KILL)])
 
 
 # -- what the markers say -----------------------------------------------------------------------
@@ -262,6 +267,7 @@ class Soak:
         self._events: list[Event] = []
         self._seq = len(self.fault_plan)
         self._noticed: set[str] = set()  # slices under a preemption notice, not yet reaped
+        self._head_down = False  # between a Ray head kill and the fleet's restart
         self._stop_faults = threading.Event()
         self._t0 = 0.0
 
@@ -343,6 +349,12 @@ class Soak:
         from tpufleet.emulator import spot
 
         what: str | None = ev.target
+        if self._head_down and ev.kind in (*DAMAGE, "control_plane_restart", "restore", "reap"):
+            if ev.kind in DAMAGE:  # nothing left to break until the fleet is back
+                self.faults["skipped"] += 1
+            else:  # a server or hosts can only come back with the cluster
+                self._push(5.0, ev.kind, ev.target)
+            return
         if ev.kind in ("kill_host", "preempt", "preempt_notice"):
             whole = self._whole_slices()
             if not whole:
@@ -382,6 +394,19 @@ class Soak:
             self._push(self.rng.uniform(1, 5), "control_plane_restart")
         elif ev.kind == "control_plane_restart":
             self._start_server()
+        elif ev.kind == HEAD_KILL:
+            # The control plane notices on its own (raywatch) and starts afresh once Ray answers.
+            self.fleet.kill_head()
+            self._head_down = True
+            self._push(self.rng.uniform(3, 8), "ray_head_restart")
+        elif ev.kind == "ray_head_restart":
+            try:
+                self.fleet.restart()
+            except Exception:
+                self._push(5.0, "ray_head_restart")  # the fleet must come back: try again
+                raise
+            self._head_down = False
+            self._noticed.clear()  # every host is new: earlier notices died with the old ones
         self.faults[ev.kind] += 1
         self.fault_log.append({"at": round(self._now(), 1), "kind": ev.kind, "target": what})
         self.say(f"[{self._now():6.1f}s] {ev.kind} {what or ''}".rstrip())
@@ -398,7 +423,7 @@ class Soak:
             if not self._events:
                 return
             ev = self._events[0]
-            if self._stop_faults.is_set() and ev.kind in FAULT_KINDS:
+            if self._stop_faults.is_set() and ev.kind in DAMAGE:
                 heapq.heappop(self._events)  # no new damage once the window is over
                 continue
             wait = ev.at - self._now()
@@ -406,7 +431,7 @@ class Soak:
                 time.sleep(min(wait, 0.2))
                 continue
             heapq.heappop(self._events)
-            if ev.kind in FAULT_KINDS and ev.at > window:
+            if ev.kind in DAMAGE and ev.at > window:
                 continue
             try:
                 self._fault(ev)
@@ -573,7 +598,15 @@ class Soak:
             "fault_errors": self.fault_errors,
             "fault_log": self.fault_log,
             "control_plane_starts": self._server_starts,
+            "ray_reconnects": self._reconnects(),
         }
+
+    def _reconnects(self) -> int:
+        """How often the control plane started afresh on its own after losing the Ray head (its logs)."""
+        return sum(
+            log.read_text(errors="replace").count("was lost: waiting for Ray to answer again")
+            for log in sorted(self.dir.glob("serve-*.log"))
+        )
 
     def _leaked_placement_groups(self, admin: Any, settle_s: float = 60.0) -> list[dict[str, Any]]:
         """Placement groups Ray holds that are not the warm pool's of a FREE slice (slice and head

@@ -1,5 +1,6 @@
 """``tpufleet chaos``, short and seeded: a minute of host kills, preemptions with and without notice,
-restores and a control-plane SIGKILL and restart on a fleet of its own, then its verdict.
+restores, a control-plane SIGKILL and restart and the Ray head's loss (the fleet restarted in
+place, the control plane reconnecting by itself) on a fleet of its own, then its verdict.
 
 The soak starts its own two-host fleet (``v4-8:2``, one CPU per host) and ``tpufleet serve``, and
 stops both by PID; it runs as a subprocess, so nothing of it stays in this process. It does not
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tpufleet.chaos import FAULT_KINDS, procs_with
+from tpufleet.chaos import DAMAGE, procs_with
 
 pytestmark = pytest.mark.integration
 
@@ -39,8 +40,11 @@ def test_a_short_seeded_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
     assert result["lost"] == [] and result["double_runs"] == []
     assert result["leaked_placement_groups"] == [] and result["leaked_processes"] == []
     faults = result["faults"]
-    # a minute has four faults, one of each kind; a host fault finding no whole slice is skipped
-    assert sum(faults.get(k, 0) for k in FAULT_KINDS) + faults.get("skipped", 0) == 4, faults
+    # a minute has four faults, one of each kind, and the Ray head's loss; a host fault finding no
+    # whole slice (or coming while the head is down) is skipped
+    assert sum(faults.get(k, 0) for k in DAMAGE) + faults.get("skipped", 0) == 5, faults
+    assert faults["ray_head_kill"] == faults["ray_head_restart"] == 1, faults
+    assert result["ray_reconnects"] == 1  # the control plane started afresh on its own, once
     assert sum(faults.get(k, 0) for k in ("kill_host", "preempt", "preempt_notice")) >= 2, faults
     assert faults["control_plane_kill"] == faults["control_plane_restart"] == 1
     assert result["control_plane_starts"] == 2

@@ -10,6 +10,7 @@ import pytest
 
 from tpufleet.chaos import (
     FAULT_KINDS,
+    HEAD_KILL,
     ChaosConfig,
     double_runs,
     overlaps,
@@ -34,7 +35,10 @@ def test_the_plan_is_the_seeds() -> None:
     assert len(jobs) == 30 and all(0 <= j.at <= 60 for j in jobs)
     assert {(j.accelerator_type, j.num_slices) for j in jobs} <= {("v4-8", 1), ("v4-8", 2), ("v4-16", 1)}
     assert len({j.tenant for j in jobs}) == 2 and len({j.priority for j in jobs}) > 1
-    assert {f.kind for f in faults} == set(FAULT_KINDS)
+    assert {f.kind for f in faults} == {*FAULT_KINDS, HEAD_KILL}
+    (head,) = [f for f in faults if f.kind == HEAD_KILL]  # once, in the middle of the window
+    assert 36 <= head.at <= 72
+    assert len(faults) == 120 // 15 + 1  # one fault every ~15 s, and the head's loss
     assert all(12 <= f.at <= 102 for f in faults) and [f.at for f in faults] == sorted(f.at for f in faults)
 
 
