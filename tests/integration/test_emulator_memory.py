@@ -46,13 +46,16 @@ def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_
     st = store.load(fleet.state_dir)
     assert st is not None
     measured = {}
+    each: dict[str, list[str]] = {}  # every process, for the message when a bound is broken
     for rec in st.slices:
         for h in rec.hosts:
             assert h.session is not None
             by_component: dict[str, int] = defaultdict(int)
-            for mem in procs.memory(procs.members(h.session)):
+            mems = procs.memory(procs.members(h.session))
+            for mem in mems:
                 by_component[mem.component] += mem.pss
             measured[f"{rec.name}/{h.worker_id}"] = dict(by_component)
+            each[f"{rec.name}/{h.worker_id}"] = [f"{m.pid} {m.component} {m.pss >> 20} MiB" for m in mems]
     assert len(measured) == len(hosts) == 5
     for host, parts in measured.items():
         assert parts.get("raylet", 0) > 0 and parts.get("runtime env agent", 0) > 0, (host, parts)
@@ -61,4 +64,5 @@ def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_
         assert sum(parts.values()) < HOST_PSS_BOUND, (
             host,
             {k: f"{v / 2**20:.0f} MiB" for k, v in parts.items()},
+            each[host],
         )
