@@ -38,10 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from tpufleet import catalog
+from tpufleet.control.raywatch import AWAIT_ENV
 from tpufleet.errors import SpecError, TpufleetError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 FAULT_KINDS = ("kill_host", "preempt", "preempt_notice", "control_plane_kill")
+SUBMIT_GRACE_S = 300.0  # after the window, how long a submit is retried while the server is down (then: lost)
 HEAD_KILL = "ray_head_kill"  # once a run: the Ray cluster is lost and the fleet brought back
 DAMAGE = (*FAULT_KINDS, HEAD_KILL)  # what stops with the window
 TENANTS = {"chaos-a": 8, "chaos-b": 8}  # tenant -> quota in chips per generation present
@@ -91,6 +93,15 @@ class ChaosConfig:
     cpus_per_host: int = 1
     drain_timeout_s: float = 300.0  # after the fault window: how long every job has to end
     state_dir: Path | None = None  # default: a temporary directory, removed at the end
+    # Someone else's: an emulated fleet already running from this directory (its slices are what
+    # jobs ask for; it is broken and repaired, never stopped) ...
+    fleet_dir: Path | None = None
+    # ... and a control plane already serving it on this machine: its URL, admin token and state
+    # directory (its store, its jobs' checkpoint directories). It is SIGKILLed and started again
+    # with its own command line, environment and working directory, and left running.
+    server: str | None = None
+    token: str | None = None
+    server_state_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -254,11 +265,13 @@ class Soak:
         self.token = f"chaos-{uuid.uuid4().hex[:12]}"
         self._tmp = cfg.state_dir is None
         self.dir = Path(cfg.state_dir or tempfile.mkdtemp(prefix="tpufleet-chaos-"))
-        self.cp_dir = self.dir / "cp"
+        self.cp_dir = cfg.server_state_dir or self.dir / "cp"
         self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = (cfg.server or f"http://127.0.0.1:{self.port}").rstrip("/")
         self.fleet: Any = None
         self.server: subprocess.Popen[bytes] | None = None
+        self._external: ExternalServer | None = None  # cfg.server: how to start it again once killed
+        self._external_up = True  # cfg.server: not killed by us, or started again since
         self._server_lock = threading.Lock()
         self._server_starts = 0
         self.faults: Counter[str] = Counter()
@@ -276,12 +289,19 @@ class Soak:
     def _start_fleet(self) -> None:
         from tpufleet.emulator import EmulatedFleet
 
+        if self.cfg.fleet_dir is not None:
+            self.fleet = EmulatedFleet.attach(self.cfg.fleet_dir)
+            self.say(f"soaking the emulated fleet in {self.cfg.fleet_dir} (Ray at {self.fleet.ray_address})")
+            return
         self.say(f"starting an emulated fleet {self.cfg.slices} in {self.dir / 'fleet'}")
         self.fleet = EmulatedFleet(
             self.cfg.slices, cpus_per_host=self.cfg.cpus_per_host, state_dir=self.dir / "fleet"
         ).up()
 
     def _start_server(self) -> None:
+        if self.cfg.server is not None:
+            self._restart_external()
+            return
         with self._server_lock:
             self._server_starts += 1
             env = {
@@ -298,12 +318,12 @@ class Soak:
                 )
         self._await_server(self.server)
 
-    def _await_server(self, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    def _await_server(self, proc: subprocess.Popen[bytes] | None, timeout_s: float = 120.0) -> None:
         import httpx
 
         deadline = time.monotonic() + timeout_s
         while True:
-            if proc.poll() is not None:
+            if proc is not None and proc.poll() is not None:
                 raise TpufleetError(
                     f"tpufleet serve exited {proc.returncode}; see {self.dir}/serve-{self._server_starts}.log"
                 )
@@ -316,7 +336,39 @@ class Soak:
                 raise TpufleetError(f"tpufleet serve did not answer within {timeout_s:.0f}s")
             time.sleep(0.2)
 
+    def _restart_external(self) -> None:
+        """Start the control plane someone else ran again, as it ran, unless it answers: after
+        ``_kill_server`` ended it, or when it died on its own since (a fresh start that failed)."""
+        ext = self._external
+        if ext is None or self._answers():  # never killed by us, or up
+            self._external_up = True
+            return
+        with self._server_lock:
+            self._server_starts += 1
+            with open(self.dir / f"serve-{self._server_starts}.log", "wb") as log:
+                self.server = subprocess.Popen(
+                    ext.argv,
+                    env=ext.env,
+                    cwd=ext.cwd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        self._await_server(self.server)
+        self._external_up = True
+
+    def _answers(self) -> bool:
+        import httpx
+
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
     def _kill_server(self, sig: int) -> None:
+        if self.cfg.server is not None:
+            self._kill_external(sig)
+            return
         with self._server_lock:
             proc, self.server = self.server, None
         if proc is None or proc.poll() is not None:
@@ -330,6 +382,17 @@ class Soak:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+    def _kill_external(self, sig: int) -> None:
+        """SIGKILL the control plane someone else started (found by the port it listens on) and
+        every process under it, keeping what it takes to start it again."""
+        if sig != signal.SIGKILL:
+            return  # the end of the soak: someone else's control plane stays up
+        with self._server_lock:
+            self.server = None
+            ext = self._external = ExternalServer.find(self.url)  # as it runs now (a restart runs the same)
+            self._external_up = False
+            ext.kill()
 
     # -- faults ---------------------------------------------------------------------------------
 
@@ -387,7 +450,7 @@ class Soak:
                 return
             self.fleet.restore(ev.target)
         elif ev.kind == "control_plane_kill":
-            if self.server is None:
+            if (self.server is None and self.cfg.server is None) or not self._external_up:
                 self.faults["skipped"] += 1
                 return
             self._kill_server(signal.SIGKILL)
@@ -445,7 +508,7 @@ class Soak:
         from tpufleet.api.auth import ADMIN_TOKEN_FILE
         from tpufleet.api.client import Client
 
-        token = (self.cp_dir / ADMIN_TOKEN_FILE).read_text().strip()
+        token = self.cfg.token or (self.cp_dir / ADMIN_TOKEN_FILE).read_text().strip()
         return Client(self.url, token, timeout_s=10)
 
     def _submit(self, admin: Any, job: PlannedJob, uncertain: bool) -> str | None:
@@ -467,14 +530,20 @@ class Soak:
 
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
+        self.dir.mkdir(parents=True, exist_ok=True)
         try:
             self._start_fleet()
-            self._start_server()
+            if self.cfg.server is None:
+                self._start_server()
+            else:
+                self._await_server(None)
             return self._soak(started)
         finally:
             self._stop_faults.set()
+            if self.cfg.server is not None:
+                self._restart_external()  # leave it as it was found: running
             self._kill_server(signal.SIGTERM)
-            if self.fleet is not None:
+            if self.fleet is not None and self.cfg.fleet_dir is None:
                 self.fleet.down()
             if self._tmp:
                 import shutil
@@ -482,12 +551,15 @@ class Soak:
                 shutil.rmtree(self.dir, ignore_errors=True)
 
     def _soak(self, started: float) -> dict[str, Any]:
-        from tpufleet.errors import ClusterError
+        from tpufleet.errors import ClusterError, ConflictError
 
         admin = self._admin()
         generations = sorted({t.rsplit("-", 1)[0] for t, _ in self.slices})
         for tenant, chips in TENANTS.items():
-            admin.create_tenant(tenant, {g: chips for g in generations})
+            try:
+                admin.create_tenant(tenant, {g: chips for g in generations})
+            except ConflictError:  # a control plane soaked before: its tenants are still there
+                admin.update_tenant(tenant, quota={g: chips for g in generations})
         self._t0 = time.monotonic()
         self._events = list(self.fault_plan)
         heapq.heapify(self._events)
@@ -498,7 +570,7 @@ class Soak:
         rejected: dict[int, str] = {}
         uncertain: set[int] = set()
         pending = list(self.jobs)
-        while pending or self._now() < window:
+        while (pending and self._now() < window + SUBMIT_GRACE_S) or self._now() < window:
             while pending and pending[0].at <= self._now():
                 job = pending[0]
                 try:
@@ -646,6 +718,63 @@ class Soak:
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.5)
+
+
+@dataclass
+class ExternalServer:
+    """A control plane this soak did not start: its process tree and how to start it again."""
+
+    pids: list[int]
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+    @classmethod
+    def find(cls, url: str) -> ExternalServer:
+        """The process listening on ``url``'s port on this machine (a TpufleetError if there is none)."""
+        from urllib.parse import urlsplit
+
+        import psutil
+
+        parts = urlsplit(url)
+        if parts.hostname not in ("127.0.0.1", "localhost", "::1") or parts.port is None:
+            raise TpufleetError(f"--server {url}: the soak kills and restarts the control plane, so it "
+                                "must run on this machine (http://127.0.0.1:PORT)")  # fmt: skip
+        for conn in psutil.net_connections("tcp"):
+            if (
+                conn.status == psutil.CONN_LISTEN
+                and conn.laddr
+                and conn.laddr.port == parts.port
+                and conn.pid
+            ):
+                proc = psutil.Process(conn.pid)
+                tree = [proc.pid, *(c.pid for c in proc.children(recursive=True))]
+                env = {
+                    k: v for k, v in proc.environ().items() if k != AWAIT_ENV
+                }  # set by an exec, not by its owner
+                return cls(tree, proc.cmdline(), env, proc.cwd())
+        raise TpufleetError(f"no process of this user listens on port {parts.port} ({url})")
+
+    def kill(self, timeout_s: float = 30.0) -> None:
+        """SIGKILL every process of the tree; return once each is gone (or a zombie its parent reaps)."""
+        import psutil
+
+        procs = []
+        for pid in self.pids:
+            try:
+                procs.append(psutil.Process(pid))
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                continue
+        deadline = time.monotonic() + timeout_s
+        for proc in procs:
+            while time.monotonic() < deadline:
+                try:
+                    if proc.status() == psutil.STATUS_ZOMBIE:
+                        break
+                except psutil.NoSuchProcess:
+                    break
+                time.sleep(0.05)
 
 
 def passed(result: dict[str, Any]) -> bool:

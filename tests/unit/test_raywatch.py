@@ -104,3 +104,22 @@ def test_the_fresh_start_is_the_same_process_and_command_waiting_for_ray(tmp_pat
     assert first["pid"] == second["pid"]
     assert first["argv"] == second["argv"] == [str(out), "--flag", "x y"]
     assert (first["await"], second["await"]) == (None, "10.0.0.1:6379")
+
+
+def test_after_a_lost_head_serve_waits_for_the_emulated_fleet_to_run_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``serve --emulator-dir`` looks the address up in the fleet's state: a fresh start after a lost
+    head waits for the fleet's head instead of refusing a fleet whose head is still coming back."""
+    from tpufleet.cli import emulate
+    from tpufleet.emulator import EmulatedFleet
+    from tpufleet.errors import NotFoundError
+
+    alive = iter([False, False, False, True, True])
+    monkeypatch.setattr(EmulatedFleet, "head_alive", lambda self: next(alive))
+    monkeypatch.setattr(EmulatedFleet, "authenticate", lambda self: self)
+    monkeypatch.setattr(EmulatedFleet, "ray_address", property(lambda self: "127.0.0.1:6379"))
+    assert emulate.running_fleet_address(tmp_path, wait=True) == (tmp_path, "127.0.0.1:6379")
+    monkeypatch.setattr(EmulatedFleet, "head_alive", lambda self: False)
+    with pytest.raises(NotFoundError, match="no emulated fleet runs from"):
+        emulate.running_fleet_address(tmp_path)

@@ -11,6 +11,7 @@ from rich import box
 from rich.table import Table
 
 from tpufleet.cli._app import app, console, console_err, print_json
+from tpufleet.errors import SpecError
 
 
 def result_table(result: dict[str, Any]) -> Table:
@@ -43,8 +44,55 @@ def result_table(result: dict[str, Any]) -> Table:
     return table
 
 
+def _running_fleet(address: str | None, emulator_dir: Path | None) -> tuple[Path, str]:
+    """The state directory of the emulated fleet to soak, and its slices as ``--slices`` spells them."""
+    from collections import Counter
+
+    from tpufleet.cli.emulate import state_dir_of
+    from tpufleet.emulator import EmulatedFleet
+
+    where = state_dir_of(emulator_dir)
+    fleet = EmulatedFleet("", state_dir=where)
+    if not fleet.head_alive():
+        raise SpecError(
+            f"no emulated fleet runs from {where}: the soak breaks hosts through the emulator, so give "
+            "--emulator-dir of a running one (`tpufleet emulate up`)",
+            field="--emulator-dir",
+        )
+    if address is not None and fleet.ray_address != address:
+        raise SpecError(
+            f"the emulated fleet in {where} runs at {fleet.ray_address}, not {address}; give --emulator-dir "
+            "of the fleet at that address",
+            field="--ray-address",
+        )
+    counts = Counter(s["accelerator_type"] for s in fleet.status()["slices"])
+    if not counts:
+        raise SpecError(f"the emulated fleet in {where} has no slices to run jobs on", field="--emulator-dir")
+    return where, ",".join(f"{t}:{n}" for t, n in sorted(counts.items()))
+
+
+def _server_access(server: str, token: str | None, state_dir: Path | None) -> tuple[str, Path]:
+    """The admin token and state directory of ``server``: given, else what its `serve` remembered."""
+    from tpufleet.cli import context
+
+    remembered = context.load()
+    same = remembered.server is not None and remembered.server.rstrip("/") == server.rstrip("/")
+    if token is None and same and remembered.admin_token_path:
+        token = Path(remembered.admin_token_path).read_text().strip()
+    if state_dir is None and same and remembered.server_state_dir:
+        state_dir = Path(remembered.server_state_dir)
+    if not token:
+        raise SpecError(f"--server {server}: give its admin token with --token", field="--token")
+    if state_dir is None:
+        raise SpecError(
+            f"--server {server}: give its --state-dir with --server-state-dir", field="--server-state-dir"
+        )
+    return token, state_dir
+
+
 @app.command("chaos")
 def chaos_cmd(
+    ctx: typer.Context,
     seed: Annotated[int, typer.Option(help="Seeds the job stream, the fault times and their targets.")] = 0,
     jobs: Annotated[int, typer.Option(min=1, help="Jobs to submit, over the first half of the window.")] = 20,
     minutes: Annotated[
@@ -65,6 +113,52 @@ def chaos_cmd(
             show_default=False,
         ),
     ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            metavar="HOST:PORT",
+            help="Soak an emulated fleet that already runs at this address (found in --emulator-dir): "
+            "its slices are what jobs ask for; it is broken, repaired and left running.",
+            show_default=False,
+        ),
+    ] = None,
+    emulator_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--emulator-dir",
+            help="Where that fleet's state is (default: the remembered or default emulator directory).",
+            show_default=False,
+        ),
+    ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            metavar="URL",
+            help="Soak a control plane that already serves that fleet on this machine: it is SIGKILLed "
+            "and started again as it ran, and left running. Needs --ray-address or --emulator-dir.",
+            show_default=False,
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="TPUFLEET_TOKEN",
+            help="--server's admin token (default: remembered).",
+            show_default=False,
+        ),
+    ] = None,
+    server_state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--server-state-dir",
+            help="--server's --state-dir, where its jobs' checkpoint directories (and the markers) are "
+            "(default: remembered by its `tpufleet serve`).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object instead of the table.")] = False,
 ) -> None:
     """Soak an emulated fleet: seeded jobs of mixed shapes, tenants and priorities while hosts are
@@ -73,6 +167,19 @@ def chaos_cmd(
     placement group or job process leaked and every job ended (docs/reliability.md)."""
     from tpufleet.chaos import ChaosConfig, Soak, passed
 
+    fleet_dir, server_dir = None, None
+    if ray_address or emulator_dir:
+        if ctx.get_parameter_source("slices").name == "COMMANDLINE":  # type: ignore[union-attr]
+            raise SpecError(
+                "--slices starts a fleet of the soak's own: not with --ray-address/--emulator-dir"
+            )
+        fleet_dir, slices = _running_fleet(ray_address, emulator_dir)
+    if server is not None:
+        if fleet_dir is None:
+            raise SpecError(
+                "--server: give --ray-address (or --emulator-dir) of the emulated fleet it serves"
+            )
+        token, server_dir = _server_access(server, token, server_state_dir)
     cfg = ChaosConfig(
         seed=seed,
         jobs=jobs,
@@ -81,6 +188,10 @@ def chaos_cmd(
         cpus_per_host=cpus_per_host,
         drain_timeout_s=drain_timeout,
         state_dir=state_dir,
+        fleet_dir=fleet_dir,
+        server=server,
+        token=token,
+        server_state_dir=server_dir,
     )
     soak = Soak(cfg, say=lambda m: console_err.print(m, highlight=False, markup=False))
     result = soak.run()

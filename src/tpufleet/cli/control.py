@@ -340,9 +340,10 @@ def _ray(address: str | None, emulator: bool, emulator_dir: Path | None) -> tupl
     """The Ray address to serve (the local emulated fleet's unless given) and its executor."""
     from tpufleet.api.server import ray_cluster
     from tpufleet.cli.emulate import running_fleet_address
+    from tpufleet.control.raywatch import AWAIT_ENV
 
     if not address or emulator or emulator_dir:
-        _, address = running_fleet_address(emulator_dir)
+        _, address = running_fleet_address(emulator_dir, wait=bool(os.environ.get(AWAIT_ENV)))
     return address, ray_cluster(address)  # fails within seconds, naming the address, if nothing is there
 
 
