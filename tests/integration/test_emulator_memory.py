@@ -1,9 +1,12 @@
-"""What an emulated host costs: its processes, measured with psutil (PSS), stay under a bound.
+"""What an emulated host costs: its own processes, measured with psutil (PSS), stay under a bound.
 
-The bound is generous on purpose (a regression guard, not the goal: bench/emulator_start.py
-measures that). An emulated host used to run ~250 MiB PSS before any task (a full dashboard agent,
-prestarted workers); a lean one runs ~100 MiB plus whatever idle workers its tasks left (at most
-one per logical CPU, ~65 MiB each).
+A regression guard, not the goal (bench/emulator_start.py measures a fresh fleet, workers
+included). An emulated host used to run ~250 MiB PSS before any task (a full dashboard agent,
+prestarted workers); a lean one runs ~100 MiB of its own (raylet, runtime-env agent, log monitor,
+the agent's stand-in) plus the workers its tasks left. Those are bounded apart from the host: on
+the session's shared fleet they are what earlier tests ran (a worker that ran a JAX program holds
+~150 MiB, and with it a host's total once went past a bound on the total, 309 MiB against 300,
+with its own processes at 113 MiB).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from tpufleet.emulator import state as store
 
 pytestmark = pytest.mark.integration
 
-HOST_PSS_BOUND = 300 << 20
+HOST_OWN_PSS_BOUND = 160 << 20  # the host's own processes: everything but Ray's workers
 
 
 def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_agent(
@@ -61,7 +64,7 @@ def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_
         assert parts.get("raylet", 0) > 0 and parts.get("runtime env agent", 0) > 0, (host, parts)
         assert parts.get("worker", 0) > 0, (host, parts)  # the task above ran there
         assert "dashboard agent" not in parts and parts.get("dashboard agent stand-in", 0) > 0, (host, parts)
-        assert sum(parts.values()) < HOST_PSS_BOUND, (
+        assert sum(v for k, v in parts.items() if k != "worker") < HOST_OWN_PSS_BOUND, (
             host,
             {k: f"{v / 2**20:.0f} MiB" for k, v in parts.items()},
             each[host],
