@@ -162,9 +162,10 @@ def chaos_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object instead of the table.")] = False,
 ) -> None:
     """Soak an emulated fleet: seeded jobs of mixed shapes, tenants and priorities while hosts are
-    killed, slices preempted (with and without notice) and restored, and the control plane is
-    SIGKILLed and restarted on the same store. Exits 0 only when no job was lost or ran twice, no
-    placement group or job process leaked and every job ended (docs/reliability.md)."""
+    killed, slices preempted (with and without notice) and restored, the control plane is
+    SIGKILLed and restarted on the same store, and once the Ray head is killed and the fleet
+    restarted in place. Exits 0 only when no job was lost or ran twice, no placement group or job
+    process leaked and every job ended (docs/reliability.md)."""
     from tpufleet.chaos import ChaosConfig, Soak, passed
 
     fleet_dir, server_dir = None, None
