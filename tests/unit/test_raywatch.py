@@ -123,3 +123,25 @@ def test_after_a_lost_head_serve_waits_for_the_emulated_fleet_to_run_again(
     monkeypatch.setattr(EmulatedFleet, "head_alive", lambda self: False)
     with pytest.raises(NotFoundError, match="no emulated fleet runs from"):
         emulate.running_fleet_address(tmp_path)
+
+
+def test_a_fresh_start_that_cannot_be_made_ends_the_process_saying_why(tmp_path: Path) -> None:
+    """Better gone (a supervisor starts it again) than serving on without a cluster."""
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "import sys\n"
+        "from tpufleet.control import raywatch\n"
+        "sys.executable = '/nonexistent/python'\n"
+        "raywatch.restart_process('10.0.0.1:6379')\n"
+        "print('still serving')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "still serving" not in proc.stdout
+    assert "could not start afresh after losing Ray's head" in proc.stderr and "Traceback" not in proc.stderr

@@ -82,12 +82,23 @@ def await_seconds(default_s: float) -> float:
 
 
 def restart_process(address: str) -> None:
-    """Replace this process with a fresh start of the same command, which waits for Ray first."""
+    """Replace this process with a fresh start of the same command, which waits for Ray first.
+
+    Should the exec itself fail, the process exits (code 1) rather than serve on without a cluster:
+    whatever supervises it starts it again."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os.environ[AWAIT_ENV] = address
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    try:
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    except OSError as err:
+        print(
+            f"error: could not start afresh after losing Ray's head ({err}); exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
 
 
 class HeadWatch:
