@@ -319,19 +319,14 @@ class Soak:
         self._await_server(self.server)
 
     def _await_server(self, proc: subprocess.Popen[bytes] | None, timeout_s: float = 120.0) -> None:
-        import httpx
-
         deadline = time.monotonic() + timeout_s
         while True:
             if proc is not None and proc.poll() is not None:
                 raise TpufleetError(
                     f"tpufleet serve exited {proc.returncode}; see {self.dir}/serve-{self._server_starts}.log"
                 )
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
+            if self._answers(timeout_s=1.0):
+                return
             if time.monotonic() > deadline:
                 raise TpufleetError(f"tpufleet serve did not answer within {timeout_s:.0f}s")
             time.sleep(0.2)
@@ -340,7 +335,7 @@ class Soak:
         """Start the control plane someone else ran again, as it ran, unless it answers: after
         ``_kill_server`` ended it, or when it died on its own since (a fresh start that failed)."""
         ext = self._external
-        if ext is None or self._answers():  # never killed by us, or up
+        if ext is None or self._answers(timeout_s=2.0):  # never killed by us, or up
             self._external_up = True
             return
         with self._server_lock:
@@ -357,11 +352,12 @@ class Soak:
         self._await_server(self.server)
         self._external_up = True
 
-    def _answers(self) -> bool:
+    def _answers(self, timeout_s: float) -> bool:
+        """Whether the control plane's /healthz says 200 within ``timeout_s``."""
         import httpx
 
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+            return httpx.get(f"{self.url}/healthz", timeout=timeout_s).status_code == 200
         except httpx.TransportError:
             return False
 
