@@ -118,3 +118,21 @@ def test_what_the_soak_cannot_use_is_one_line_and_exit_2(tmp_path: Path, args: l
     assert proc.returncode == 2, proc.stderr
     assert says in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_server_whose_remembered_token_file_is_gone_asks_for_the_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpufleet.cli import context
+    from tpufleet.cli.chaos import _server_access
+    from tpufleet.errors import SpecError
+
+    monkeypatch.setenv("TPUFLEET_CONFIG", str(tmp_path / "context.yaml"))
+    url = "http://127.0.0.1:8600"
+    context.remember(server=url, admin_token_path=str(tmp_path / "gone"), server_state_dir=str(tmp_path))
+    with pytest.raises(SpecError, match="give its admin token with --token"):
+        _server_access(url, None, None)
+    (tmp_path / "token").write_text("s3cret\n")
+    context.remember(admin_token_path=str(tmp_path / "token"))
+    assert _server_access(url + "/", None, None) == ("s3cret", tmp_path)
+    assert _server_access(url, "given", tmp_path / "cp") == ("given", tmp_path / "cp")
