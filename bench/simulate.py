@@ -125,6 +125,7 @@ class Config:
     grace_s: float = 30.0
     provision_min: float = 5.0
     idle_timeout_min: float = 10.0
+    spare_slices: int = 0  # autoscaled: slices of each type kept free beyond the queue's demand
 
 
 @dataclass(slots=True)
@@ -699,7 +700,8 @@ class TpufleetAutoscaled(Tpufleet):
         self.idle_timeout_s = eng.cfg.idle_timeout_min * 60
         super().__init__(eng)
         self.pools = tuple(
-            PoolView(f"pool-{t}", t, 0, sum(s.acc == t for s in eng.slices), False) for t in TYPES
+            PoolView(f"pool-{t}", t, 0, sum(s.acc == t for s in eng.slices), False, eng.cfg.spare_slices)
+            for t in TYPES
         )
         eng.on_gone = self._gone
 
@@ -927,6 +929,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace-s", type=float, default=30.0, help="a preempted job's time to stop")
     parser.add_argument("--provision-min", type=float, default=5.0, help="autoscaled: time to make a slice")
     parser.add_argument("--idle-timeout-min", type=float, default=10.0, help="autoscaled: idle before delete")
+    parser.add_argument(
+        "--spare-slices", type=int, default=0, help="autoscaled: slices of each type kept free (spare_slices)"
+    )
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
@@ -961,6 +966,7 @@ def main(argv: list[str] | None = None) -> int:
         grace_s=args.grace_s,
         provision_min=args.provision_min,
         idle_timeout_min=args.idle_timeout_min,
+        spare_slices=args.spare_slices,
     )
     result = compare(cfg, policies)
     print(json.dumps(result, indent=1) if args.json else _table(result))

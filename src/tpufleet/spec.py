@@ -84,6 +84,9 @@ class PoolSpec(_Model):
     min_slices: int | None = Field(default=None, ge=0)
     max_slices: int | None = Field(default=None, ge=0)
     spot: bool = False
+    # tpufleet's autoscaler (`serve --fleet`) keeps this many slices of the type free beyond the
+    # queue's demand, so arriving jobs need not wait for a slice to be made
+    spare_slices: int = Field(default=0, ge=0)
     cpu: Quantity | None = None  # per host (pod / TPU VM), requests = limits
     memory: Quantity | None = None
 
@@ -104,6 +107,9 @@ class AutoscalingSpec(_Model):
     enabled: bool = False
     idle_timeout_s: int = Field(default=60, ge=0)
     upscaling: Literal["Conservative", "Default", "Aggressive"] = "Default"
+    # Jobs beyond their tenant's quota may make slices out of quota the other tenants leave unused
+    # (tpufleet's own autoscaler, `serve --fleet`; KubeRay's autoscaler knows no tenants).
+    borrowing: bool = True
 
 
 class TenantSpec(_Model):

@@ -115,6 +115,54 @@ CASES = [
         [],
     ),
     (
+        "a borrower makes slices out of quota another tenant leaves unused, after the jobs within quota",
+        Fleet().tenant("a", v4=4).tenant("b", v4=8).queued("j1", "a", "v4-8").queued("j2", "a", "v4-8"),
+        [POOL],
+        [],
+        [("v4", False, "j1"), ("v4", False, "j2")],
+        [],
+    ),
+    (
+        "borrowers together never go past the sum of the quotas (4 + 4 chips: one borrower of two)",
+        Fleet()
+        .tenant("a", v4=4)
+        .tenant("b", v4=4)
+        .queued("j1", "a", "v4-8")
+        .queued("j2", "a", "v4-8")
+        .queued("j3", "a", "v4-8"),
+        [POOL],
+        [],
+        [("v4", False, "j1"), ("v4", False, "j2")],
+        [],
+    ),
+    (
+        "what a tenant holds counts against the quota it lends (b uses its 4 chips: nothing to lend)",
+        Fleet()
+        .slices("v4-8", 1)
+        .tenant("a", v4=4)
+        .tenant("b", v4=4)
+        .running("r1", "b", "v4-8")
+        .queued("j1", "a", "v4-8")
+        .queued("j2", "a", "v4-8"),
+        [POOL],
+        [],
+        [("v4", False, "j1")],
+        [],
+    ),
+    (
+        "a job within its quota queued after a borrower is served first",
+        Fleet()
+        .tenant("a", v4=4)
+        .tenant("b", v4=4)
+        .queued("j1", "a", "v4-8")
+        .queued("j2", "a", "v4-8")
+        .queued("j3", "b", "v4-8"),
+        [replace(POOL, max_slices=2)],
+        [],
+        [("v4", False, "j1"), ("v4", False, "j3")],
+        [],
+    ),
+    (
         "spot is preferred where a pool allows it",
         Fleet().tenant("a", v4=64).queued("j1", "a", "v4-8", num_slices=3),
         [POOL, SPOT],
@@ -203,6 +251,50 @@ CASES = [
         ["s-1"],
     ),
     (
+        "spare_slices: a type with no demand keeps that many free slices made",
+        Fleet().tenant("a", v4=64),
+        [replace(POOL, spare_slices=2)],
+        [],
+        [("v4", False, None), ("v4", False, None)],
+        [],
+    ),
+    (
+        "spares are counted after the demand: a free slice the queued job takes is no spare",
+        Fleet().slices("v4-8", 1).tenant("a", v4=64).queued("j1", "a", "v4-8"),
+        [replace(POOL, spare_slices=1)],
+        [ready("v4-1", "v4-8-0", idle_s=600)],
+        [("v4", False, None)],
+        [],
+    ),
+    (
+        "a slice being made that no job waits on, or one the floor makes, is a spare",
+        Fleet().tenant("a", v4=64),
+        [replace(POOL, spare_slices=2, min_slices=2)],
+        [Managed("v4-1", "v4", Phase.PENDING)],
+        [("v4", False, None)],  # the floor's second slice: with v4-1, the two spares
+        [],
+    ),
+    (
+        "the idle rule keeps the spares and deletes only what is beyond them",
+        Fleet().slices("v4-8", 3).tenant("a", v4=64),
+        [replace(POOL, spare_slices=2)],
+        [
+            ready("v4-1", "v4-8-0", idle_s=900),
+            ready("v4-2", "v4-8-1", idle_s=600),
+            ready("v4-3", "v4-8-2", idle_s=600),
+        ],
+        [],
+        ["v4-1"],
+    ),
+    (
+        "spares never go past max_slices",
+        Fleet().tenant("a", v4=64),
+        [replace(POOL, spare_slices=5)],
+        [],
+        [("v4", False, None)] * 3,
+        [],
+    ),
+    (
         "slices of other types are not touched",
         Fleet().slices("v4-16", 1).tenant("a", v4=64).queued("j1", "a", "v4-16"),
         [POOL],
@@ -231,6 +323,28 @@ def test_private_slices_serve_only_their_tenant():
     assert creates(got.actions) == [("v4", False, "j1")]  # a's private slice is not b's supply
     snap = Fleet().slices("v4-8", 1).tenant("a", v4=64).queued("j1", "a", "v4-8").build()
     assert autoscale(ScaleSnapshot(snap, [POOL], [], private=private)) == []
+
+
+def test_with_borrowing_off_a_borrower_never_makes_a_slice_but_a_job_within_quota_does():
+    snap = (
+        Fleet()
+        .tenant("a", v4=4)
+        .tenant("b", v4=64)
+        .queued("j1", "a", "v4-8")
+        .queued("j2", "a", "v4-8")
+        .build()
+    )
+    assert creates(autoscale(ScaleSnapshot(snap, [POOL], [], borrowing=False))) == [("v4", False, "j1")]
+    assert creates(autoscale(ScaleSnapshot(snap, [POOL], []))) == [("v4", False, "j1"), ("v4", False, "j2")]
+
+
+def test_a_borrower_takes_a_free_slice_so_the_idle_rule_keeps_it():
+    snap = Fleet().slices("v4-8", 1).tenant("a", v4=0).tenant("b", v4=8).queued("j1", "a", "v4-8").build()
+    idle = [ready("v4-1", "v4-8-0", idle_s=600)]
+    assert autoscale(ScaleSnapshot(snap, [POOL], idle, idle_timeout_s=60)) == []
+    assert deletes(autoscale(ScaleSnapshot(snap, [POOL], idle, idle_timeout_s=60, borrowing=False))) == [
+        "v4-1"
+    ]
 
 
 def test_plan_says_which_jobs_wait_on_which_groups():
@@ -352,7 +466,8 @@ def test_simulation_properties(seed):
     quota = {t.name: t.quota.get("v4", 0) for t in tenants}
     for job in jobs.values():
         chips = {"v4-8": 4, "v4-16": 8}[job.accelerator_type] * job.num_slices
-        feasible = job.num_slices <= maxima[job.accelerator_type] and chips <= quota[job.tenant]
+        # borrowing: a job beyond its tenant's quota is served out of the quota the other leaves
+        feasible = job.num_slices <= maxima[job.accelerator_type] and chips <= sum(quota.values())
         if feasible:
             assert job.id in served, f"feasible job {job} never ran"
     # and, the queue drained, every pool went back to its minimum

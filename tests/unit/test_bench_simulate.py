@@ -187,3 +187,29 @@ def test_autoscaler_makes_slices_on_demand_and_deletes_them_when_idle() -> None:
     # 5 min + 2 min restart + 2 h + 10 min, rounded up to cycles).
     assert 8 * 2 <= auto["chip_hours_paid"] <= 8 * 3
     assert auto["chip_hours_used"] <= auto["chip_hours_paid"]
+
+
+def test_the_autoscaler_makes_slices_for_a_borrower_out_of_quota_left_unused() -> None:
+    # t0's 8-unit job wants 64 chips, beyond its quota of 40 (160 chips, four tenants): it borrows
+    # what the idle tenants leave, and the autoscaled fleet makes the slices for it.
+    cfg = _quiet(provision_min=5.0, idle_timeout_min=10.0)
+    trace = sim.build_trace(cfg, [_job(0, "t0", 8, 0.0, 2)])
+    assert trace.quota["t0"] < 8 * 8
+    auto = sim.compare(cfg, ("tpufleet_autoscaled",), trace)["policies"]["tpufleet_autoscaled"]
+    assert auto["unfinished"] == 0
+    assert 5 * 60 <= auto["wait_by_units"]["8"]["p99_s"] <= 10 * 60  # the time to make its slices
+
+
+def test_spare_slices_let_an_arriving_job_start_without_waiting_for_one_to_be_made() -> None:
+    # the 1-unit job comes at 48 h; the 2-unit one at the start waits for the empty fleet's slices
+    jobs = [_job(0, "t0", 2, 0.0, 2), _job(1, "t1", 1, 48.0, 2)]
+    waits, paid = {}, {}
+    for spares in (0, 1):
+        cfg = _quiet(provision_min=5.0, idle_timeout_min=10.0, spare_slices=spares)
+        trace = sim.build_trace(cfg, jobs)
+        auto = sim.compare(cfg, ("tpufleet_autoscaled",), trace)["policies"]["tpufleet_autoscaled"]
+        assert auto["unfinished"] == 0
+        waits[spares], paid[spares] = auto["wait_by_units"]["1"]["p99_s"], auto["chip_hours_paid"]
+    assert waits[0] >= 5 * 60 and waits[1] < 5 * 60  # the spare was ready when the job came
+    # the spares (one of each type) are paid for the 48 h: 8 + 16 + 32 chips
+    assert paid[1] - paid[0] >= (8 + 16 + 32) * 40

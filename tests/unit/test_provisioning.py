@@ -5,6 +5,7 @@ with no retry used; slice groups made, measured and deleted (drained or forced).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,34 @@ def test_a_restarted_control_plane_asks_a_fresh_provider_for_its_groups_again(
     job = w.submit()
     w.until(lambda: w.job(job).state == "SUCCEEDED")
     assert w.job(job).slices == ("keep-0",)
+
+
+def test_a_borrower_gets_a_slice_made_from_quota_others_leave_unused_unless_borrowing_is_off(
+    world: World,
+) -> None:
+    world.store.create_tenant("small", {"v4": 0})  # a's 64 chips lie unused: small may borrow them
+    request = JobRequest.build(command=("python", "t.py"), accelerator_type="v4-8")
+    job = world.store.submit("small", request).id
+    world.until(lambda: world.job(job).state in ("STARTING", "RUNNING"))
+    assert world.job(job).slices == ("v4-1-0",)
+    assert [r.accelerator_type for r in world.provider.requests] == ["v4-8"]
+    world.until(lambda: world.job(job).state == "SUCCEEDED", seconds=2)
+    world.prov.config = replace(world.prov.config, borrowing=False)
+    world.until(lambda: not world.groups.all(), seconds=10)  # idle, deleted
+    second = world.store.submit("small", request).id
+    world.cycle(n=20)
+    assert world.job(second).state == "QUEUED"  # a borrower no longer makes slices
+    assert len(world.provider.requests) == 1
+
+
+def test_the_fleet_specs_autoscaling_borrowing_reaches_the_provisioner(tmp_path: Path) -> None:
+    from tpufleet.cli.slices import provisioning
+
+    spec = tmp_path / "fleet.yaml"
+    body = "name: f\npools: [{name: v4, type: v4-8, slices: 0, max_slices: 2}]\nautoscaling: {enabled: true"
+    spec.write_text(body + "}\n")
+    made, _ = provisioning(spec, "memory", SandboxCluster([]), tmp_path)
+    assert made is not None and made.config.borrowing is True  # the default: lend unused quota
+    spec.write_text(body + ", borrowing: false}\n")
+    made, _ = provisioning(spec, "memory", SandboxCluster([]), tmp_path)
+    assert made is not None and made.config.borrowing is False

@@ -234,13 +234,14 @@ def provisioning(
         return None, None
     spec = read_spec(fleet_path) if fleet_path is not None else None
     pools = tuple(
-        PoolView(p.name, p.slice_type.accelerator_type, p.min_count, p.max_count, p.spot)
+        PoolView(p.name, p.slice_type.accelerator_type, p.min_count, p.max_count, p.spot, p.spare_slices)
         for p in (spec.pools if spec else ())
     )
     config = ProvisionConfig(
         pools=pools,
         initial=tuple((p.name, p.slices) for p in (spec.pools if spec else ())),
         idle_timeout_s=float(spec.autoscaling.idle_timeout_s) if spec else 60.0,
+        borrowing=spec.autoscaling.borrowing if spec else True,
     )
     if kind == "memory":
         from tpufleet.provision.memory import MemoryProvider

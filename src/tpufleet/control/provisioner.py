@@ -74,6 +74,7 @@ class ProvisionConfig:
     initial: tuple[tuple[str, int], ...] = ()  # (pool, slices) made on the first cycle
     idle_timeout_s: float = 60.0
     retry_after_s: float = 10.0
+    borrowing: bool = True  # borrowers may make slices out of quota other tenants leave unused
     autoscale: bool = True  # False: only the slice manager's groups, no Create/Delete of its own
 
 
@@ -270,6 +271,7 @@ class Provisioner:
             idle_timeout_s=self.config.idle_timeout_s,
             retry_after_s=self.config.retry_after_s,
             private=self._private,
+            borrowing=self.config.borrowing,
         )
         result = plan(scale)
         made: dict[JobId, list[str]] = {}

@@ -12,18 +12,28 @@ The rules, in order:
 1. **Clean up.** A slice that was preempted or suspended (``GONE``) is deleted; a ``FAILED`` one is
    deleted once ``retry_after_s`` passed, so its message stays on the waiting jobs a while and the
    demand below asks for a fresh one (the retry).
-2. **Demand.** Queued jobs are taken per accelerator type in priority, then submission order. Only a
-   job its tenant's quota allows counts (usage: the chips of the tenant's active jobs of the
-   generation, plus the jobs counted before it this cycle); a job that would borrow never makes a
-   slice. A job first takes free slices of its type (a tenant's private slices before shared ones),
-   then slices still being made; what is missing is created, whole slices only, if the pools of the
-   type have room under ``max_slices`` (pools that allow spot first: spot is preferred). A job that
-   no room can ever serve makes nothing.
-3. **Floor.** A pool below ``min_slices`` gets slices up to it.
+2. **Demand.** Queued jobs are taken per accelerator type in priority, then submission order,
+   first every job its tenant's quota allows (usage: the chips of the tenant's active jobs of the
+   generation, plus the jobs counted before it this cycle), then the jobs that would borrow. A job
+   first takes free slices of its type (a tenant's private slices before shared ones), then slices
+   still being made; what is missing is created, whole slices only, if the pools of the type have
+   room under ``max_slices`` (pools that allow spot first: spot is preferred). A job that no room can
+   ever serve makes nothing. A borrower (``borrowing``, on by default) makes slices only out of quota
+   the other tenants leave unused: the chips of the generation held and asked for by every tenant,
+   itself included, stay within the sum of their quotas, as Kueue lends a cohort's unused nominal
+   quota. So an autoscaled fleet lends what a fixed fleet of its quotas' size would have standing
+   idle, and pays for it only while it is used; the policy preempts borrowers first when a job
+   within its quota needs their slices back. With ``borrowing`` off a borrower never makes a slice
+   (it runs only on slices left free).
+3. **Floor and spares.** A pool below ``min_slices`` gets slices up to it. A type whose pools ask
+   for ``spare_slices`` keeps that many slices free beyond the demand above (free ones no queued
+   job takes, and ones being made that no job waits on), so a job that arrives finds one ready
+   instead of waiting the minutes a slice takes to make: the price of a short wait, paid in idle
+   slices.
 4. **Idle.** A ready slice that is free, was idle for ``idle_timeout_s``, and is not needed by the
-   demand above is deleted, longest idle first, never below its pool's ``min_slices``, never while
-   held, and never while the job it was made for is still queued (no flapping: that job has not had
-   its chance yet).
+   demand above nor kept as a spare is deleted, longest idle first, never below its pool's
+   ``min_slices``, never while held, and never while the job it was made for is still queued (no
+   flapping: that job has not had its chance yet).
 
 Slices the autoscaler did not make (named slice groups, a fleet's fixed slices) are used as supply
 but never created or deleted here.
@@ -80,6 +90,7 @@ class PoolView:
     min_slices: int = 0
     max_slices: int = 1
     spot: bool = False  # the pool may use spot slices (and then prefers them)
+    spare_slices: int = 0  # slices of the type kept free beyond the demand (ready for arrivals)
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,7 @@ class ScaleSnapshot:
     idle_timeout_s: float = 60.0
     retry_after_s: float = 10.0
     private: Mapping[SliceName, TenantName] = field(default_factory=dict)  # slice -> its only tenant
+    borrowing: bool = True  # a borrower may make slices out of quota other tenants leave unused
 
 
 @dataclass(frozen=True)
@@ -166,8 +178,9 @@ class _Planner:
         for m in self.s.managed:
             if m.phase in _LIVE and m.group not in self.deleting:
                 self.live[m.pool] += 1
-        leftover = self._demand()
-        self._floor()
+        leftover, unclaimed = self._demand()
+        floor = self._floor()
+        self._spares(leftover, unclaimed, floor)
         self._idle(leftover)
         return Plan(self.actions, self.waiting, self.creating)
 
@@ -213,8 +226,9 @@ class _Planner:
                 shared[facts.key] += 1
         return pending, private, shared
 
-    def _demand(self) -> dict[str, int]:
-        """Walk the queue; returns the free shared slices per type no queued job needs."""
+    def _demand(self) -> tuple[dict[str, int], dict[str, list[str]]]:
+        """Walk the queue; returns the free shared slices per type no queued job needs, and the
+        groups being made that no queued job waits on."""
         pending, private, shared = self._supply()
         quota = {t.name: {gen_key(g): c for g, c in t.quota.items()} for t in self.s.fleet.tenants}
         used: dict[tuple[str, str], int] = defaultdict(int)
@@ -226,16 +240,36 @@ class _Planner:
             elif j.state is JobState.QUEUED:
                 queued.append(j)
         queued.sort(key=lambda j: (-j.priority, j.seq, j.id))
+        borrowers: list[JobView] = []
         for job in queued:
             facts = type_facts(job.accelerator_type)
             if facts is None or job.num_slices < 1 or job.tenant not in quota:
                 continue
             chips = facts.chips * job.num_slices
             if used[(job.tenant, facts.gen)] + chips > quota[job.tenant].get(facts.gen, 0):
-                continue  # would borrow: borrowers use idle capacity, they never make slices
-            if self._place(job, facts.key, pending, private, shared):
+                borrowers.append(job)  # after every job its quota allows, which come first
+            elif self._place(job, facts.key, pending, private, shared):
                 used[(job.tenant, facts.gen)] += chips
-        return shared
+        if not self.s.borrowing:
+            return shared, pending
+        # The cohort's quota (every tenant's) bounds what borrowers make: the generation's chips
+        # held and asked for, borrowers included, stay within it.
+        cohort: dict[str, int] = defaultdict(int)
+        for limits in quota.values():
+            for gen, chips in limits.items():
+                cohort[gen] += chips
+        total: dict[str, int] = defaultdict(int)
+        for (_tenant, gen), chips in used.items():
+            total[gen] += chips
+        for job in borrowers:
+            facts = type_facts(job.accelerator_type)
+            assert facts is not None  # checked in the walk above
+            chips = facts.chips * job.num_slices
+            if total[facts.gen] + chips > cohort[facts.gen]:
+                continue  # no unused quota left to lend: it waits for slices left free
+            if self._place(job, facts.key, pending, private, shared):
+                total[facts.gen] += chips
+        return shared, pending
 
     def _place(
         self,
@@ -277,11 +311,34 @@ class _Planner:
         return max(0, pool.max_slices - self.live[pool.name])
 
     # -- 3. floor -----------------------------------------------------------------------------
-    def _floor(self) -> None:
-        for pool in self.s.pools:
-            for _ in range(max(0, pool.min_slices - self.live[pool.name])):
-                self.actions.append(Create(pool.name, pool.accelerator_type, pool.spot))
-                self.live[pool.name] += 1
+    def _floor(self) -> dict[str, int]:
+        """Fill pools up to ``min_slices``; returns the slices made per type (free when ready)."""
+        made: dict[str, int] = defaultdict(int)
+        for key, pools in self.by_type.items():
+            for pool in pools:
+                for _ in range(max(0, pool.min_slices - self.live[pool.name])):
+                    self.actions.append(Create(pool.name, pool.accelerator_type, pool.spot))
+                    self.live[pool.name] += 1
+                    made[key] += 1
+        return made
+
+    def _spares(
+        self, leftover: dict[str, int], unclaimed: dict[str, list[str]], floor: dict[str, int]
+    ) -> None:
+        """Make what each type lacks of its pools' ``spare_slices``; take the spares out of
+        ``leftover``, so the idle rule keeps them."""
+        for key, pools in self.by_type.items():
+            want = sum(p.spare_slices for p in pools)
+            if want <= 0:
+                continue
+            kept = min(want, leftover.get(key, 0))
+            leftover[key] = leftover.get(key, 0) - kept
+            missing = want - kept - len(unclaimed.get(key, ())) - floor.get(key, 0)
+            for pool in pools:
+                while missing > 0 and self._room(pool) > 0:
+                    self.actions.append(Create(pool.name, pool.accelerator_type, pool.spot))
+                    self.live[pool.name] += 1
+                    missing -= 1
 
     # -- 4. idle ------------------------------------------------------------------------------
     def _idle(self, leftover: dict[str, int]) -> None:
