@@ -37,10 +37,11 @@ lint: venv
 test: lint
 	./scripts/ensure-test-services.sh
 	@# The unit tests on both cores (pytest-xdist), but for those that start, scan or kill the host's
-	@# processes; then, in one process, those and the tests that share one emulated Ray fleet (each
-	@# needs both cores while Ray and JAX start).
+	@# processes, which run alone next; then the tests that share one emulated Ray fleet, one after
+	@# another, beside those that start a fleet of their own (scripts/side-by-side-tests.sh).
 	$(REQUIRE) $(BIN)/python -m pytest tests/unit -n 2 --durations=10 $(addprefix --ignore=,$(HOST_TESTS))
-	$(REQUIRE) $(BIN)/python -m pytest $(HOST_TESTS) tests/integration tests/e2e --durations=25
+	$(REQUIRE) $(BIN)/python -m pytest $(HOST_TESTS) -q
+	$(REQUIRE) ./scripts/side-by-side-tests.sh $(BIN)/python
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit -q

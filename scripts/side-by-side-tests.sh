@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The integration and end-to-end tests as `make test` runs them: two pytest processes side by side.
+#
+#   scripts/side-by-side-tests.sh PYTHON [PYTEST ARGS...]
+#
+# One process runs the tests that share the session's emulated fleet (tests/integration/conftest.py),
+# one after another as they must; the other, at the same time, the tests that start a fleet or a
+# control plane of their own (SOLO below: the demo, the chaos soak, the README tour, ...). Alone,
+# one process kept the two cores 59 % busy over its 18 minutes (much of the suite waits: on grace
+# periods, on a soak's minute, on a slice being made); side by side the two fill the gaps. Nothing
+# either runs looks at processes it did not start (leak checks go by PID or by the fleet's own
+# temp dir), and each fleet picks free ports. The second process's output is shown when it ends.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+py=$1
+shift
+
+SOLO=(
+  tests/e2e
+  tests/integration/test_tour.py
+  tests/integration/test_chaos.py
+  tests/integration/test_autoscale_emulator.py
+  tests/integration/test_serve_process.py
+  tests/integration/test_tenancy_sandbox.py
+)
+ignore=()
+for path in "${SOLO[@]}"; do
+  if [[ $path == tests/integration/* ]]; then ignore+=("--ignore=$path"); fi
+done
+
+log=$(mktemp "${TMPDIR:-/tmp}/tpufleet-solo-tests.XXXXXX")
+"$py" -m pytest "${SOLO[@]}" --durations=10 "$@" >"$log" 2>&1 &
+solo=$!
+# An interrupted run (Ctrl-C, a CI timeout) stops the second process too, by its PID.
+trap 'kill "$solo" 2>/dev/null; rm -f "$log"' EXIT
+
+"$py" -m pytest tests/integration "${ignore[@]}" --durations=25 "$@"
+shared=$?
+wait "$solo"
+own=$?
+echo
+echo "======== beside it: the tests that start their own fleet or control plane ========"
+cat "$log"
+if ((shared != 0)); then exit "$shared"; fi
+exit "$own"
