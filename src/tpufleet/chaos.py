@@ -8,7 +8,12 @@ a crashed VM would). Faults run in one background thread, in seeded order at see
 thread submits jobs (through the REST client, retrying while the server is down, never twice: a job
 is named ``chaos-<i>`` and looked up before a retry) and follows them.
 
-Every job runs :data:`JOB_CODE`: each host of each attempt writes a marker
+A share of the jobs (``ray_jobs``) are Ray jobs: their driver (:data:`RAY_JOB_CODE`, run by Ray's job
+submission on the head) reserves its admitted slices with ``ray.util.tpu.SlicePlacementGroup``, as
+Ray Train does, and runs one task per host on them; the server is started with
+``--allow-ray-jobs``. Each task runs the same host code as an SPMD job's host.
+
+Every job runs :data:`JOB_CODE` on each host: each host of each attempt writes a marker
 ``chaos-<attempt>-<slice>-<worker>.json`` in the job's ``TPUFLEET_CHECKPOINT_DIR`` when it starts
 (after reading the markers of the job's other attempts that are still running), refreshes its
 heartbeat while it runs and records its end. Two attempts of one job ran at the same time when a
@@ -33,7 +38,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +89,40 @@ write()
 """
 
 
+# argv: TOKEN SECONDS, as JOB_CODE's. A Ray driver: one task per host of the admitted slices, each
+# running JOB_CODE in the Ray worker on that host (the host contract's TPU_NAME and TPU_WORKER_ID are
+# the host's; TPUFLEET_CHECKPOINT_DIR and TPUFLEET_ATTEMPT come with the job's environment).
+RAY_JOB_CODE = """\
+import os, sys
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.tpu import SlicePlacementGroup
+HOST_CODE = __HOST_CODE__
+ray.init()
+group = SlicePlacementGroup(
+    topology=os.environ['TPUFLEET_TOPOLOGY'],
+    accelerator_version=os.environ['TPUFLEET_ACCELERATOR_TYPE'].rsplit('-', 1)[0],
+    num_slices=len(os.environ['TPUFLEET_SLICES'].split(',')),
+)
+ray.get(group.placement_group.ready())
+@ray.remote(num_cpus=0)
+def host(argv):
+    sys.argv = ['chaos-host', *argv]
+    exec(compile(HOST_CODE, 'chaos-host', 'exec'), {'__name__': '__main__'})
+    return os.environ.get('TPU_NAME', '-') + '/' + os.environ.get('TPU_WORKER_ID', '-')
+ran = ray.get([
+    host.options(
+        resources={'TPU': group.devices_per_host},
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            group.placement_group, placement_group_bundle_index=i
+        ),
+    ).remote(sys.argv[1:])
+    for i in range(group.num_bundles)
+])
+print('chaos: ran on', ' '.join(sorted(ran)), flush=True)
+""".replace("__HOST_CODE__", repr(JOB_CODE))
+
+
 @dataclass(frozen=True)
 class ChaosConfig:
     seed: int = 0
@@ -91,6 +130,7 @@ class ChaosConfig:
     minutes: float = 5.0
     slices: str = "v4-8:2,v4-16:1"
     cpus_per_host: int = 1
+    ray_jobs: float = 0.25  # the share of the jobs that are Ray jobs (drawn per job, seeded)
     drain_timeout_s: float = 300.0  # after the fault window: how long every job has to end
     state_dir: Path | None = None  # default: a temporary directory, removed at the end
     # Someone else's: an emulated fleet already running from this directory (its slices are what
@@ -113,6 +153,7 @@ class PlannedJob:
     tenant: str
     priority: int
     seconds: float
+    kind: str = "spmd"  # or "ray"
 
     @property
     def name(self) -> str:
@@ -157,6 +198,9 @@ def plan_jobs(cfg: ChaosConfig, rng: random.Random) -> list[PlannedJob]:
                 seconds=round(rng.uniform(2.0, 8.0), 2),
             )
         )
+    # Which are Ray jobs: their own stream, so the rest of the plan is what it was without them.
+    kinds = random.Random(cfg.seed + 3)
+    jobs = [replace(j, kind="ray") if kinds.random() < cfg.ray_jobs else j for j in jobs]
     return sorted(jobs, key=lambda j: (j.at, j.index))
 
 
@@ -279,6 +323,9 @@ class Soak:
         self.fault_errors: list[str] = []
         self._events: list[Event] = []
         self._seq = len(self.fault_plan)
+        # planned damage not yet done or skipped: the window lasts until it is through (a fault
+        # that came due while the fault thread was busy, e.g. restarting the fleet, is done late)
+        self._damage_left = sum(1 for e in self.fault_plan if e.kind in DAMAGE)
         self._noticed: set[str] = set()  # slices under a preemption notice, not yet reaped
         self._head_down = False  # between a Ray head kill and the fleet's restart
         self._stop_faults = threading.Event()
@@ -312,6 +359,8 @@ class Soak:
             }
             cmd = [sys.executable, "-m", "tpufleet", "serve", "--ray-address", self.fleet.ray_address]
             cmd += ["--state-dir", str(self.cp_dir), "--port", str(self.port), "--start-timeout", "120"]
+            if any(j.kind == "ray" for j in self.jobs):
+                cmd.append("--allow-ray-jobs")
             with open(self.dir / f"serve-{self._server_starts}.log", "wb") as log:
                 self.server = subprocess.Popen(
                     cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -477,26 +526,27 @@ class Soak:
         raise KeyError(slice_name)
 
     def _fault_loop(self) -> None:
-        window = self.cfg.minutes * 60
         while True:
             if not self._events:
                 return
             ev = self._events[0]
             if self._stop_faults.is_set() and ev.kind in DAMAGE:
-                heapq.heappop(self._events)  # no new damage once the window is over
+                heapq.heappop(self._events)  # no new damage once the soak stopped waiting for it
+                self._damage_left -= 1
                 continue
             wait = ev.at - self._now()
             if wait > 0:
                 time.sleep(min(wait, 0.2))
                 continue
             heapq.heappop(self._events)
-            if ev.kind in DAMAGE and ev.at > window:
-                continue
             try:
                 self._fault(ev)
             except Exception as err:  # a fault that could not be done is reported
                 self.fault_errors.append(f"{ev.kind} {ev.target or ''}: {type(err).__name__}: {err}")
                 self.say(f"[{self._now():6.1f}s] {ev.kind} failed: {err}")
+            finally:
+                if ev.kind in DAMAGE:
+                    self._damage_left -= 1
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -513,9 +563,11 @@ class Soak:
             for j in admin.jobs():
                 if j["name"] == job.name:
                     return str(j["id"])
+        code = RAY_JOB_CODE if job.kind == "ray" else JOB_CODE
         body = admin.submit(
-            [sys.executable, "-c", JOB_CODE, self.token, str(job.seconds)],
+            [sys.executable, "-c", code, self.token, str(job.seconds)],
             job.accelerator_type,
+            kind=job.kind,
             num_slices=job.num_slices,
             priority=job.priority,
             max_retries=20,
@@ -566,7 +618,16 @@ class Soak:
         rejected: dict[int, str] = {}
         uncertain: set[int] = set()
         pending = list(self.jobs)
-        while (pending and self._now() < window + SUBMIT_GRACE_S) or self._now() < window:
+
+        def more() -> bool:
+            """Within the window; after it, while jobs wait to be submitted or planned damage to be
+            done (a soak slowed down by its machine does all it planned), for SUBMIT_GRACE_S."""
+            now = self._now()
+            return now < window or (
+                now < window + SUBMIT_GRACE_S and (bool(pending) or self._damage_left > 0)
+            )
+
+        while more():
             while pending and pending[0].at <= self._now():
                 job = pending[0]
                 try:
@@ -581,6 +642,7 @@ class Soak:
                     ids[job.index] = got
                     self.say(
                         f"[{self._now():6.1f}s] submitted {job.name} {job.num_slices}x{job.accelerator_type}"
+                        + (" (Ray job)" if job.kind == "ray" else "")
                     )
                 pending.pop(0)
             time.sleep(0.2)
@@ -624,6 +686,7 @@ class Soak:
         from tpufleet.errors import NotFoundError
 
         succeeded, failed, lost, doubles = [], [], [], []
+        ray_succeeded = 0
         for job in self.jobs:
             if job.index in rejected:
                 failed.append({"name": job.name, "id": None, "reason": rejected[job.index]})
@@ -642,9 +705,12 @@ class Soak:
                 lost.append({"name": job.name, "id": jid, "why": f"never ended (still {state})"})
             elif state == "SUCCEEDED":
                 succeeded.append(jid)
+                ray_succeeded += job.kind == "ray"
             else:
                 reason = full.get("reason") or full.get("reason_code") or state
-                failed.append({"name": job.name, "id": jid, "state": state, "reason": reason})
+                failed.append(
+                    {"name": job.name, "id": jid, "state": state, "reason": reason, "kind": job.kind}
+                )
             markers = read_markers(self.cp_dir / "checkpoints" / job.tenant / jid)
             why = double_runs(full, markers)
             if why:
@@ -657,6 +723,8 @@ class Soak:
             "minutes": self.cfg.minutes,
             "jobs": len(self.jobs),
             "succeeded": len(succeeded),
+            "ray_jobs": sum(j.kind == "ray" for j in self.jobs),
+            "ray_succeeded": ray_succeeded,
             "failed": failed,
             "lost": lost,
             "double_runs": doubles,

@@ -37,6 +37,7 @@ def test_a_short_seeded_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
     assert result["jobs"] == 8
     assert result["succeeded"] + len(result["failed"]) == 8, detail
     assert all(f["reason"] for f in result["failed"])
+    assert result["ray_jobs"] == result["ray_succeeded"] == 1, detail  # chaos-4: a Ray driver
     assert result["lost"] == [] and result["double_runs"] == []
     assert result["leaked_placement_groups"] == [] and result["leaked_processes"] == []
     faults = result["faults"]

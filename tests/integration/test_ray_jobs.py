@@ -49,6 +49,7 @@ class Plane:
     url: str
     admin: Client
     package_dir: Path
+    ray_address: str  # the shared fleet's: Ray's state API asks for it when another cluster runs here
     clients: list[Client] = field(default_factory=list)
 
     def tenant(self, **quota: int) -> Client:
@@ -79,7 +80,7 @@ def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFacto
         cluster.wait_warm(v4, timeout_s=120)
         url = cp.start_http()
         with Client(url, cp.admin_token) as admin:
-            p = Plane(cp, cluster, url, admin, package_dir)
+            p = Plane(cp, cluster, url, admin, package_dir, fleet.ray_address)
             yield p
             _cancel_all(admin)
             for c in p.clients:
@@ -195,20 +196,22 @@ def test_a_ray_job_beside_an_spmd_job_each_on_its_slice_and_cancel_stops_every_t
     assert any(f"placement groups are on {slices[0]}" in m for m in events), events
     ray_job = plane.cluster._ray.get((job, 1))
     assert ray_job is not None and ray_job.ray_job
-    assert _alive_actors(ray_job.ray_job) >= 2  # the controller and the Train workers
+    assert _alive_actors(plane, ray_job.ray_job) >= 2  # the controller and the Train workers
     a.cancel(job)
     assert wait_state(a, job, "CANCELLED")["state"] == "CANCELLED"
-    assert _alive_actors(ray_job.ray_job) == 0
+    assert _alive_actors(plane, ray_job.ray_job) == 0
     wait_for("the slice to be free", lambda: _free(plane, slices[0]), 60)
     assert b.job(spmd)["state"] == "RUNNING"
 
 
-def _alive_actors(ray_job: str) -> int:
+def _alive_actors(plane: Plane, ray_job: str) -> int:
     from ray.util.state import list_actors
 
     return len(
         list_actors(
-            filters=[("job_id", "=", ray_job), ("state", "=", "ALIVE")], raise_on_missing_output=False
+            address=plane.ray_address,
+            filters=[("job_id", "=", ray_job), ("state", "=", "ALIVE")],
+            raise_on_missing_output=False,
         )
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from tpufleet.chaos import (
     FAULT_KINDS,
     HEAD_KILL,
+    JOB_CODE,
+    RAY_JOB_CODE,
     ChaosConfig,
     double_runs,
     overlaps,
@@ -40,6 +43,24 @@ def test_the_plan_is_the_seeds() -> None:
     assert 36 <= head.at <= 72
     assert len(faults) == 120 // 15 + 1  # one fault every ~15 s, and the head's loss
     assert all(12 <= f.at <= 102 for f in faults) and [f.at for f in faults] == sorted(f.at for f in faults)
+
+
+def test_a_share_of_the_jobs_are_ray_jobs_drawn_apart_from_the_rest_of_the_plan() -> None:
+    base = ChaosConfig(seed=7, jobs=40, minutes=2, slices="v4-8:2,v4-16:1")
+    plans = {
+        share: plan_jobs(replace(base, ray_jobs=share), random.Random(7)) for share in (0.0, 0.25, 1.0)
+    }
+    assert {j.kind for j in plans[0.0]} == {"spmd"} and {j.kind for j in plans[1.0]} == {"ray"}
+    assert 0 < sum(j.kind == "ray" for j in plans[0.25]) < 40
+    # the kinds have their own stream: times, shapes, tenants and lengths stay as they were
+    strip = [[replace(j, kind="spmd") for j in plan] for plan in plans.values()]
+    assert strip[0] == strip[1] == strip[2]
+
+
+def test_the_ray_driver_carries_the_host_code_and_compiles() -> None:
+    assert repr(JOB_CODE) in RAY_JOB_CODE and "SlicePlacementGroup(" in RAY_JOB_CODE
+    compile(RAY_JOB_CODE, "ray-driver", "exec")
+    compile(JOB_CODE, "host", "exec")
 
 
 def test_attempts_overlap_only_when_a_later_one_starts_before_the_earlier_ones_last_sign_of_life() -> None:

@@ -21,8 +21,8 @@ def result_table(result: dict[str, Any]) -> Table:
     table.add_column("detail")
     faults = ", ".join(f"{k} {v}" for k, v in result["faults"].items()) or "none"
     rows: list[tuple[str, Any, str]] = [
-        ("jobs", result["jobs"], ""),
-        ("succeeded", result["succeeded"], ""),
+        ("jobs", result["jobs"], f"{result.get('ray_jobs', 0)} of them Ray jobs"),
+        ("succeeded", result["succeeded"], f"{result.get('ray_succeeded', 0)} of them Ray jobs"),
         ("failed", len(result["failed"]), "; ".join(f"{f['name']}: {f['reason']}" for f in result["failed"])),
         ("lost", len(result["lost"]), "; ".join(f"{x['name']}: {x['why']}" for x in result["lost"])),
         (
@@ -103,6 +103,16 @@ def chaos_cmd(
         str, typer.Option(help="The emulated fleet to start, e.g. v4-8:2,v4-16:1 (what jobs ask for).")
     ] = "v4-8:2,v4-16:1",
     cpus_per_host: Annotated[int, typer.Option("--cpus-per-host", min=0, help="Logical CPUs per host.")] = 1,
+    ray_jobs: Annotated[
+        float,
+        typer.Option(
+            "--ray-jobs",
+            min=0.0,
+            max=1.0,
+            help="The share of the jobs that are Ray jobs (a driver reserving its slices with "
+            "SlicePlacementGroup, one task per host); 0 for a --server without --allow-ray-jobs.",
+        ),
+    ] = 0.25,
     drain_timeout: Annotated[
         float, typer.Option("--drain-timeout", min=1, help="Seconds after the window for every job to end.")
     ] = 300.0,
@@ -188,6 +198,7 @@ def chaos_cmd(
         minutes=minutes,
         slices=slices,
         cpus_per_host=cpus_per_host,
+        ray_jobs=ray_jobs,
         drain_timeout_s=drain_timeout,
         state_dir=state_dir,
         fleet_dir=fleet_dir,
