@@ -47,9 +47,7 @@ def test_the_plan_is_the_seeds() -> None:
 
 def test_a_share_of_the_jobs_are_ray_jobs_drawn_apart_from_the_rest_of_the_plan() -> None:
     base = ChaosConfig(seed=7, jobs=40, minutes=2, slices="v4-8:2,v4-16:1")
-    plans = {
-        share: plan_jobs(replace(base, ray_jobs=share), random.Random(7)) for share in (0.0, 0.25, 1.0)
-    }
+    plans = {share: plan_jobs(replace(base, ray_jobs=share), random.Random(7)) for share in (0.0, 0.25, 1.0)}
     assert {j.kind for j in plans[0.0]} == {"spmd"} and {j.kind for j in plans[1.0]} == {"ray"}
     assert 0 < sum(j.kind == "ray" for j in plans[0.25]) < 40
     # the kinds have their own stream: times, shapes, tenants and lengths stay as they were
