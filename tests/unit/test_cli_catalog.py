@@ -55,3 +55,15 @@ def test_unknown_input_is_one_line_exit_2(args, message):
     assert message in out.stderr
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) <= 2
+
+
+def test_the_cli_starts_without_the_server_side_libraries() -> None:
+    """Every `tpufleet` command pays for what the CLI imports before it parses its arguments: the
+    store (SQLAlchemy, Alembic), Ray and JAX load only in the commands that use them."""
+    import subprocess
+    import sys
+
+    heavy = ("ray", "jax", "sqlalchemy", "alembic", "fastapi", "uvicorn", "numpy")
+    code = f"import sys, tpufleet.cli; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == ""

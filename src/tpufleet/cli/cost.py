@@ -16,7 +16,6 @@ from rich.table import Table
 from tpufleet.api.client import DEFAULT_SERVER
 from tpufleet.cli._app import app, console, print_json
 from tpufleet.cli.control import ERRORS, JsonOpt, ServerOpt, TokenOpt, _cell, _client
-from tpufleet.observe.cost import parse_duration
 
 
 def money(value: float | None, unpriced_hours: float = 0.0) -> str:
@@ -45,6 +44,8 @@ def cost_cmd(
     """Chip-hours, dollars and dollars lost to badput (start-up, wasted progress, idle), per tenant
     and per job, from the attempt records at the control plane's prices (docs/observability.md)."""
     if since is not None:
+        from tpufleet.observe.cost import parse_duration  # the store's modules: only when used
+
         parse_duration(since, "--since")  # a bad value exits 2 here, before any request
     params = {k: v for k, v in (("tenant", tenant), ("since", since)) if v is not None}
     got: dict[str, Any] = _client(ctx, server, token).request("GET", "/api/v1/cost", params=params)

@@ -8,13 +8,16 @@ fraction over the window and who held it. ``tpufleet slices`` lists the groups u
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from tpufleet.api.client import DEFAULT_SERVER
-from tpufleet.api.slicemanager import SliceManager
+
+if TYPE_CHECKING:
+    from tpufleet.api.slicemanager import SliceManager
+
 from tpufleet.cli._app import console, console_err, print_json
 from tpufleet.cli.control import (
     ERRORS,
@@ -26,12 +29,13 @@ from tpufleet.cli.control import (
     safe,
     slice_app,
 )
-from tpufleet.control.groups import parse_window
 
 __all__ = ["groups_table"]
 
 
 def _manager(ctx: typer.Context, server: str, token: str | None) -> SliceManager:
+    from tpufleet.api.slicemanager import SliceManager  # the store's modules: only when used
+
     return SliceManager(client=_client(ctx, server, token))  # the server and token rules of every command
 
 
@@ -109,6 +113,8 @@ def utilization_cmd(
     token: TokenOpt = None,
 ) -> None:
     """Held fraction of a slice group over the window, and who held it (from the store's records)."""
+    from tpufleet.control.groups import parse_window
+
     parse_window(window)  # a bad window exits 2 here, before any request
     got = _manager(ctx, server, token).get_slice_utilization(name, window)
     if as_json:
