@@ -148,6 +148,8 @@ class RayJobs:
             self._refresh(att)
             if att.state == "PLACED" or att.status in _TERMINAL or att.wrong:
                 self._close(stype, inventory)
+            else:  # a slice of the type that came (back) since the window opened: fence it too
+                self._fence_others(att, inventory)
         for att in sorted(self._attempts.values(), key=lambda a: a.order):
             if att.state == "WAITING" and att.type not in self._window:
                 try:
@@ -156,11 +158,20 @@ class RayJobs:
                     log.warning("could not open the window of %s: %s", submission_id(*att.key), err)
                     self._window.pop(att.type, None)
 
-    def _open(self, att: RayAttempt, inventory: dict[str, SliceInfo]) -> None:
+    def _fence_others(self, att: RayAttempt, inventory: dict[str, SliceInfo]) -> None:
+        """Fence every slice of the attempt's type that is neither its own nor held by the pool.
+
+        Not only when the window opens: a slice whose hosts come back while it is open (restored,
+        or a preempted slice replaced) has a free head until the pool reserves it again, and a
+        trainer waiting for a head of the type takes whichever Ray offers (the soak saw it)."""
         mine = {i.name for i in att.infos}
         for name, info in inventory.items():
             if info.accelerator_type == att.type and name not in mine and self._pool.get(name) is None:
                 self._fence(info)
+
+    def _open(self, att: RayAttempt, inventory: dict[str, SliceInfo]) -> None:
+        mine = {i.name for i in att.infos}
+        self._fence_others(att, inventory)
         for name in mine:
             self._unfence(name)
             self._pool.release(name)
