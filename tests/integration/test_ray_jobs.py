@@ -199,7 +199,10 @@ def test_a_ray_job_beside_an_spmd_job_each_on_its_slice_and_cancel_stops_every_t
     assert _alive_actors(plane, ray_job.ray_job) >= 2  # the controller and the Train workers
     a.cancel(job)
     assert wait_state(a, job, "CANCELLED")["state"] == "CANCELLED"
-    assert _alive_actors(plane, ray_job.ray_job) == 0
+    # Ray ends a job's actors once its driver is gone, on its own time: tpufleet waits for the job's
+    # placement groups (the Train workers' TPUs) before CANCELLED, not for an actor holding none
+    # (Ray Data's DatasetManager outlived CANCELLED by a moment on a loaded machine).
+    wait_for("every actor of the Ray job to end", lambda: _alive_actors(plane, ray_job.ray_job) == 0, 30, 0.5)
     wait_for("the slice to be free", lambda: _free(plane, slices[0]), 60)
     assert b.job(spmd)["state"] == "RUNNING"
 
