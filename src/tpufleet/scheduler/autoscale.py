@@ -240,14 +240,14 @@ class _Planner:
             elif j.state is JobState.QUEUED:
                 queued.append(j)
         queued.sort(key=lambda j: (-j.priority, j.seq, j.id))
-        borrowers: list[JobView] = []
+        borrowers: list[tuple[JobView, str, str, int]] = []  # job, type key, generation, chips
         for job in queued:
             facts = type_facts(job.accelerator_type)
             if facts is None or job.num_slices < 1 or job.tenant not in quota:
                 continue
             chips = facts.chips * job.num_slices
             if used[(job.tenant, facts.gen)] + chips > quota[job.tenant].get(facts.gen, 0):
-                borrowers.append(job)  # after every job its quota allows, which come first
+                borrowers.append((job, facts.key, facts.gen, chips))  # after the jobs within quota
             elif self._place(job, facts.key, pending, private, shared):
                 used[(job.tenant, facts.gen)] += chips
         if not self.s.borrowing:
@@ -261,14 +261,11 @@ class _Planner:
         total: dict[str, int] = defaultdict(int)
         for (_tenant, gen), chips in used.items():
             total[gen] += chips
-        for job in borrowers:
-            facts = type_facts(job.accelerator_type)
-            assert facts is not None  # checked in the walk above
-            chips = facts.chips * job.num_slices
-            if total[facts.gen] + chips > cohort[facts.gen]:
+        for job, key, gen, chips in borrowers:
+            if total[gen] + chips > cohort[gen]:
                 continue  # no unused quota left to lend: it waits for slices left free
-            if self._place(job, facts.key, pending, private, shared):
-                total[facts.gen] += chips
+            if self._place(job, key, pending, private, shared):
+                total[gen] += chips
         return shared, pending
 
     def _place(
@@ -297,8 +294,7 @@ class _Planner:
         made = 0
         for pool in self.by_type.get(key, ()):
             while need > 0 and self._room(pool) > 0:
-                self.actions.append(Create(pool.name, pool.accelerator_type, pool.spot, job.id))
-                self.live[pool.name] += 1
+                self._create(pool, job.id)
                 need -= 1
                 made += 1
         if waits or made:
@@ -306,6 +302,11 @@ class _Planner:
         if made:
             self.creating[job.id] = made
         return True
+
+    def _create(self, pool: PoolView, for_job: JobId | None = None) -> None:
+        """Ask for one slice of ``pool`` (counted against its max at once)."""
+        self.actions.append(Create(pool.name, pool.accelerator_type, pool.spot, for_job))
+        self.live[pool.name] += 1
 
     def _room(self, pool: PoolView) -> int:
         return max(0, pool.max_slices - self.live[pool.name])
@@ -317,8 +318,7 @@ class _Planner:
         for key, pools in self.by_type.items():
             for pool in pools:
                 for _ in range(max(0, pool.min_slices - self.live[pool.name])):
-                    self.actions.append(Create(pool.name, pool.accelerator_type, pool.spot))
-                    self.live[pool.name] += 1
+                    self._create(pool)
                     made[key] += 1
         return made
 
@@ -336,8 +336,7 @@ class _Planner:
             missing = want - kept - len(unclaimed.get(key, ())) - floor.get(key, 0)
             for pool in pools:
                 while missing > 0 and self._room(pool) > 0:
-                    self.actions.append(Create(pool.name, pool.accelerator_type, pool.spot))
-                    self.live[pool.name] += 1
+                    self._create(pool)
                     missing -= 1
 
     # -- 4. idle ------------------------------------------------------------------------------
