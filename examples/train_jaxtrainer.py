@@ -129,6 +129,13 @@ def main() -> int:
     ap.add_argument("--checkpoint-every", type=int, default=5)
     ap.add_argument("--batch-per-device", type=int, default=4)
     ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=0,
+        help="blocks Ray Data splits the table into (default: one per Train worker; Ray Data's own "
+        "default of 200 or more maps a few rows per task and starts a worker per free CPU to do it)",
+    )
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step (demo pacing)")
     args = ap.parse_args()
@@ -150,7 +157,8 @@ def main() -> int:
     else:
         scaling = ScalingConfig(use_tpu=True, num_workers=2, topology="2x2x2", accelerator_type="TPU-V4")
         run = RunConfig(storage_path=tempfile.mkdtemp(prefix="jaxtrainer-"), name="mlp")
-    data = ray.data.range(args.rows).map_batches(features, batch_format="numpy")
+    blocks = args.blocks or scaling.num_workers
+    data = ray.data.range(args.rows, override_num_blocks=blocks).map_batches(features, batch_format="numpy")
     config = {
         k: getattr(args, k) for k in ("steps", "checkpoint_every", "batch_per_device", "lr", "step_time")
     }

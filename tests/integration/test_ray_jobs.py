@@ -234,7 +234,7 @@ def test_a_preempted_then_host_lost_ray_job_restores_its_checkpoint_each_time(
     reported. Then a host of attempt 2's slice dies: the attempt ends, the slice is quarantined, and
     attempt 3 runs elsewhere from attempt 2's newest checkpoint to the end."""
     borrower, owner = plane.tenant(v4=0), plane.tenant(v4=16)
-    job = plane.ray_job(borrower, "--steps", "30", "--checkpoint-every", "2", "--step-time", "0.5")
+    job = plane.ray_job(borrower, "--steps", "20", "--checkpoint-every", "2", "--step-time", "0.5")
     wait_state(borrower, job, "RUNNING")
     assert borrower.job(job)["borrowing"] is True
     _checkpointed(borrower, job, 1, after=0)
@@ -265,7 +265,7 @@ def test_a_preempted_then_host_lost_ray_job_restores_its_checkpoint_each_time(
     assert from_second in _saved(borrower, job, 2) and from_second > from_first, (from_first, from_second)
     done = wait_state(borrower, job, "SUCCEEDED", timeout_s=400)
     assert done["attempt"] == 3 and done["failures"] == 1 and done["exit_code"] == 0
-    assert '"step": 30' in _driver_log(borrower, job, 3)
+    assert '"step": 20' in _driver_log(borrower, job, 3)
     lost = borrower.job(job)["attempts"][1]["message"] or ""
     assert "lost" in lost or "broken" in lost, lost
 
