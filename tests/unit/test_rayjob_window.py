@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -64,3 +65,49 @@ def test_a_slice_that_comes_back_while_a_window_is_open_is_fenced_before_the_nex
     # its hosts are back; the driver still waits for a head of the type: the next cycle fences it
     ray_jobs.advance({mine.name: mine, other.name: other, back.name: back})
     assert set(fences) == {fence_name(other.name), fence_name(back.name)}
+
+
+class _Started(_Jobs):
+    """A driver Ray has started (it has a Ray job id), so its placement groups are checked."""
+
+    def get_job_info(self, _submission_id: str) -> Any:
+        return SimpleNamespace(status="RUNNING", message="", job_id="02000000")
+
+
+def _trainer_head_on(monkeypatch: pytest.MonkeyPatch, info: SliceInfo, resource: str) -> None:
+    """Ray's placement-group table: the driver's one group has a bundle on ``info``'s first host."""
+    bundle = (info.hosts[0].node_id, {resource: 1.0})
+    groups = [{"id": "ab" * 14, "name": "", "bundles": [bundle]}]
+    monkeypatch.setattr(
+        rayjob, "job_placement_groups", lambda ray_job: groups if ray_job == "02000000" else []
+    )
+
+
+@pytest.mark.parametrize(
+    ("where", "resource", "requeued"),
+    [
+        ("back", "TPU-v4-16-head", True),  # the race: a head freed by hosts that came back mid-window
+        ("other", "TPU-v4-16-head", False),  # a slice held (fenced) when the window opened
+        ("back", "TPU", False),  # not a head: chips taken on another slice are the job's own doing
+    ],
+)
+def test_a_trainer_on_a_slice_that_came_back_during_its_window_is_requeued_any_other_misplacement_fails(
+    fences: dict[str, object], monkeypatch: pytest.MonkeyPatch, where: str, resource: str, requeued: bool
+) -> None:
+    ray_jobs = RayJobs(SlicePool(), client=_Started)
+    mine, other, back = _slice("tpu-v4-16-0"), _slice("tpu-v4-16-1"), _slice("tpu-v4-16-2")
+    down = replace(back, hosts=tuple(replace(h, alive=False) for h in back.hosts), problems=("hosts down",))
+    assert not down.intact
+    ray_jobs.launch(AttemptSpec("job-1", 1, (mine.name,), "v4-16", ("python", "t.py"), kind="ray"), [mine])
+    ray_jobs.advance({mine.name: mine, other.name: other, back.name: down})  # the window opens
+    _trainer_head_on(monkeypatch, {"back": back, "other": other}[where], resource)
+    ray_jobs.advance({mine.name: mine, other.name: other, back.name: back})  # its hosts are back
+    status = ray_jobs.status(("job-1", 1), dead_nodes=set())
+    name = {"back": back, "other": other}[where].name
+    if requeued:
+        assert status.interrupted is not None and name in status.interrupted
+        assert "came back while this job's window was open" in status.interrupted
+        assert status.failure is None
+    else:
+        assert status.interrupted is None
+        assert status.failure is not None and f"on {name}, outside the admitted slices" in status.failure

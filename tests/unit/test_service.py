@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tpufleet.control.cluster import AttemptSpec, HostState
+from tpufleet.control.cluster import AttemptSpec, AttemptStatus, HostState
 from tpufleet.control.fake import SIGTERM_EXIT, FakeCluster
 from tpufleet.control.records import JobRecord, JobRequest
 from tpufleet.control.service import Service, ServiceConfig
@@ -166,6 +167,30 @@ def test_a_borrower_is_preempted_with_a_grace_period_and_requeued_without_using_
     w.cycle()
     assert w.job(owner).state == "STARTING" and w.job(owner).slices == ("tpu-v4-16-0",)
     assert w.job(borrower).state == "QUEUED" and w.job(borrower).reason_code not in (None, "PREEMPTED")
+
+
+def test_an_attempt_the_cluster_says_was_interrupted_is_requeued_without_using_a_retry(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AttemptStatus.interrupted`` (a Ray job's trainer placed on a slice that came back during its
+    window, control/rayjob.py): not the job's doing, so even with no retries left it runs again."""
+    job_id = world.submit(world.tenant("a", v4=8), max_retries=0)
+    run_to_running(world, job_id)
+    poll = world.cluster.poll
+    why = "Ray placed this job's placement group on tpu-v4-16-1, outside the admitted slices tpu-v4-16-0"
+
+    def interrupted(job: str, attempt: int) -> AttemptStatus:
+        status = poll(job, attempt)
+        return replace(status, interrupted=why) if (job, attempt) == (job_id, 1) else status
+
+    monkeypatch.setattr(world.cluster, "poll", interrupted)
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.attempt, job.failures, job.reason_code) == ("QUEUED", 2, 0, "REQUEUED")
+    assert (job.attempts[0].state, job.attempts[0].message) == ("REQUEUED", why)
+    assert all(p.state is HostState.EXITED for p in world.cluster.processes(job_id, attempt=1))
+    world.cycle()
+    assert world.job(job_id).state == "STARTING" and world.job(job_id).attempt == 2
 
 
 def test_cancel_stops_every_process_and_frees_the_slices(world: World) -> None:

@@ -86,6 +86,10 @@ class AttemptStatus:
     progress: StepProgress | None = None
     # A Ray job: the slices its Ray Train workers were found on (Ray's placement groups), once known.
     placed: tuple[str, ...] = ()
+    # Why tpufleet itself must end this attempt, through no fault of the job or its hosts (a Ray
+    # job's trainer that Ray placed on a slice that came back while its window was open): the
+    # service ends it and requeues the job without using a retry.
+    interrupted: str | None = None
 
     @property
     def all_running(self) -> bool:

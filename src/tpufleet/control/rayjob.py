@@ -88,7 +88,9 @@ class RayAttempt:
     exit_code: int | None = None
     ray_job: str | None = None  # the driver's Ray job id (hex), once Ray has started it
     placed: tuple[str, ...] = ()
-    wrong: str | None = None  # why the attempt must fail: its trainer landed elsewhere
+    wrong: str | None = None  # why the attempt must end: its trainer landed elsewhere
+    raced: bool = False  # ``wrong`` is a head taken on a slice that came back during the window
+    settled: frozenset[str] = frozenset()  # slices of the type intact (so held) when the window opened
     message: str = ""
     log: str = ""  # the driver's output read so far
     order: int = 0  # launch order: windows open oldest first
@@ -116,6 +118,7 @@ class RayJobs:
         self._attempts: dict[Key, RayAttempt] = {}
         self._window: dict[str, Key] = {}  # slice type -> the attempt whose trainer may take a head
         self._fences: dict[str, PlacementGroup] = {}
+        self._where: dict[str, str] = {}  # node id -> slice name, as of the last ``advance``
         self._order = itertools.count()
 
     @property
@@ -140,6 +143,7 @@ class RayJobs:
     # -- the window ---------------------------------------------------------------------------
     def advance(self, inventory: dict[str, SliceInfo]) -> None:
         """Called once a cycle: close windows whose trainer took its heads, open the next."""
+        self._where = {h.node_id: i.name for i in inventory.values() for h in i.hosts if h.node_id}
         for stype, key in list(self._window.items()):
             att = self._attempts.get(key)
             if att is None or att.state == "ENDED":
@@ -171,6 +175,9 @@ class RayJobs:
 
     def _open(self, att: RayAttempt, inventory: dict[str, SliceInfo]) -> None:
         mine = {i.name for i in att.infos}
+        att.settled = frozenset(
+            n for n, i in inventory.items() if i.accelerator_type == att.type and i.intact
+        )
         self._fence_others(att, inventory)
         for name in mine:
             self._unfence(name)
@@ -292,11 +299,20 @@ class RayJobs:
                     on.add(nodes[node])
                     if node in heads and any(k.endswith("-head") for k in resources):
                         took.add(nodes[node])
-                else:
+                elif att.wrong is None:
+                    where = self._where.get(node)
                     att.wrong = (
-                        f"Ray placed this job's placement group {pg['name'] or pg['id'][:12]} on node "
-                        f"{node[:12]}, outside the admitted slices {', '.join(sorted(set(nodes.values())))}"
+                        f"Ray placed this job's placement group {pg['name'] or pg['id'][:12]} on "
+                        f"{where or 'node ' + node[:12]}, outside the admitted slices "
+                        f"{', '.join(sorted(set(nodes.values())))}"
                     )
+                    # The race the window cannot close: a slice whose hosts came back after the
+                    # window opened has a free head until the next cycle fences it, and the
+                    # trainer may take it. Not the job's doing; any other misplacement may be.
+                    head = any(k.endswith("-head") for k in resources)
+                    att.raced = head and where is not None and where not in att.settled
+                    if att.raced:
+                        att.wrong += " (its hosts came back while this job's window was open)"
         att.placed = tuple(i.name for i in att.infos if i.name in on)
         if att.state == "SUBMITTED" and len(took) == len(att.infos):
             att.state = "PLACED"
@@ -313,6 +329,8 @@ class RayJobs:
                     hosts.append(HostStatus(info.name, h.worker_id, HostState.LOST))
                 else:
                     hosts.append(HostStatus(info.name, h.worker_id, state, code))
+        if att.wrong and att.raced:
+            return AttemptStatus(key[0], key[1], tuple(hosts), interrupted=att.wrong)
         if att.wrong and hosts:
             hosts[0] = HostStatus(hosts[0].slice, hosts[0].worker_id, HostState.LOST, None, att.wrong)
         elif att.status == "FAILED" and code is None and hosts:

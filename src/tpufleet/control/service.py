@@ -321,7 +321,10 @@ class Service:
             self._note_placed(key, status)
             if status.progress is not None:
                 self._note_progress(key, status.progress)
-        if failure is not None:
+        if status is not None and status.interrupted is not None:
+            if self.tr.begin_stop(job.id, StopKind.INTERRUPTED, status.interrupted):
+                self._stopping(job, StopKind.INTERRUPTED)
+        elif failure is not None:
             if self.tr.begin_stop(job.id, StopKind.FAIL, failure):
                 self._stopping(job, StopKind.FAIL)
         elif status is not None and status.succeeded:

@@ -70,7 +70,9 @@ class StopKind(StrEnum):
     SUCCESS = "success"  # every host exited 0
     PREEMPT = "preempt"  # the policy reclaims borrowed slices: requeued, no retry used
     PRIORITY = "priority"  # a higher-priority job of its own tenant needs its slices: requeued, no retry used
-    INTERRUPTED = "interrupted"  # a control-plane restart cut its launch short: requeued, no retry used
+    # tpufleet cut it short, not the job (a control-plane restart during its launch; a Ray job's
+    # trainer placed on a slice that came back during its window): requeued, no retry used
+    INTERRUPTED = "interrupted"
     SPOT = "spot"  # the provider takes the slice back (a spot preemption notice): requeued, no retry used
     CANCEL = "cancel"  # a user asked
     FAIL = "fail"  # a host failed or was lost, the launch failed or timed out: a retry, if any is left
@@ -85,7 +87,7 @@ class AttemptState(StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     PREEMPTED = "PREEMPTED"
-    REQUEUED = "REQUEUED"  # ended by a control-plane restart during its launch
+    REQUEUED = "REQUEUED"  # ended by tpufleet itself (StopKind.INTERRUPTED), not by the job
     CANCELLED = "CANCELLED"
 
 
