@@ -47,7 +47,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,7 +105,12 @@ class RayAttempt:
 
     def nodes(self) -> dict[str, str]:
         """Node id -> slice name of every host of the admitted slices."""
-        return {h.node_id: i.name for i in self.infos for h in i.hosts if h.node_id}
+        return _slice_of_node(self.infos)
+
+
+def _slice_of_node(infos: Iterable[SliceInfo]) -> dict[str, str]:
+    """Node id -> slice name of every host of ``infos`` that has a node."""
+    return {h.node_id: i.name for i in infos for h in i.hosts if h.node_id}
 
 
 class RayJobs:
@@ -118,7 +123,7 @@ class RayJobs:
         self._attempts: dict[Key, RayAttempt] = {}
         self._window: dict[str, Key] = {}  # slice type -> the attempt whose trainer may take a head
         self._fences: dict[str, PlacementGroup] = {}
-        self._where: dict[str, str] = {}  # node id -> slice name, as of the last ``advance``
+        self._inventory: dict[str, SliceInfo] = {}  # as of the last ``advance``
         self._order = itertools.count()
 
     @property
@@ -143,7 +148,7 @@ class RayJobs:
     # -- the window ---------------------------------------------------------------------------
     def advance(self, inventory: dict[str, SliceInfo]) -> None:
         """Called once a cycle: close windows whose trainer took its heads, open the next."""
-        self._where = {h.node_id: i.name for i in inventory.values() for h in i.hosts if h.node_id}
+        self._inventory = inventory
         for stype, key in list(self._window.items()):
             att = self._attempts.get(key)
             if att is None or att.state == "ENDED":
@@ -300,7 +305,7 @@ class RayJobs:
                     if node in heads and any(k.endswith("-head") for k in resources):
                         took.add(nodes[node])
                 elif att.wrong is None:
-                    where = self._where.get(node)
+                    where = _slice_of_node(self._inventory.values()).get(node)
                     att.wrong = (
                         f"Ray placed this job's placement group {pg['name'] or pg['id'][:12]} on "
                         f"{where or 'node ' + node[:12]}, outside the admitted slices "
@@ -329,7 +334,7 @@ class RayJobs:
                     hosts.append(HostStatus(info.name, h.worker_id, HostState.LOST))
                 else:
                     hosts.append(HostStatus(info.name, h.worker_id, state, code))
-        if att.wrong and att.raced:
+        if att.raced:
             return AttemptStatus(key[0], key[1], tuple(hosts), interrupted=att.wrong)
         if att.wrong and hosts:
             hosts[0] = HostStatus(hosts[0].slice, hosts[0].worker_id, HostState.LOST, None, att.wrong)
