@@ -36,11 +36,12 @@ lint: venv
 
 test: lint
 	./scripts/ensure-test-services.sh
-	@# First, alone, the unit tests that start, scan or kill the host's processes; then three pytest
-	@# processes side by side (scripts/side-by-side-tests.sh): the tests that share one emulated Ray
-	@# fleet, one after another; those that start a fleet of their own; and the other unit tests.
+	@# The unit tests on both cores (pytest-xdist), but for those that start, scan or kill the host's
+	@# processes, which run alone next; then the tests that share one emulated Ray fleet, one after
+	@# another, beside those that start a fleet of their own (scripts/side-by-side-tests.sh).
+	$(REQUIRE) $(BIN)/python -m pytest tests/unit -n 2 --durations=10 $(addprefix --ignore=,$(HOST_TESTS))
 	$(REQUIRE) $(BIN)/python -m pytest $(HOST_TESTS) -q
-	$(REQUIRE) ./scripts/side-by-side-tests.sh $(BIN)/python $(addprefix --ignore=,$(HOST_TESTS))
+	$(REQUIRE) ./scripts/side-by-side-tests.sh $(BIN)/python
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit -q
