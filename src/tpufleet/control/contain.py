@@ -154,14 +154,23 @@ class Box:
                 os.kill(pid, sig)
 
     def kill(self, timeout_s: float = 10.0) -> None:
-        """SIGKILL every process of the run and wait until none is left (zombies excepted)."""
+        """SIGKILL every process of the run and wait until none is left (zombies excepted).
+
+        A killed process leaves ``cgroup.procs`` a moment before it becomes a zombie, so an empty
+        cgroup alone does not mean it is gone: every process seen here is waited for by its pid
+        (and start time, against reuse) as well."""
         deadline = time.monotonic() + timeout_s
+        members: dict[int, float | None] = {}
         while True:
+            for pid in self.pids():
+                members.setdefault(pid, _start_time(pid))
             if self.cgroup is not None and (self.cgroup / "cgroup.kill").exists():
                 with contextlib.suppress(OSError):
                     (self.cgroup / "cgroup.kill").write_text("1")
             self.signal(signal.SIGKILL)
-            if not self.alive() or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
+                return
+            if not self.alive() and not any(_running(p, t) for p, t in members.items()):
                 return
             time.sleep(0.02)
 
@@ -292,6 +301,14 @@ def _exe_name(pid: int) -> str:
 def _state(pid: int) -> str | None:
     fields = _stat(pid)
     return fields[0] if fields else None
+
+
+def _running(pid: int, start: float | None) -> bool:
+    """Whether ``pid`` is still the process that started at ``start`` and is not a zombie."""
+    fields = _stat(pid)
+    if not fields or fields[0] == "Z":
+        return False
+    return start is None or (len(fields) > 19 and float(fields[19]) == start)
 
 
 def _start_time(pid: int) -> float | None:
