@@ -18,6 +18,8 @@ import pytest
 from tpufleet import catalog
 from tpufleet.emulator import plan, procs, rayhost
 
+ray_parameter = pytest.importorskip("ray._private.parameter")
+
 
 def test_lean_hosts_and_head_take_ray_start_s_own_flags_through_the_launcher() -> None:
     v4 = catalog.slice_type("v4-16")
@@ -38,13 +40,17 @@ def test_lean_hosts_and_head_take_ray_start_s_own_flags_through_the_launcher() -
     assert args.resources == '{"TPU": 4}' and args.dashboard_agent == "standin"
     assert plan.LEAN_HOST_ENV == {"RAY_prestart_worker_first_driver": "0"}
 
-    head = ("10.1.2.3", 6000, 6001, 6002, "/tmp/t", 1)
-    argv = plan.lean_head_argv("/venv/bin/python", *head)
-    assert argv[3:] == plan.head_argv("ray", *head)[2:]
+    argv = plan.lean_head_argv("/venv/bin/python", "10.1.2.3", 6000, 6001, "/tmp/t", 1)
+    # `ray start --head`'s own flags, less the Ray Client server and with --no-monitor
+    plain = plan.head_argv("ray", "10.1.2.3", 6000, 6001, None, "/tmp/t", 1, monitor=False)
+    assert argv[3:] == plain[2:] and "--no-monitor" in plain
+    assert "--ray-client-server-port" not in plain
     args = rayhost.parse(argv[3:])
     assert (args.head, args.port, args.address, args.num_cpus) == (True, 6000, None, 0)
-    assert (args.dashboard_port, args.ray_client_server_port) == (6001, 6002)
+    assert (args.dashboard_port, args.ray_client_server_port, args.no_monitor) == (6001, None, True)
     assert args.dashboard_agent == "real"  # the head keeps Ray's agent (job submission goes there)
+    params = rayhost.params_of(args, ray_parameter)  # what Node reads to skip both processes
+    assert params.no_monitor is True and params.ray_client_server_port is None
 
 
 @pytest.mark.parametrize(

@@ -73,3 +73,5 @@ def test_the_head_has_no_cpu_and_no_tpu() -> None:
     argv = plan.head_argv("ray", "10.1.2.3", 6000, 6001, 6002, "/tmp/t", 1)
     assert argv[argv.index("--num-cpus") + 1] == "0"
     assert "--resources" not in argv and "--head" in argv
+    # a plain `ray start --head` gets its own client port (else 10001, shared by every fleet here)
+    assert argv[argv.index("--ray-client-server-port") + 1] == "6002" and "--no-monitor" not in argv

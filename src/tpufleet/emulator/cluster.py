@@ -322,17 +322,12 @@ class EmulatedFleet:
         )
 
     def _launch_head(self, st: FleetState) -> tuple[Popen[bytes], Path]:
-        (client_port,) = procs.free_ports(1)
-        head_argv = plan.lean_head_argv if st.lean else plan.head_argv
-        argv = head_argv(
-            sys.executable if st.lean else _ray_bin(),
-            st.address,
-            st.gcs_port,
-            st.dashboard_port,
-            client_port,
-            st.temp_dir,
-            st.object_store_bytes,
-        )
+        where = (st.address, st.gcs_port, st.dashboard_port)
+        if st.lean:
+            argv = plan.lean_head_argv(sys.executable, *where, st.temp_dir, st.object_store_bytes)
+        else:
+            (client_port,) = procs.free_ports(1)
+            argv = plan.head_argv(_ray_bin(), *where, client_port, st.temp_dir, st.object_store_bytes)
         log = self.state_dir / "logs" / "head.log"
         env = plan.clean_base_env(os.environ) | HEAD_ENV | auth.server_env(self.auth_token_path)
         proc, st.head = procs.spawn(argv, env, log)

@@ -96,11 +96,21 @@ def head_argv(
     address: str,
     gcs_port: int,
     dashboard_port: int,
-    client_port: int,
+    client_port: int | None,
     temp_dir: str,
     object_store_bytes: int,
+    *,
+    monitor: bool = True,
 ) -> list[str]:
-    """The head: no TPU and no CPU, so nothing a job asks for is ever placed there."""
+    """The head: no TPU and no CPU, so nothing a job asks for is ever placed there.
+
+    ``client_port`` None starts no Ray Client server (``ray://``; tpufleet connects to the GCS
+    address and refuses Ray Client addresses), and ``monitor`` False no autoscaler monitor (an
+    emulated fleet has nothing to autoscale: its slices come from the emulator or a provider);
+    only :func:`lean_head_argv` asks for either, since a plain ``ray start --head`` would start a
+    client server on 10001 without the flag, which a second fleet on this machine would then find
+    taken."""
+    client = ["--ray-client-server-port", str(client_port)] if client_port is not None else []
     return [
         ray_bin,
         "start",
@@ -115,8 +125,8 @@ def head_argv(
         "true",
         "--dashboard-port",
         str(dashboard_port),
-        "--ray-client-server-port",
-        str(client_port),
+        *client,
+        *([] if monitor else ["--no-monitor"]),
         *_common_args(address, temp_dir, object_store_bytes),
     ]
 
@@ -171,10 +181,16 @@ def lean_host_argv(python: str, *args: Any) -> list[str]:
     return [python, "-P", RAYHOST_SCRIPT, *host_argv("ray", *args)[2:]]
 
 
-def lean_head_argv(python: str, *args: Any) -> list[str]:
-    """:func:`head_argv` (same arguments after ``python``) started by ``rayhost.py``: Ray's head
-    node, the processes ``ray start --head`` starts, without the CLI's imports."""
-    return [python, "-P", RAYHOST_SCRIPT, *head_argv("ray", *args)[2:]]
+def lean_head_argv(
+    python: str, address: str, gcs_port: int, dashboard_port: int, temp_dir: str, object_store_bytes: int
+) -> list[str]:
+    """:func:`head_argv` started by ``rayhost.py``: Ray's head node, the processes ``ray start
+    --head`` starts, without the CLI's imports and without the two an emulated fleet never uses:
+    the Ray Client server and the autoscaler monitor (~1.2 s of CPU and ~150 MiB together)."""
+    argv = head_argv(
+        "ray", address, gcs_port, dashboard_port, None, temp_dir, object_store_bytes, monitor=False
+    )
+    return [python, "-P", RAYHOST_SCRIPT, *argv[2:]]
 
 
 def contract_of(env: Mapping[str, str]) -> dict[str, str]:

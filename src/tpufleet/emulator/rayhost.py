@@ -6,8 +6,9 @@ the flags of ``ray start`` that ``plan.host_argv``/``head_argv`` give, with the 
 makes the calls ``ray start`` makes after parsing them (``RayParams``, ``ray._private.node.Node``,
 as ``ray.cluster_utils.Cluster`` does too), so what runs is Ray's own: the raylet (scheduler,
 object store, worker pool), the runtime env agent (runtime_env, Ray jobs' working dirs), the log
-monitor (worker output to drivers) unless ``--include-log-monitor false``, and on the head the GCS,
-dashboard, monitor and client server. Two differences:
+monitor (worker output to drivers) unless ``--include-log-monitor false``, and on the head the GCS
+and dashboard (the autoscaler monitor and the Ray Client server only when asked for; the lean
+head asks for neither, see ``plan.lean_head_argv``). Two differences:
 
 - **No ``ray start`` CLI**: its module imports Ray Serve (pandas, numpy), 1.2-2.4 s of CPU and
   ~190 MiB per node before any Ray process starts; this imports only ``Node``'s path (~0.4 s).
@@ -104,6 +105,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-worker-port", type=int, default=0)
     p.add_argument("--dashboard-agent-listen-port", type=int, default=0)
     p.add_argument("--disable-usage-stats", action="store_true")
+    p.add_argument("--no-monitor", action="store_true", help="no autoscaler monitor on the head")
     p.add_argument(
         "--dashboard-agent",
         choices=["real", "standin"],
@@ -140,6 +142,7 @@ def params_of(args: argparse.Namespace, ray_parameter: Any) -> Any:
     )
     if args.head:
         params.gcs_server_port = args.port
+        params.no_monitor = args.no_monitor
         params.update_if_absent(redis_shard_ports=None, num_redis_shards=None, redis_max_clients=None)
     else:
         params.gcs_address = args.address
