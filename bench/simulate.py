@@ -1,6 +1,7 @@
 """Trace-driven comparison of scheduling policies on a simulated TPU fleet (no Ray, no clock).
 
     .venv/bin/python bench/simulate.py [--hosts 1000] [--jobs 5000] [--seed 1] [--tenants 4] [--json]
+        [--explain-shortfall]
 
 **The trace.** Job sizes, durations and arrivals follow the Philly-derived generator of Gavel
 (Narayanan et al., "Heterogeneity-Aware Cluster Scheduling Policies for Deep Learning Workloads",
@@ -60,7 +61,11 @@ so the 10,000-host, 100,000-job run uses ``--cycle-s 300`` to finish in minutes.
   (quota / fleet), and ``entitlement_met``: the time integral of ``min(held, quota)`` over that of
   ``min(held + queued, quota)`` -- 1.0 means the tenant never had less than its entitlement while it
   had the demand for it. ``jain_fairness`` is Jain's index over ``entitlement_met``;
-  ``min_entitlement_met`` the lowest. Each tenant's ``wait_p50_s`` / ``wait_p99_s`` too.
+  ``min_entitlement_met`` the lowest. Each tenant's ``wait_p50_s`` / ``wait_p99_s`` too. With
+  ``--explain-shortfall``, each tenant of the tpufleet policies also has ``shortfall``: the
+  chip-seconds it missed (``min(held + queued, quota) - min(held, quota)``, integrated) split by
+  what its first job in the policy's order waited for at the last cycle (``CAUSES``), as fractions
+  that add up to 1.
 - ``goodput``: chip-seconds of progress kept over chip-seconds held, over the whole run (restarts
   and work lost to host failures are badput).
 - ``chip_hours_paid``: chips present in the fleet (spot slices that are away excluded) over the
@@ -85,6 +90,7 @@ from tpufleet.catalog import slice_type
 from tpufleet.scheduler.autoscale import Create, Delete, Managed, Phase, PoolView, ScaleSnapshot, plan
 from tpufleet.scheduler.model import (
     Admit,
+    Decision,
     JobId,
     JobState,
     JobView,
@@ -126,6 +132,7 @@ class Config:
     provision_min: float = 5.0
     idle_timeout_min: float = 10.0
     spare_slices: int = 0  # autoscaled: slices of each type kept free beyond the queue's demand
+    explain_shortfall: bool = False  # tpufleet policies: why each tenant was below its entitlement
 
 
 @dataclass(slots=True)
@@ -340,6 +347,10 @@ class Engine:
         self.waiting = dict.fromkeys(trace.tenants, 0)
         self.got = dict.fromkeys(trace.tenants, 0.0)
         self.entitled = dict.fromkeys(trace.tenants, 0.0)
+        # With ``explain_shortfall``: chip-seconds below entitlement, per tenant, by the cause the
+        # scheduler gave at its last cycle (``cause``); they add up to ``entitled - got``.
+        self.cause: dict[str, str] = {}
+        self.shortfall: dict[str, dict[str, float]] = {t: {} for t in trace.tenants}
         self._t_acc = 0.0
         self.preemptions = 0
         self.failures = 0
@@ -370,6 +381,10 @@ class Engine:
                 h = self.held[tenant]
                 self.got[tenant] += min(h, q) * dt
                 self.entitled[tenant] += min(h + self.waiting[tenant], q) * dt
+                gap = min(h + self.waiting[tenant], q) - min(h, q)
+                if gap > 0 and self.cfg.explain_shortfall:
+                    cause = self.cause.get(tenant, CAUSE_UNDECIDED)
+                    self.shortfall[tenant][cause] = self.shortfall[tenant].get(cause, 0.0) + gap * dt
         self._t_acc = max(self._t_acc, t)
         self.now = max(self.now, t)
 
@@ -660,6 +675,11 @@ class Tpufleet:
         decisions = decide(snapshot)
         self.seconds += time.perf_counter() - started
         self.calls += 1
+        self._apply(eng, decisions)
+        if eng.cfg.explain_shortfall:
+            eng.cause = shortfall_causes(eng, self.jobs, decisions)
+
+    def _apply(self, eng: Engine, decisions: list[Decision]) -> None:
         for d in decisions:
             idx = int(d.job[1:])
             if isinstance(d, Admit):
@@ -781,6 +801,56 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
+CAUSE_UNDECIDED = "not_decided_yet"  # arrived or requeued since the last cycle
+CAUSES = {
+    "type_saturated": "its next job's slice type is all held within quotas (or by itself)",
+    "reclaim_in_progress": "a borrower of an over-quota tenant holds the type: preempted or about to be",
+    "headroom_below_job": "its next job is larger than what is left of its quota (whole slices)",
+    "admitted": "admitted this cycle, not yet counted as held",
+    CAUSE_UNDECIDED: "arrived or requeued since the last cycle",
+}
+_WAITS_FOR_THE_TYPE = ("WAITING_FOR_FREE_SLICES", "RESERVED_FOR_HEAD_OF_LINE", "WAITING_FOR_PREEMPTION")
+
+
+def shortfall_causes(eng: Engine, jobs: dict[int, JobView], decisions: list[Decision]) -> dict[str, str]:
+    """For each tenant below its entitlement with demand, what its first job in the policy's order
+    (its next chance) is waiting for, as one of ``CAUSES`` (or ``other:<NotFit code>``)."""
+    quota = eng.trace.quota
+    below = {t for t, q in quota.items() if min(eng.held[t], q) < min(eng.held[t] + eng.waiting[t], q)}
+    first: dict[str, Decision] = {}
+    for d in decisions:
+        view = jobs.get(int(d.job[1:]))
+        if view is not None and view.tenant in below and not isinstance(d, Preempt):
+            first.setdefault(view.tenant, d)
+    causes: dict[str, str] = {}
+    for tenant, d in first.items():
+        view = jobs[int(d.job[1:])]
+        if isinstance(d, Admit):
+            causes[tenant] = "admitted"
+            continue
+        assert isinstance(d, Wait)
+        code = d.reason.code.value
+        chips = slice_type(view.accelerator_type).chips * view.num_slices
+        if code == "QUOTA_EXCEEDED_NO_BORROWING" and chips > quota[tenant] - eng.held[tenant]:
+            causes[tenant] = "headroom_below_job"
+        elif code in _WAITS_FOR_THE_TYPE:
+            causes[tenant] = "reclaim_in_progress" if _reclaimable(eng, jobs, view) else "type_saturated"
+        else:
+            causes[tenant] = f"other:{code}"
+    return causes
+
+
+def _reclaimable(eng: Engine, jobs: dict[int, JobView], waiting: JobView) -> bool:
+    """Whether a borrower of another tenant that is beyond its quota holds a slice of the type."""
+    for s in eng.slices:
+        holder = jobs.get(s.holder) if s.holder is not None else None
+        if holder is None or s.acc != waiting.accelerator_type or holder.tenant == waiting.tenant:
+            continue
+        if holder.borrowing and eng.held[holder.tenant] > eng.trace.quota[holder.tenant]:
+            return True
+    return False
+
+
 def replay(trace: Trace, cfg: Config, policy: str) -> dict[str, object]:
     """Replay ``trace`` under ``policy`` and return its metrics (see the module docstring)."""
     started = time.perf_counter()
@@ -824,6 +894,16 @@ def replay(trace: Trace, cfg: Config, policy: str) -> dict[str, object]:
             "wait_p50_s": round(_pct(tenant_waits[t], 0.50), 1),
             "wait_p99_s": round(_pct(tenant_waits[t], 0.99), 1),
         }
+        missed = eng.entitled[t] - eng.got[t]
+        if cfg.explain_shortfall and tpf is not None:  # fractions of the chip-seconds below entitlement
+            tenants[t]["shortfall"] = (
+                {  # type: ignore[assignment]
+                    c: round(v / missed, 4)
+                    for c, v in sorted(eng.shortfall[t].items(), key=lambda kv: -kv[1])
+                }
+                if missed > 0
+                else {}
+            )
     util = eng.used_window / fleet if fleet else 0.0
     load = offered / fleet if fleet else 0.0
     return {
@@ -904,6 +984,14 @@ def _table(result: dict[str, object]) -> str:
             for t, v in m["tenants"].items()
         ]
         lines.append(f"  {name:<20}" + "   ".join(parts))
+    explained = [(n, m) for n, m in policies.items() if any("shortfall" in v for v in m["tenants"].values())]
+    if explained:
+        lines += ["", "time below entitlement while it had demand, by cause (share of chip-seconds missed):"]
+        lines += [f"  {c}: {what}" for c, what in CAUSES.items()]
+    for name, m in explained:
+        for t, v in m["tenants"].items():
+            causes = "   ".join(f"{c} {f:.1%}" for c, f in v["shortfall"].items()) or "never below"
+            lines.append(f"  {name:<20}{t} (met {v['entitlement_met']:.3f}): {causes}")
     return "\n".join(lines)
 
 
@@ -933,6 +1021,11 @@ def main(argv: list[str] | None = None) -> int:
         "--spare-slices", type=int, default=0, help="autoscaled: slices of each type kept free (spare_slices)"
     )
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset")
+    parser.add_argument(
+        "--explain-shortfall",
+        action="store_true",
+        help="tpufleet policies: split each tenant's time below its entitlement by cause",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     policies = tuple(p for p in args.policies.split(",") if p)
@@ -967,6 +1060,7 @@ def main(argv: list[str] | None = None) -> int:
         provision_min=args.provision_min,
         idle_timeout_min=args.idle_timeout_min,
         spare_slices=args.spare_slices,
+        explain_shortfall=args.explain_shortfall,
     )
     result = compare(cfg, policies)
     print(json.dumps(result, indent=1) if args.json else _table(result))

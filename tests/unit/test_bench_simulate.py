@@ -213,3 +213,38 @@ def test_spare_slices_let_an_arriving_job_start_without_waiting_for_one_to_be_ma
     assert waits[0] >= 5 * 60 and waits[1] < 5 * 60  # the spare was ready when the job came
     # the spares (one of each type) are paid for the 48 h: 8 + 16 + 32 chips
     assert paid[1] - paid[0] >= (8 + 16 + 32) * 40
+
+
+@pytest.mark.parametrize(
+    ("name", "t0_jobs", "t1_jobs", "cause"),
+    [
+        # t0 holds two of the three v4-64 slices within its quota (64 of 84 chips) and t1 the third:
+        # t1's second v4-64 job is within its quota, but no slice of the type can be reclaimed.
+        ("type saturated", 2, 1, "type_saturated"),
+        # t0's third v4-64 job borrows (96 of 84 chips): t1's job in quota has it preempted.
+        ("reclaimed", 3, 0, "reclaim_in_progress"),
+        # t1 holds 64 of its 84 chips on two v4-64s: a third (32 chips) would pass its quota and
+        # nothing is idle to borrow, so the 20 chips of headroom stay unused (whole slices).
+        ("headroom", 1, 2, "headroom_below_job"),
+    ],
+)
+def test_explain_shortfall_names_why_a_tenant_is_below_its_entitlement(
+    name: str, t0_jobs: int, t1_jobs: int, cause: str
+) -> None:
+    cfg = _quiet(tenants=2, explain_shortfall=True)
+    jobs = [_job(i, "t0", 4, 0.0, 10) for i in range(t0_jobs)]
+    jobs += [_job(t0_jobs + i, "t1", 4, 0.0, 10) for i in range(t1_jobs)]
+    jobs += [_job(len(jobs), "t1", 4, 1.0, 2), _job(len(jobs) + 1, "t0", 1, 12.0, 1)]
+    trace = sim.build_trace(cfg, jobs)
+    assert sum(acc == "v4-64" for _, acc, _ in trace.slices) == 3 and trace.quota["t1"] == 84
+    t1 = sim.replay(trace, cfg, "tpufleet")["tenants"]["t1"]
+    assert t1["entitlement_met"] < 1.0, name
+    assert max(t1["shortfall"], key=t1["shortfall"].get) == cause, t1["shortfall"]
+    assert t1["shortfall"][cause] >= 0.5 and sum(t1["shortfall"].values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_without_explain_shortfall_no_tenant_carries_one() -> None:
+    cfg = _quiet(tenants=2)
+    trace = sim.build_trace(cfg, [_job(0, "t0", 4, 0.0, 10), _job(1, "t1", 4, 1.0, 2)])
+    result = sim.replay(trace, cfg, "tpufleet")
+    assert all("shortfall" not in v for v in result["tenants"].values())
