@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from tpufleet.api.server import ControlPlane
 from tpufleet.control.fleetview import duty_cycles
 from tpufleet.control.sandbox import SandboxCluster
 from tpufleet.control.service import ServiceConfig
+from tpufleet.emulator import procs
 from tpufleet.observe.tpumetrics import ChipReading
 
 pytestmark = pytest.mark.e2e
@@ -42,9 +42,7 @@ HINT = "install Debian's chromium (scripts/ensure-test-services.sh) and playwrig
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 @dataclass

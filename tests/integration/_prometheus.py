@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
+from tpufleet.emulator import procs
 
 HINT = "run scripts/ensure-test-services.sh as root (apt-get install prometheus)"
 
@@ -33,9 +34,7 @@ def prometheus_binary() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 @dataclass

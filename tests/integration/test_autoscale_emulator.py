@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import httpx
 import pytest
 
 from tpufleet.api.client import Client
-from tpufleet.emulator import EmulatedFleet
+from tpufleet.emulator import EmulatedFleet, procs
 
 pytestmark = pytest.mark.integration
 
@@ -46,9 +45,7 @@ tenants:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 SPOT_SPEC = SPEC.replace("max_slices: 1", "max_slices: 2\n    spot: true")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tpufleet.emulator import EmulatedFleet
+from tpufleet.emulator import EmulatedFleet, procs
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +25,7 @@ NO_CLOUD = {"NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_MET
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 @pytest.fixture

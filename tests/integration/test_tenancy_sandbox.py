@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -23,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tpufleet.emulator import procs
+
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 class Plane:

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from tpufleet.emulator import EmulatedFleet
+from tpufleet.emulator import EmulatedFleet, procs
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -69,9 +68,7 @@ def test_the_tour_has_the_commands_the_readme_promises() -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 def _env(tmp: Path) -> dict[str, str]:

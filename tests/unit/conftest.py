@@ -16,7 +16,6 @@ import itertools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,6 +26,7 @@ import pytest
 
 from tpufleet.control.fake import FakeClock
 from tpufleet.control.store import Store
+from tpufleet.emulator import procs
 
 PG_HINT = "run scripts/ensure-test-services.sh as root (apt-get install postgresql)"
 
@@ -40,9 +40,7 @@ def _pg_bindir() -> Path | None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 class PostgresServer:

@@ -20,7 +20,7 @@ from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 
 from tpufleet import devicerelay, tpudevice
 from tpufleet.devicerelay import HostFacts, Node, Relay
-from tpufleet.emulator import deviceplugin
+from tpufleet.emulator import deviceplugin, procs
 from tpufleet.observe import device, tpumetrics
 from tpufleet.observe.tpumetrics import DeviceReadError
 
@@ -52,9 +52,7 @@ class _Libtpu(pb_grpc.RuntimeMetricServiceServicer):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 def _scrape(relay: Relay) -> tuple[int, str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from tpufleet.control.fake import SIGTERM_EXIT, FakeClock
 from tpufleet.control.sandbox import EXIT_VAR, SECONDS_VAR, SandboxCluster, sandbox_slices
 from tpufleet.control.schema import AttemptRow
 from tpufleet.control.service import ServiceConfig
+from tpufleet.emulator import procs
 from tpufleet.errors import ClusterError, NotFoundError, SpecError
 
 
@@ -251,9 +251,7 @@ def test_at_scale_urgent_work_preempts_its_own_tenants_low_priority_work(tmp_pat
 
 # -- tpufleet serve --sandbox ------------------------------------------------------------------
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from tpufleet import SliceManager
 from tpufleet.api.client import Client
 from tpufleet.cli import app
 from tpufleet.control.groups import slice_config
+from tpufleet.emulator import procs
 from tpufleet.errors import NotFoundError, SpecError
 
 SPEC = """\
@@ -43,9 +43,7 @@ tenants:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 def _until(what: Callable[[], Any], timeout_s: float = 60.0) -> Any:

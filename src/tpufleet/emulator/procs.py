@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -43,15 +44,52 @@ class Session:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that are free right now (bound together, then released)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    """``count`` distinct TCP ports that are free right now (bound together, then released).
+
+    They are drawn from below the kernel's ephemeral range (``ip_local_port_range``), which the
+    kernel never hands out by itself: a port chosen now and listened on later (a GCS, a dashboard,
+    a control plane) cannot meanwhile be taken as the local end of someone's connection or by a
+    process listening on port 0, as a port from ``bind(0)`` can (and was, under load). Falls back
+    to ``bind(0)`` when nothing below the range is free."""
+    low = max(1024, _ephemeral_start() - _BELOW_EPHEMERAL)
+    candidates = list(range(low, _ephemeral_start()))
+    _random.shuffle(candidates)
+    socks: list[socket.socket] = []
     try:
-        for s in socks:
+        for port in candidates:
+            if len(socks) == count:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind(("", 0))
+            socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+def free_port() -> int:
+    """One port as :func:`free_ports` picks them."""
+    return free_ports(1)[0]
+
+
+_BELOW_EPHEMERAL = 16384  # how far below the ephemeral range ports are drawn from
+_random = random.SystemRandom()  # not the process's seeded `random`: two processes must differ
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 @dataclass(frozen=True)
