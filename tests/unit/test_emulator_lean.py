@@ -205,24 +205,76 @@ def test_hosts_start_in_waves_each_once_the_last_has_joined(tmp_path: Path) -> N
             fleet._new_slice(st, stype, f"tpu-{stype.accelerator_type}-{i}")
     events: list[tuple[str, Any]] = []
 
-    def launch(st: FleetState, rec: Any, worker: int) -> Any:
-        events.append(("launch", (rec.name, worker)))
-        return (f"proc {rec.name}/{worker}", tmp_path / "log")
+    def launch(st: FleetState, hosts: Any) -> Any:
+        events.append(("launch", [(rec.name, worker) for rec, worker in hosts]))
+        return [(f"launcher of {len(hosts)}", tmp_path / "log")]  # a wave: one group launcher
 
     def wait(st: FleetState, launchers: Any, keys: list[Any]) -> None:
         events.append(("await", (len(launchers), sorted(keys))))
 
-    fleet._launch_host = launch  # type: ignore[method-assign]
+    fleet._launch_hosts = launch  # type: ignore[method-assign]
     fleet._await = wait  # type: ignore[method-assign]
     head: Any = ("head proc", tmp_path / "head.log")
     fleet._start_in_waves(st, head)
 
-    kinds = [kind for kind, _ in events]
-    assert kinds == ["launch"] * 8 + ["await"] + ["launch"] * 8 + ["await"] + ["launch", "await"]
+    assert [kind for kind, _ in events] == ["launch", "await"] * 3
+    launched = [what for kind, what in events if kind == "launch"]
+    assert [len(hosts) for hosts in launched] == [8, 8, 1]
     awaited = [what for kind, what in events if kind == "await"]
-    assert [n for n, _ in awaited] == [9, 8, 1]  # the head's launcher is checked with the first wave
-    assert awaited[0][1] == sorted(("tpu-v4-64-0", w) for w in range(8))
+    assert [n for n, _ in awaited] == [2, 1, 1]  # the head's launcher is checked with the first wave
+    assert awaited[0][1] == sorted(("tpu-v4-64-0", w) for w in range(8)) == sorted(launched[0])
     assert awaited[2][1] == [("tpu-v6e-4-0", 0)]
-    assert sorted(what for kind, what in events if kind == "launch") == sorted(
+    assert sorted(h for hosts in launched for h in hosts) == sorted(
         (rec.name, h.worker_id) for rec in st.slices for h in rec.hosts
     )
+
+
+# A group launcher whose node start is a stand-in: it reports what its host sees and exits with
+# the code its host's env asks for. Everything else is rayhost.py's own (fork, setsid, env, logs).
+GROUP = """
+import os, sys
+from tpufleet.emulator import rayhost
+rayhost._RAY_MODULES = ()
+def start(args):
+    print("host", os.environ["HOST_MARK"], "session leader", os.getsid(0) == os.getpid(),
+          "flags", args.address, "secret" in os.environ, flush=True)
+    return int(os.environ.get("HOST_EXIT", "0"))
+rayhost.start = start
+sys.exit(rayhost.main(["--group", sys.argv[1]]))
+"""
+
+
+def _group(tmp_path: Path, exits: list[int]) -> tuple[int, str, list[Path], list[procs.Session | None]]:
+    """``procs.spawn_group`` with the launcher above, waited for: exit code, its log, hosts logs, sessions."""
+    flags = ["--address", "10.1.2.3:6379", "--node-ip-address", "10.1.2.3", "--num-cpus", "1"]
+    flags += ["--temp-dir", "/tmp/t", "--object-store-memory", "1"]
+    logs = [tmp_path / f"h{i}.log" for i in range(len(exits))]
+    hosts = [
+        (flags, {"HOST_MARK": str(i), "HOST_EXIT": str(code), "PATH": os.environ["PATH"]}, logs[i])
+        for i, code in enumerate(exits)
+    ]
+    env = dict(os.environ, secret="the launcher's own environment")
+    log = tmp_path / "group.log"
+    proc, sessions = procs.spawn_group([sys.executable, "-c", GROUP], env, log, hosts, 60)
+    code = proc.wait(timeout=60)
+    return code, log.read_text(), logs, sessions
+
+
+def test_a_group_launcher_starts_each_host_as_its_own_session_with_exactly_its_environment(
+    tmp_path: Path,
+) -> None:
+    code, out, logs, sessions = _group(tmp_path, [0, 0, 0])
+    assert code == 0, out
+    assert not (tmp_path / "group.json").exists()  # it holds the hosts' environments: read, then gone
+    for i, log in enumerate(logs):
+        assert log.read_text().strip() == f"host {i} session leader True flags 10.1.2.3:6379 False"
+    assert all(s is not None and s.start_ticks > 0 for s in sessions)
+    assert len({s.sid for s in sessions if s is not None}) == 3  # three sessions, one per host
+
+
+def test_a_group_launcher_fails_when_one_host_fails_and_names_its_log(tmp_path: Path) -> None:
+    code, out, logs, sessions = _group(tmp_path, [0, 3, 0])
+    assert code == 1 and all(s is not None for s in sessions)
+    assert f"a host failed to start (exit 3); {logs[1]}" in out
+    assert "host 1 session leader True" in out  # the failed host's log, quoted
+    assert logs[2].read_text().startswith("host 2 ")  # the others still started

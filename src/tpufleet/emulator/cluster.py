@@ -4,7 +4,8 @@ One head (no TPU, no CPU) plus one Ray node per emulated host, each in its own s
 own Ray temp dir, all on this machine with random free ports, so several fleets (and other
 people's clusters) coexist. Nodes are started by ``rayhost.py`` with ``ray start``'s flags
 (``lean=True``, the default: no ``ray start`` CLI, a stand-in for each host's dashboard agent, no
-prestarted workers; ``lean=False`` is plain ``ray start``), hosts ``wave_size`` at a time.
+prestarted workers; ``lean=False`` is plain ``ray start``), hosts ``wave_size`` at a time, each
+wave of lean hosts from one launcher that imports Ray once and forks a child per host.
 Every operation is recorded in ``state_dir`` (see ``state.py``), so a fleet started by one
 process (``tpufleet emulate up``) is inspected, broken and stopped by others::
 
@@ -204,7 +205,10 @@ class EmulatedFleet:
 
     # -- starting -------------------------------------------------------------------------------
 
-    def _launch_host(self, st: FleetState, rec: SliceRecord, worker: int) -> tuple[Popen[bytes], Path]:
+    def _host_start(
+        self, st: FleetState, rec: SliceRecord, worker: int
+    ) -> tuple[list[str], dict[str, str], Path]:
+        """One host's launch: its command line, its whole environment and its log (and a temp dir)."""
         stype = catalog.slice_type(rec.accelerator_type)
         env = (
             plan.clean_base_env(os.environ)
@@ -226,11 +230,33 @@ class EmulatedFleet:
             st.object_store_bytes,
             st.log_monitor,
         )
-        log = self.state_dir / "logs" / f"{rec.name}-w{worker}.log"
-        proc, session = procs.spawn(argv, env, log)
-        host = next(h for h in rec.hosts if h.worker_id == worker)
-        host.session, host.temp_dir = session, temp_dir
-        return proc, log
+        next(h for h in rec.hosts if h.worker_id == worker).temp_dir = temp_dir
+        return argv, env, self.state_dir / "logs" / f"{rec.name}-w{worker}.log"
+
+    def _launch_hosts(
+        self, st: FleetState, hosts: Sequence[tuple[SliceRecord, int]]
+    ) -> list[tuple[Popen[bytes], Path]]:
+        """Start ``hosts`` and record each one's session; returns the launchers to await.
+
+        Lean hosts start from one launcher (``rayhost.py --group``: Ray's modules imported once,
+        a forked child per host, each its own session); a plain ``ray start`` host, or a lone
+        host, from a launcher of its own. Returns once every host's session is known."""
+        starts = [self._host_start(st, rec, worker) for rec, worker in hosts]
+        if not st.lean or len(hosts) < 2:
+            launched = []
+            for (rec, worker), (argv, env, log) in zip(hosts, starts, strict=True):
+                proc, session = procs.spawn(argv, env, log)
+                next(h for h in rec.hosts if h.worker_id == worker).session = session
+                launched.append((proc, log))
+            return launched
+        group_log = self.state_dir / "logs" / f"group-{st.next_host_seq}.log"
+        launcher = [sys.executable, "-P", plan.RAYHOST_SCRIPT, "--group"]
+        base = plan.clean_base_env(os.environ) | auth.server_env(self.auth_token_path) | plan.LEAN_HOST_ENV
+        flags = [(argv[3:], env, log) for argv, env, log in starts]  # lean_host_argv: python -P script ...
+        group, reported = procs.spawn_group(launcher, base, group_log, flags, self.timeout_s)
+        for (rec, worker), found in zip(hosts, reported, strict=True):
+            next(h for h in rec.hosts if h.worker_id == worker).session = found
+        return [(group, group_log)]
 
     @staticmethod
     def _new_slice(st: FleetState, stype: SliceType, name: str) -> SliceRecord:
@@ -240,7 +266,7 @@ class EmulatedFleet:
 
     def _launch_slice(self, st: FleetState, stype: SliceType, name: str) -> list[tuple[Popen[bytes], Path]]:
         rec = self._new_slice(st, stype, name)
-        return [self._launch_host(st, rec, w) for w in range(stype.hosts)]
+        return self._launch_hosts(st, [(rec, w) for w in range(stype.hosts)])
 
     def up(self) -> EmulatedFleet:
         """Start the head and every host; return once every host has joined Ray."""
@@ -282,7 +308,7 @@ class EmulatedFleet:
         launchers = [head]
         for i in range(0, len(hosts), self.wave_size):
             wave = hosts[i : i + self.wave_size]
-            launchers += [self._launch_host(st, rec, worker) for rec, worker in wave]
+            launchers += self._launch_hosts(st, wave)
             store.save(self.state_dir, st)
             self._await(st, launchers, [(rec.name, worker) for rec, worker in wave])
             launchers = []  # those of earlier waves exited 0 (checked by _await)
@@ -417,7 +443,7 @@ class EmulatedFleet:
                     h.session = None
             missing = [h.worker_id for h in rec.hosts if h.session is None]
             self._await_gone(st, {(slice_name, w) for w in missing})
-            launchers = [self._launch_host(st, rec, w) for w in missing]
+            launchers = self._launch_hosts(st, [(rec, w) for w in missing])
             store.save(self.state_dir, st)
             self._await(st, launchers, [(slice_name, w) for w in missing])
         return missing

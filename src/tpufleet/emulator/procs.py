@@ -17,6 +17,7 @@ that started before our launcher is never counted as a member.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -132,6 +133,43 @@ def spawn(
         )
     info = _stat(proc.pid)
     return proc, Session(proc.pid, info.start_ticks if info else 0)
+
+
+def spawn_group(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log_path: Path,
+    hosts: Sequence[tuple[Sequence[str], Mapping[str, str], Path]],
+    timeout_s: float,
+) -> tuple[subprocess.Popen[bytes], list[Session | None]]:
+    """Start one launcher for several hosts (``rayhost.py --group``: ``argv`` plus the path of a
+    spec file it reads and removes); ``hosts`` are each host's ``ray start`` flags, whole
+    environment and log. The launcher forks a child per host, each a session of its own, and
+    reports each child's pid and start time as it forks; returns the launcher and every host's
+    session once all are reported (None for a host not reported when the launcher exited or
+    ``timeout_s`` passed)."""
+    spec, reported = log_path.with_suffix(".json"), log_path.with_suffix(".sessions")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    reported.unlink(missing_ok=True)
+    body = {
+        "hosts": [{"argv": list(a), "env": dict(e), "log": str(log)} for a, e, log in hosts],
+        "sessions": str(reported),
+    }
+    fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the hosts' environments
+    with os.fdopen(fd, "w") as f:
+        json.dump(body, f)
+    proc, _ = spawn([*argv, str(spec)], env, log_path)
+    deadline = time.monotonic() + timeout_s
+    found: dict[int, Session] = {}
+    while True:
+        exited = proc.poll() is not None
+        text = reported.read_text() if reported.exists() else ""
+        for line in text.splitlines():
+            index, pid, ticks = (int(x) for x in line.split())
+            found[index] = Session(pid, ticks)
+        if len(found) >= len(hosts) or exited or time.monotonic() > deadline:
+            return proc, [found.get(i) for i in range(len(hosts))]
+        time.sleep(0.02)
 
 
 def members(session: Session, table: list[_Proc] | None = None) -> list[int]:

@@ -26,10 +26,14 @@ Prestarted workers are off through the environment (``plan.LEAN_HOST_ENV``), not
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import subprocess
 import sys
-from typing import Any
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
 
 # The dashboard agent's stand-in, a POSIX shell script (no quotes or backslashes: the raylet splits
 # its agent command itself). The raylet appends nothing we rely on; the node id and session dir
@@ -150,7 +154,14 @@ def params_of(args: argparse.Namespace, ray_parameter: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--group"] and len(argv) == 2:
+        return group_main(argv[1])
+    return start(parse(argv))
+
+
+def start(args: argparse.Namespace) -> int:
+    """Start one node as ``ray start`` would with these flags; returns once it runs."""
     import ray._private.node as ray_node
     import ray._private.parameter as ray_parameter
     import ray._private.ray_constants as ray_constants
@@ -170,6 +181,84 @@ def main(argv: list[str] | None = None) -> int:
     what = "head" if args.head else "host"
     print(f"emulated {what} started: Ray node {node.node_id} at {node.address}", flush=True)
     return 0
+
+
+_RAY_MODULES = (
+    "ray._private.node",
+    "ray._private.parameter",
+    "ray._private.ray_constants",
+    "ray._private.services",
+    "ray._private.utils",
+)
+
+
+def group_main(spec_path: str) -> int:
+    """Start several hosts from one process (``--group SPEC``): Ray's modules are imported once,
+    then each host is a child forked from here, so a wave of N hosts pays one import (~0.4 s of
+    CPU) instead of N. Each child makes itself a session leader (a host is its session, as for a
+    launcher of its own), takes exactly its host's environment and log, and starts its node.
+
+    ``SPEC`` is a JSON file, read and then removed (it holds the hosts' environments):
+    ``{"hosts": [{"argv": [...], "env": {...}, "log": PATH}, ...], "sessions": PATH}``. For each
+    child, ``<index> <pid> <start ticks>`` is appended to ``sessions`` right after the fork, so
+    the fleet knows every host's session before any of them has started. Exit 0 when every child
+    did; otherwise a line per failed host."""
+    path = Path(spec_path)
+    spec = json.loads(path.read_text())
+    path.unlink()
+    hosts = [(parse(h["argv"]), h) for h in spec["hosts"]]  # a bad flag fails here, before any fork
+    for module in _RAY_MODULES:  # what start() needs, imported once here for every child
+        importlib.import_module(module)
+
+    children: list[tuple[int, str]] = []
+    with open(spec["sessions"], "a") as sessions:
+        for index, (args, host) in enumerate(hosts):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(args, host)
+            sessions.write(f"{index} {pid} {_start_ticks(pid)}\n")
+            sessions.flush()
+            children.append((pid, host["log"]))
+    failed = 0
+    for pid, log in children:
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code != 0:
+            failed += 1
+            print(f"a host failed to start (exit {code}); {log}:\n{_tail(log)}", flush=True)
+    return 1 if failed else 0
+
+
+def _child(args: argparse.Namespace, host: dict[str, Any]) -> NoReturn:
+    code = 1
+    try:
+        os.setsid()
+        os.environ.clear()
+        os.environ.update(host["env"])
+        fd = os.open(host["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        code = start(args)
+    except BaseException:  # everything ends here: a forked child never returns into the loop
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _start_ticks(pid: int) -> int:
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return int(raw[raw.rindex(")") + 2 :].split()[19])
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 if __name__ == "__main__":
