@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -177,3 +178,16 @@ def store(db_url: str, clock: FakeClock, ids: Ids) -> Iterator[Store]:
     s = Store.open(db_url, clock=clock, new_id=ids)
     yield s
     s.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_ray_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Unit tests run without Ray: a test whose code reached a Ray API that connects on first use
+    (``placement_group_table``, ``ray.get``: Ray starts a local cluster for it) fails, naming
+    itself, and the cluster is stopped, instead of leaving it to the tests that follow in this
+    process (one such test made a later one, which checks what happens without Ray, fail)."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(f"{request.node.nodeid} started a Ray cluster; give the code a stand-in for that call")

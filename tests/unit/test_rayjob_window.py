@@ -11,12 +11,25 @@ import pytest
 from tpufleet.control import rayjob
 from tpufleet.control.cluster import AttemptSpec, HostInfo, SliceInfo
 from tpufleet.control.rayjob import RayJobs, fence_name
-from tpufleet.control.slices import SlicePool
 
 
 def _slice(name: str) -> SliceInfo:
     hosts = tuple(HostInfo(w, f"node-{name}-{w}", "127.0.0.1", True) for w in range(2))
     return SliceInfo(name, "v4-16", "2x2x2", 2, hosts)
+
+
+class _Pool:
+    """The warm pool as far as the window uses it, holding nothing: a real ``SlicePool`` asks Ray's
+    placement-group table on ``release``, which in a process without Ray starts a local cluster."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    def get(self, _name: str) -> None:
+        return None
+
+    def release(self, name: str) -> None:
+        self.released.append(name)
 
 
 class _Jobs:
@@ -55,7 +68,7 @@ def test_a_slice_that_comes_back_while_a_window_is_open_is_fenced_before_the_nex
     fences: dict[str, object],
 ) -> None:
     jobs = _Jobs()
-    ray_jobs = RayJobs(SlicePool(), client=lambda: jobs)
+    ray_jobs = RayJobs(_Pool(), client=lambda: jobs)  # type: ignore[arg-type]
     mine, other, back = _slice("tpu-v4-16-0"), _slice("tpu-v4-16-1"), _slice("tpu-v4-16-2")
     spec = AttemptSpec("job-1", 1, (mine.name,), "v4-16", ("python", "train.py"), kind="ray")
     ray_jobs.launch(spec, [mine])
@@ -94,7 +107,7 @@ def _trainer_head_on(monkeypatch: pytest.MonkeyPatch, info: SliceInfo, resource:
 def test_a_trainer_on_a_slice_that_came_back_during_its_window_is_requeued_any_other_misplacement_fails(
     fences: dict[str, object], monkeypatch: pytest.MonkeyPatch, where: str, resource: str, requeued: bool
 ) -> None:
-    ray_jobs = RayJobs(SlicePool(), client=_Started)
+    ray_jobs = RayJobs(_Pool(), client=_Started)  # type: ignore[arg-type]
     mine, other, back = _slice("tpu-v4-16-0"), _slice("tpu-v4-16-1"), _slice("tpu-v4-16-2")
     down = replace(back, hosts=tuple(replace(h, alive=False) for h in back.hosts), problems=("hosts down",))
     assert not down.intact
