@@ -29,7 +29,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -283,9 +282,12 @@ def procs_with(token: str) -> list[int]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """The soak's own control plane listens here across every restart it makes, for minutes: a
+    port below the ephemeral range, which nothing else on the machine is given meanwhile (with a
+    ``bind(0)`` port, another control plane took it once, and the soak talked to that one)."""
+    from tpufleet.emulator import procs
+
+    return procs.free_port()
 
 
 # -- the soak -------------------------------------------------------------------------------------
