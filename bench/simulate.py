@@ -379,12 +379,13 @@ class Engine:
             dt = hi - lo
             for tenant, q in self.trace.quota.items():
                 h = self.held[tenant]
-                self.got[tenant] += min(h, q) * dt
-                self.entitled[tenant] += min(h + self.waiting[tenant], q) * dt
-                gap = min(h + self.waiting[tenant], q) - min(h, q)
-                if gap > 0 and self.cfg.explain_shortfall:
+                got, wanted = min(h, q), min(h + self.waiting[tenant], q)
+                self.got[tenant] += got * dt
+                self.entitled[tenant] += wanted * dt
+                if wanted > got and self.cfg.explain_shortfall:
                     cause = self.cause.get(tenant, CAUSE_UNDECIDED)
-                    self.shortfall[tenant][cause] = self.shortfall[tenant].get(cause, 0.0) + gap * dt
+                    missed = self.shortfall[tenant]
+                    missed[cause] = missed.get(cause, 0.0) + (wanted - got) * dt
         self._t_acc = max(self._t_acc, t)
         self.now = max(self.now, t)
 

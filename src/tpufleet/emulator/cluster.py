@@ -205,19 +205,24 @@ class EmulatedFleet:
 
     # -- starting -------------------------------------------------------------------------------
 
+    def _hosts_env(self, st: FleetState) -> dict[str, str]:
+        """What every host's launch gets, whichever host: the caller's clean environment, the
+        fleet's Ray token and, lean, no prestarted workers."""
+        lean = plan.LEAN_HOST_ENV if st.lean else {}
+        return plan.clean_base_env(os.environ) | auth.server_env(self.auth_token_path) | lean
+
     def _host_start(
         self, st: FleetState, rec: SliceRecord, worker: int
-    ) -> tuple[list[str], dict[str, str], Path]:
-        """One host's launch: its command line, its whole environment and its log (and a temp dir)."""
+    ) -> tuple[HostRecord, list[str], dict[str, str], Path]:
+        """One host's launch: its record (given a new temp dir), command line, whole environment, log."""
         stype = catalog.slice_type(rec.accelerator_type)
         env = (
-            plan.clean_base_env(os.environ)
+            self._hosts_env(st)
             | plan.host_envs(rec.name, stype, st.address)[worker]
-            | auth.server_env(self.auth_token_path)
             | deviceplugin.host_env(st.address)  # TPU_DEVICE_PLUGIN_ADDR, served by a thread on the host
-            | (plan.LEAN_HOST_ENV if st.lean else {})
         )
-        temp_dir = f"{st.temp_dir}/h{st.next_host_seq}"
+        host = next(h for h in rec.hosts if h.worker_id == worker)
+        host.temp_dir = f"{st.temp_dir}/h{st.next_host_seq}"
         st.next_host_seq += 1
         host_argv = plan.lean_host_argv if st.lean else plan.host_argv
         argv = host_argv(
@@ -226,12 +231,11 @@ class EmulatedFleet:
             st.ray_address,
             stype,
             st.cpus_per_host,
-            temp_dir,
+            host.temp_dir,
             st.object_store_bytes,
             st.log_monitor,
         )
-        next(h for h in rec.hosts if h.worker_id == worker).temp_dir = temp_dir
-        return argv, env, self.state_dir / "logs" / f"{rec.name}-w{worker}.log"
+        return host, argv, env, self.state_dir / "logs" / f"{rec.name}-w{worker}.log"
 
     def _launch_hosts(
         self, st: FleetState, hosts: Sequence[tuple[SliceRecord, int]]
@@ -244,18 +248,16 @@ class EmulatedFleet:
         starts = [self._host_start(st, rec, worker) for rec, worker in hosts]
         if not st.lean or len(hosts) < 2:
             launched = []
-            for (rec, worker), (argv, env, log) in zip(hosts, starts, strict=True):
-                proc, session = procs.spawn(argv, env, log)
-                next(h for h in rec.hosts if h.worker_id == worker).session = session
+            for host, argv, env, log in starts:
+                proc, host.session = procs.spawn(argv, env, log)
                 launched.append((proc, log))
             return launched
         group_log = self.state_dir / "logs" / f"group-{st.next_host_seq}.log"
         launcher = [sys.executable, "-P", plan.RAYHOST_SCRIPT, "--group"]
-        base = plan.clean_base_env(os.environ) | auth.server_env(self.auth_token_path) | plan.LEAN_HOST_ENV
-        flags = [(argv[3:], env, log) for argv, env, log in starts]  # lean_host_argv: python -P script ...
-        group, reported = procs.spawn_group(launcher, base, group_log, flags, self.timeout_s)
-        for (rec, worker), found in zip(hosts, reported, strict=True):
-            next(h for h in rec.hosts if h.worker_id == worker).session = found
+        flags = [(argv[3:], env, log) for _, argv, env, log in starts]  # lean_host_argv: python -P script ...
+        group, reported = procs.spawn_group(launcher, self._hosts_env(st), group_log, flags, self.timeout_s)
+        for (host, *_), found in zip(starts, reported, strict=True):
+            host.session = found
         return [(group, group_log)]
 
     @staticmethod
