@@ -36,6 +36,7 @@ O(1) per job whose type has nothing left to give, see ``order``) plus O(S log S)
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -56,7 +57,7 @@ from tpufleet.scheduler.model import (
     TenantName,
     Wait,
 )
-from tpufleet.scheduler.order import in_order
+from tpufleet.scheduler.order import Idle, in_order, walk
 from tpufleet.scheduler.preemption import choose_victims, victim_order
 from tpufleet.scheduler.state import Ledger, TypePool, held_count, natural_key, type_facts
 
@@ -138,13 +139,8 @@ class _Entry:
     yields: bool = False  # beyond quota, but its tenant's lower-priority jobs could make room
 
 
-@dataclass(frozen=True, slots=True)
-class _Deferred:
-    """What ``_fate`` made of a job that is not in quota and may still borrow: its alike jobs get the same."""
-
-    pool: TypePool
-    gen: str
-    chips: int
+_DEFERRED = object()  # ``_fate`` of a job not in quota that may still borrow: its alike jobs get the same
+_ALIKE = attrgetter("accelerator_type", "num_slices", "priority", "head_of_line")  # and the tenant
 
 
 class _Cycle:
@@ -165,7 +161,12 @@ class _Cycle:
         self.out: list[Decision] = []
         self._static: dict[tuple[str, int], _Static | NotFit] = {}
         self._reasons: dict[tuple[object, ...], NotFit] = {}
-        self._settled: dict[tuple[TenantName, str, int, int], NotFit | _Deferred] = {}
+        self._settled: dict[tuple[TenantName, str, int, int], NotFit | object] = {}
+        self._blocks: dict[int, tuple[int, int]] = {}  # id(queue) -> the last run of jobs alike found
+        # The borrowing pass: each tenant's deferred jobs in order, and where each run of them ends.
+        self.deferred: dict[TenantName, list[JobView]] = {}
+        self._deferred_ends: dict[TenantName, list[int]] = {}
+        self._first_deferred: dict[TenantName, _Key] = {}  # the key its first deferred job had
 
     def _load_slices(self, snapshot: Snapshot, held: set[SliceName]) -> dict[str, int]:
         capacity: dict[str, int] = {}
@@ -213,23 +214,54 @@ class _Cycle:
             jobs.sort(key=victim_order)
 
     def run(self) -> list[Decision]:
-        self.deferred: dict[TenantName, list[_Entry]] = {}
-        for entry in in_order(self.queues, self._key, self._settle_in_quota_pass):
-            if entry.in_quota:
-                self._settled.clear()  # placing a job changes the state that settled them
-                self._place_in_quota(entry)
-            else:
-                self._defer(entry)  # changes nothing another job's fate reads
-        for entry in in_order(self.deferred.items(), self._key, self._settle_borrowing_pass):
+        walk(
+            (queue for _, queue in self.queues),
+            self._key,
+            self._job_key,
+            self._settle_in_quota_pass,
+            self._take_in_quota,
+            self._defer_run,
+        )
+        # Tenants in the order their first deferred job had its turn (the walk's turns come in
+        # rising key order), as if each job had been deferred at its own turn.
+        queues = sorted(self.deferred.items(), key=lambda tq: self._first_deferred[tq[0]])
+        for entry in in_order(queues, self._key, self._settle_borrowing_pass):
             self._place_borrower(entry)
         return self.out
 
+    def _take_in_quota(self, entry: _Entry) -> bool:
+        if not entry.in_quota:
+            self._defer(entry)  # changes nothing another job's fate reads
+            return False
+        self._settled.clear()  # placing a job changes the state that settled them
+        self._place_in_quota(entry)
+        return True
+
+    def _defer_run(self, queue: list[JobView], start: int, end: int) -> None:
+        """Keep jobs alike that are not in quota for the borrowing pass (nothing else changes)."""
+        tenant = queue[start].tenant
+        jobs = self.deferred.get(tenant)
+        if jobs is None:
+            jobs = self.deferred[tenant] = []
+            self._deferred_ends[tenant] = []
+            self._first_deferred[tenant] = self._job_key(queue, start)
+        jobs.extend(queue[start:end])
+        self._deferred_ends[tenant].append(len(jobs))
+
     def _defer(self, entry: _Entry) -> None:
         """Keep a job that is not in quota for the borrowing pass (nothing else changes)."""
-        queue = self.deferred.get(entry.job.tenant)
-        if queue is None:
-            queue = self.deferred[entry.job.tenant] = []
-        queue.append(entry)
+        self._defer_run([entry.job], 0, 1)
+
+    def _block_end(self, queue: list[JobView], index: int) -> int:
+        """Where the run of jobs alike (``_ALIKE``; one tenant per queue) that holds ``index`` ends."""
+        start, end = self._blocks.get(id(queue), (0, 0))
+        if start <= index < end:
+            return end
+        alike, end, size = _ALIKE(queue[index]), index + 1, len(queue)
+        while end < size and _ALIKE(queue[end]) == alike:
+            end += 1
+        self._blocks[id(queue)] = (index, end)
+        return end
 
     # -- 1. checks ---------------------------------------------------------------------------------
 
@@ -273,40 +305,55 @@ class _Cycle:
 
     def _settle_in_quota_pass(
         self, queue: list[JobView], start: int, bound: _Key | None
-    ) -> tuple[int, _Entry] | None:
+    ) -> tuple[int, _Entry] | Idle | None:
         """Decide the jobs from ``start`` on whose fate nothing can change; the first job that needs the walk.
 
         Jobs alike (same tenant, type, size and priority: all ``_fate`` reads of a job but its id)
         share the reason, or the deferral to the borrowing pass, while the state stays as it was:
         between two placements only ``blocked`` changes, and both clear ``_settled`` (a deferral
-        changes nothing ``_fate`` reads). Most queued jobs of a large queue end here. A job that
-        is not in quota and comes next anyway (its key is below ``bound``) is deferred on the spot,
-        as ``run`` would when the walk yields it.
+        changes nothing ``_fate`` reads). Most queued jobs of a large queue end here, a run of them
+        at a time: the waiting ones get their reason at once, the deferred ones go back to the walk
+        as one ``Idle`` run, which it cuts short when a placement comes before their turn.
         """
         settled, out = self._settled, self.out
-        for index in range(start, len(queue)):
+        index, size, last = start, len(queue), None
+        while index < size:
             job = queue[index]
             shape = (job.tenant, job.accelerator_type, job.num_slices, job.priority)
             known = settled.get(shape)
-            if isinstance(known, NotFit):
-                out.append(Wait(job.id, known))
-                continue
             if known is None:
                 fate = self._fate(job)
-                if isinstance(fate, NotFit):
-                    settled[shape] = fate
-                    out.append(Wait(job.id, fate))
-                    continue
-                if fate.in_quota:
-                    return index, fate
-                settled[shape] = _Deferred(fate.pool, fate.gen, fate.chips)
-                entry = fate
-            else:
-                entry = _Entry(job, known.pool, known.gen, known.chips)
-            if bound is None or not self._key(entry) < bound:
-                return index, entry
-            self._defer(entry)
+                if isinstance(fate, _Entry):
+                    if fate.in_quota:
+                        return index, fate
+                    known = settled[shape] = _DEFERRED
+                else:
+                    known = settled[shape] = fate
+            if known is _DEFERRED:
+                found = self._deferred_run(queue, index)
+                if type(found) is Idle or bound is None or not self._key(found[1]) < bound:  # type: ignore[index]
+                    return found
+                self._defer(found[1])  # type: ignore[index]  # it comes next anyway: deferred on the spot
+                index += 1
+                continue
+            if shape == last:  # the second of a run of jobs alike that wait: the rest of it at once
+                end = self._block_end(queue, index)
+                out.extend([Wait(j.id, known) for j in queue[index:end]])  # type: ignore[arg-type]
+                index = end
+                continue
+            out.append(Wait(job.id, known))  # type: ignore[arg-type]
+            last = shape
+            index += 1
         return None
+
+    def _deferred_run(self, queue: list[JobView], index: int) -> tuple[int, _Entry] | Idle:
+        """A deferred job and the jobs alike after it as one run; a job alone as an entry (cheaper)."""
+        job = queue[index]
+        after = index + 1
+        if after < len(queue) and _ALIKE(queue[after]) == _ALIKE(job):
+            return Idle(index, self._block_end(queue, index))
+        pool, gen, chips, _ = self._static[job.accelerator_type, job.num_slices]  # type: ignore[misc]
+        return index, _Entry(job, pool, gen, chips)
 
     def _fate(self, job: JobView) -> _Entry | NotFit:
         """An entry for the walk, or why ``job`` waits whatever other tenants do first.
@@ -337,31 +384,35 @@ class _Cycle:
         return self._blocked(job, pool, gen, chips, quota if beyond else None)
 
     def _settle_borrowing_pass(
-        self, queue: list[_Entry], start: int, bound: _Key | None
+        self, queue: list[JobView], start: int, bound: _Key | None
     ) -> tuple[int, _Entry] | None:
         """Place the jobs from ``start`` on that cannot take anything (their type is closed) or that
         come next anyway (key below ``bound``); the first other one goes through the walk.
 
         A job whose type is closed only waits, which changes nothing, so jobs alike (same tenant,
         type, size and priority) that follow it in this run wait for the same reason."""
-        out = self.out
+        out, ends = self.out, self._deferred_ends[queue[0].tenant]
         alike: dict[tuple[str, int, int], NotFit] = {}
-        for index in range(start, len(queue)):
-            entry = queue[index]
-            pool = entry.pool
+        index = start
+        while index < len(queue):
+            job = queue[index]
+            pool, gen, chips, _ = self._static[job.accelerator_type, job.num_slices]  # type: ignore[misc]
             if pool.head is None or pool.avail > 0:
+                entry = _Entry(job, pool, gen, chips)
                 if bound is None or not self._key(entry) < bound:
                     return index, entry
                 alike.clear()
                 self._place_borrower(entry)
+                index += 1
                 continue
-            job = entry.job
             shape = (job.accelerator_type, job.num_slices, job.priority)  # one tenant per queue
             reason = alike.get(shape)
             if reason is None:
-                quota = self._quota_if_beyond(job, entry.gen, entry.chips)
-                reason = alike[shape] = self._blocked(job, pool, entry.gen, entry.chips, quota)
-            out.append(Wait(job.id, reason))
+                quota = self._quota_if_beyond(job, gen, chips)
+                reason = alike[shape] = self._blocked(job, pool, gen, chips, quota)
+            end = ends[bisect_right(ends, index)]  # the jobs up to there are alike
+            out.extend([Wait(j.id, reason) for j in queue[index:end]])
+            index = end
         return None
 
     def _reclaim_futile(self, job: JobView, pool: TypePool) -> bool:
@@ -523,5 +574,10 @@ class _Cycle:
     def _key(self, entry: _Entry) -> _Key:
         """Priority, then fair share (last cycle's head of line first), then seq; live as usage moves."""
         job = entry.job
+        share = _STICKY if job.head_of_line else self.ledger.share(job.tenant)
+        return (-job.priority, share, job.seq, job.id)
+
+    def _job_key(self, queue: list[JobView], index: int) -> _Key:
+        job = queue[index]
         share = _STICKY if job.head_of_line else self.ledger.share(job.tenant)
         return (-job.priority, share, job.seq, job.id)
