@@ -39,7 +39,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import accumulate, groupby
+from operator import attrgetter, itemgetter
 
 from tpufleet.scheduler import reasons
 from tpufleet.scheduler.model import (
@@ -139,7 +140,15 @@ class _Entry:
     yields: bool = False  # beyond quota, but its tenant's lower-priority jobs could make room
 
 
-_DEFERRED = object()  # ``_fate`` of a job not in quota that may still borrow: its alike jobs get the same
+@dataclass(frozen=True, slots=True)
+class _Deferred:
+    """What ``_fate`` made of a job that is not in quota and may still borrow: its alike jobs get the same."""
+
+    pool: TypePool
+    gen: str
+    chips: int
+
+
 _ALIKE = attrgetter("accelerator_type", "num_slices", "priority", "head_of_line")  # and the tenant
 
 
@@ -161,8 +170,8 @@ class _Cycle:
         self.out: list[Decision] = []
         self._static: dict[tuple[str, int], _Static | NotFit] = {}
         self._reasons: dict[tuple[object, ...], NotFit] = {}
-        self._settled: dict[tuple[TenantName, str, int, int], NotFit | object] = {}
-        self._blocks: dict[int, tuple[int, int]] = {}  # id(queue) -> the last run of jobs alike found
+        self._settled: dict[tuple[TenantName, str, int, int], NotFit | _Deferred] = {}
+        self._blocks: dict[int, list[int]] = {}  # id(queue) -> where each of its runs of jobs alike ends
         # The borrowing pass: each tenant's deferred jobs in order, and where each run of them ends.
         self.deferred: dict[TenantName, list[JobView]] = {}
         self._deferred_ends: dict[TenantName, list[int]] = {}
@@ -250,18 +259,26 @@ class _Cycle:
 
     def _defer(self, entry: _Entry) -> None:
         """Keep a job that is not in quota for the borrowing pass (nothing else changes)."""
-        self._defer_run([entry.job], 0, 1)
+        jobs = self.deferred.get(entry.job.tenant)
+        if jobs is None:
+            self._defer_run([entry.job], 0, 1)
+        else:
+            jobs.append(entry.job)
+            self._deferred_ends[entry.job.tenant].append(len(jobs))
 
     def _block_end(self, queue: list[JobView], index: int) -> int:
         """Where the run of jobs alike (``_ALIKE``; one tenant per queue) that holds ``index`` ends."""
-        start, end = self._blocks.get(id(queue), (0, 0))
-        if start <= index < end:
-            return end
-        alike, end, size = _ALIKE(queue[index]), index + 1, len(queue)
-        while end < size and _ALIKE(queue[end]) == alike:
-            end += 1
-        self._blocks[id(queue)] = (index, end)
-        return end
+        ends = self._blocks.get(id(queue))
+        if ends is None:
+            alike, end, stop = _ALIKE(queue[index]), index + 1, min(len(queue), index + 8)
+            while end < stop and _ALIKE(queue[end]) == alike:
+                end += 1
+            if end < stop or end == len(queue):
+                return end  # a short run: looked at one by one
+            # A long one: every run of the queue at once, in C (runs are often thousands long).
+            groups = map(itemgetter(1), groupby(queue, _ALIKE))
+            ends = self._blocks[id(queue)] = list(accumulate(map(len, map(list, groups))))
+        return ends[bisect_right(ends, index)]
 
     # -- 1. checks ---------------------------------------------------------------------------------
 
@@ -326,16 +343,19 @@ class _Cycle:
                 if isinstance(fate, _Entry):
                     if fate.in_quota:
                         return index, fate
-                    known = settled[shape] = _DEFERRED
+                    known = settled[shape] = _Deferred(fate.pool, fate.gen, fate.chips)
                 else:
                     known = settled[shape] = fate
-            if known is _DEFERRED:
-                found = self._deferred_run(queue, index)
-                if type(found) is Idle or bound is None or not self._key(found[1]) < bound:  # type: ignore[index]
-                    return found
-                self._defer(found[1])  # type: ignore[index]  # it comes next anyway: deferred on the spot
-                index += 1
-                continue
+            if type(known) is _Deferred:
+                entry = _Entry(job, known.pool, known.gen, known.chips)
+                if bound is not None and self._key(entry) < bound:
+                    self._defer(entry)  # it comes next anyway: deferred on the spot
+                    index += 1
+                    continue
+                after = index + 1
+                if after < size and _ALIKE(queue[after]) == _ALIKE(job):
+                    return Idle(index, self._block_end(queue, index))  # with the jobs alike after it
+                return index, entry
             if shape == last:  # the second of a run of jobs alike that wait: the rest of it at once
                 end = self._block_end(queue, index)
                 out.extend([Wait(j.id, known) for j in queue[index:end]])  # type: ignore[arg-type]
@@ -345,15 +365,6 @@ class _Cycle:
             last = shape
             index += 1
         return None
-
-    def _deferred_run(self, queue: list[JobView], index: int) -> tuple[int, _Entry] | Idle:
-        """A deferred job and the jobs alike after it as one run; a job alone as an entry (cheaper)."""
-        job = queue[index]
-        after = index + 1
-        if after < len(queue) and _ALIKE(queue[after]) == _ALIKE(job):
-            return Idle(index, self._block_end(queue, index))
-        pool, gen, chips, _ = self._static[job.accelerator_type, job.num_slices]  # type: ignore[misc]
-        return index, _Entry(job, pool, gen, chips)
 
     def _fate(self, job: JobView) -> _Entry | NotFit:
         """An entry for the walk, or why ``job`` waits whatever other tenants do first.
