@@ -24,6 +24,7 @@ from tpufleet.runtime import StepProgress
 from tpufleet.scheduler import lifecycle as lc
 from tpufleet.scheduler.model import (
     Admit,
+    Decision,
     JobId,
     JobState,
     JobView,
@@ -221,14 +222,15 @@ class Transitions:
             return True
 
     def wait_reasons(
-        self, waits: Sequence[Wait], stored: dict[str, Stored], *, refresh: int | None = None
+        self, decisions: Sequence[Decision], stored: dict[str, Stored], *, refresh: int | None = None
     ) -> list[tuple[str, Stored]]:
-        """Store why each waiting job waits; only reasons that changed are written (and returned).
+        """Store why each waiting job waits (the ``Wait``s among ``decisions``); only reasons that
+        changed are written (and returned).
 
         A job's first reason and any head-of-line flag (the policy reads it back next cycle) are
         always written at once. With ``refresh`` set, other changes are bounded: at most that many
         per call, new codes before new wordings of the same code (the numbers in a message move as
-        the fleet does); half of the budget goes to the front of the queue (``waits`` come in the
+        the fleet does); half of the budget goes to the front of the queue (``decisions`` come in the
         policy's order), the other half in turn over the rest, so a long queue costs a bounded write
         and every stored reason catches up within a few cycles."""
         changes: list[tuple[str, Stored]] = []
@@ -240,7 +242,14 @@ class Transitions:
         last: NotFit | None = None
         pair: tuple[Stored, Stored] = ((None, None, False), (None, None, True))
         get = stored.get
-        for w in waits:
+        # Jobs that waited alike last time and wait alike now have the same (old, new) pair of
+        # canonical tuples, mostly in a row: the verdict on the last pair is kept for the next.
+        seen_old: Stored | None = None
+        seen_new: Stored | None = None
+        into: list[tuple[str, Stored]] | None = None
+        for w in decisions:
+            if type(w) is not Wait:
+                continue
             reason = w.reason
             if reason is not last:
                 last = reason
@@ -254,14 +263,20 @@ class Transitions:
                 pair = found
             new = pair[1] if w.head_of_line else pair[0]
             old = get(w.job)
-            if old is new or old is None or old == new:
+            if old is new:
                 continue
-            if refresh is None or old[0] is None or old[2] != new[2]:
-                changes.append((w.job, new))
-            elif old[0] != new[0]:
-                codes.append((w.job, new))
-            else:
-                wordings.append((w.job, new))
+            if old is not seen_old or new is not seen_new:
+                seen_old, seen_new = old, new
+                if old is None or old == new:
+                    into = None
+                elif refresh is None or old[0] is None or old[2] != new[2]:
+                    into = changes
+                elif old[0] != new[0]:
+                    into = codes
+                else:
+                    into = wordings
+            if into is not None:
+                into.append((w.job, new))
         if refresh is not None:
             rest = codes + wordings
             front, rest = rest[: refresh // 2], rest[refresh // 2 :]

@@ -41,6 +41,7 @@ __all__ = [
     "Wait",
     "lookup_type",
     "most_important",
+    "waits",
 ]
 
 JobId = NewType("JobId", str)
@@ -73,7 +74,7 @@ class SliceView:
     holder: JobId | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobView:
     """A job as the policy sees it.
 
@@ -194,6 +195,29 @@ class Wait:
     reason: NotFit
     head_of_line: bool = False
 
+
+def waits(jobs: Iterable[JobView], reason: NotFit) -> list[Wait]:
+    """``[Wait(j.id, reason) for j in jobs]`` at half the cost: a cycle makes one per queued job.
+
+    The frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; this sets
+    the same slots through their descriptors, which is all that ``__init__`` does (there is no
+    ``__post_init__``), so the result compares, hashes and prints the same.
+    """
+    new, job, why, head = object.__new__, _WAIT_JOB, _WAIT_REASON, _WAIT_HEAD
+
+    def one(view: JobView) -> Wait:
+        w = new(Wait)
+        job(w, view.id)
+        why(w, reason)
+        head(w, False)
+        return w
+
+    return list(map(one, jobs))
+
+
+_WAIT_JOB = Wait.__dict__["job"].__set__  # the slots' descriptors
+_WAIT_REASON = Wait.__dict__["reason"].__set__
+_WAIT_HEAD = Wait.__dict__["head_of_line"].__set__
 
 Decision: TypeAlias = Admit | Preempt | Wait
 

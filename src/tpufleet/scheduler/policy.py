@@ -57,6 +57,7 @@ from tpufleet.scheduler.model import (
     Snapshot,
     TenantName,
     Wait,
+    waits,
 )
 from tpufleet.scheduler.order import Idle, in_order, walk
 from tpufleet.scheduler.preemption import choose_victims, victim_order
@@ -358,7 +359,7 @@ class _Cycle:
                 return index, entry
             if shape == last:  # the second of a run of jobs alike that wait: the rest of it at once
                 end = self._block_end(queue, index)
-                out.extend([Wait(j.id, known) for j in queue[index:end]])  # type: ignore[arg-type]
+                out.extend(waits(queue[index:end], known))  # type: ignore[arg-type]
                 index = end
                 continue
             out.append(Wait(job.id, known))  # type: ignore[arg-type]
@@ -422,7 +423,7 @@ class _Cycle:
                 quota = self._quota_if_beyond(job, gen, chips)
                 reason = alike[shape] = self._blocked(job, pool, gen, chips, quota)
             end = ends[bisect_right(ends, index)]  # the jobs up to there are alike
-            out.extend([Wait(j.id, reason) for j in queue[index:end]])
+            out.extend(waits(queue[index:end], reason))
             index = end
         return None
 
