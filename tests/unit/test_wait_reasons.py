@@ -8,6 +8,11 @@ stored reason equals the policy's within a few calls.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Connection
+
 from tpufleet.control.records import JobRequest
 from tpufleet.control.store import Store
 from tpufleet.control.transitions import Stored, Transitions
@@ -61,3 +66,31 @@ def test_without_a_budget_every_change_is_written(store: Store) -> None:
     tr.wait_reasons([Wait(JobId(j), FREE) for j in ids], _stored(tr))
     assert len(tr.wait_reasons([Wait(JobId(j), HEAD) for j in ids], _stored(tr))) == 30
     assert {v[0] for v in _stored(tr).values()} == {HEAD.code.value}
+
+
+def test_reasons_are_committed_unsynced_and_the_connection_gets_its_setting_back(store: Store) -> None:
+    """Wait reasons, which the loop writes again anyway, commit without waiting for the disk; the
+    pooled connection is left as it was for the transactions that must be synced."""
+    ids = _queued(store, 3)
+    tr = Transitions(store)
+    sqlite = store.engine.dialect.name == "sqlite"
+    setting = "PRAGMA synchronous" if sqlite else "SHOW synchronous_commit"
+    with store.engine.connect() as conn:
+        before = conn.exec_driver_sql(setting).scalar()
+    seen: list[object] = []
+    real = store.tx_unsynced
+
+    @contextmanager
+    def watched() -> Iterator[Connection]:
+        with real() as conn:
+            seen.append(conn.exec_driver_sql(setting).scalar())
+            yield conn
+
+    store.tx_unsynced = watched  # type: ignore[method-assign]
+    assert len(tr.wait_reasons([Wait(JobId(j), FREE) for j in ids], _stored(tr))) == 3
+    assert seen == [1 if sqlite else "off"]  # NORMAL: a WAL commit without fsync
+    assert all(v[0] == FREE.code.value for v in _stored(tr).values())  # committed
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql(setting).scalar() == before
+    if sqlite:  # (the test PostgreSQL server runs with synchronous_commit off throughout)
+        assert before == 2  # FULL: everything else is synced

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, insert, make_url, select, update
+from sqlalchemy import Connection, Engine, create_engine, event, func, insert, make_url, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -169,6 +169,29 @@ class Store(TenantOps):
         """One transaction: committed on success, rolled back on any exception."""
         with self._sessions.begin() as session:
             yield session
+
+    @contextmanager
+    def tx_unsynced(self) -> Iterator[Connection]:
+        """A transaction whose commit does not wait for the disk, for writes the loop makes again
+        anyway (wait reasons). A power loss may lose the last such commits, never consistency and
+        never a commit made with ``tx``: each of those syncs all that was written before it.
+        PostgreSQL: ``synchronous_commit = off`` for this transaction; SQLite (WAL): ``synchronous
+        = NORMAL`` for its commit, then the connection's own setting again."""
+        with self.engine.connect() as conn:
+            if conn.dialect.name != "sqlite":
+                with conn.begin():
+                    conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+                    yield conn
+                return
+            level = int(conn.exec_driver_sql("PRAGMA synchronous").scalar() or 2)
+            conn.exec_driver_sql("PRAGMA synchronous = NORMAL")
+            conn.commit()  # ends the transaction SQLAlchemy began for the pragma (no BEGIN was sent)
+            try:
+                with conn.begin():
+                    yield conn
+            finally:  # the pragma belongs to the pooled connection, which others get next
+                conn.exec_driver_sql(f"PRAGMA synchronous = {level}")
+                conn.commit()
 
     def close(self) -> None:
         self.engine.dispose()

@@ -286,8 +286,7 @@ class Transitions:
                 changes += (rest[start:] + rest[:start])[: refresh - len(front)]
                 self._wording_turn += refresh - len(front)
         if changes:  # one statement, executed for every change (executemany), in one transaction
-            with self.store.tx() as s:
-                conn = s.connection()
+            with self.store.tx_unsynced() as conn:  # the loop writes them again if they are lost
                 # Straight to the driver: SQLAlchemy's processing of each row's parameters cost
                 # more than the database's work on it (thousands of rows every cycle).
                 mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
