@@ -150,6 +150,8 @@ class _Deferred:
     chips: int
 
 
+# Jobs of one tenant the borrowing pass treats alike (what its reasons and their order read).
+_SHAPE = attrgetter("accelerator_type", "num_slices", "priority")
 _ALIKE = attrgetter("accelerator_type", "num_slices", "priority", "head_of_line")  # and the tenant
 
 
@@ -255,17 +257,32 @@ class _Cycle:
             jobs = self.deferred[tenant] = []
             self._deferred_ends[tenant] = []
             self._first_deferred[tenant] = self._job_key(queue, start)
+        ends = self._deferred_ends[tenant]
+        alike = bool(jobs) and _SHAPE(jobs[-1]) == _SHAPE(queue[start])
         jobs.extend(queue[start:end])
-        self._deferred_ends[tenant].append(len(jobs))
+        if alike:
+            ends[-1] = len(jobs)  # one run with the jobs alike deferred before them
+        else:
+            ends.append(len(jobs))
 
     def _defer(self, entry: _Entry) -> None:
         """Keep a job that is not in quota for the borrowing pass (nothing else changes)."""
-        jobs = self.deferred.get(entry.job.tenant)
+        job = entry.job
+        jobs = self.deferred.get(job.tenant)
         if jobs is None:
-            self._defer_run([entry.job], 0, 1)
+            self._defer_run([job], 0, 1)
+            return
+        ends, last = self._deferred_ends[job.tenant], jobs[-1]
+        alike = (  # as _SHAPE compares them, but mostly settled by the first field
+            last.accelerator_type == job.accelerator_type
+            and last.num_slices == job.num_slices
+            and last.priority == job.priority
+        )
+        jobs.append(job)
+        if alike:
+            ends[-1] = len(jobs)
         else:
-            jobs.append(entry.job)
-            self._deferred_ends[entry.job.tenant].append(len(jobs))
+            ends.append(len(jobs))
 
     def _block_end(self, queue: list[JobView], index: int) -> int:
         """Where the run of jobs alike (``_ALIKE``; one tenant per queue) that holds ``index`` ends."""
@@ -423,7 +440,10 @@ class _Cycle:
                 quota = self._quota_if_beyond(job, gen, chips)
                 reason = alike[shape] = self._blocked(job, pool, gen, chips, quota)
             end = ends[bisect_right(ends, index)]  # the jobs up to there are alike
-            out.extend(waits(queue[index:end], reason))
+            if end == index + 1:
+                out.append(Wait(job.id, reason))
+            else:
+                out.extend(waits(queue[index:end], reason))
             index = end
         return None
 
