@@ -32,6 +32,8 @@ Slices are handed out whole, lowest name first (numbers compared as numbers). ``
 ``DRAINING`` slices are never assigned. The cost is O(J log J) for J queued jobs (sorting each
 tenant's queue; the walk is O(log T) per job that can still change something, for T tenants, and
 O(1) per job whose type has nothing left to give, see ``order``) plus O(S log S) for S slices.
+A run of a tenant's jobs alike that are set aside for the borrowing pass takes the heap once, as
+one ``order.Idle`` run, cut short when a placement comes before its later jobs' turn.
 """
 
 from __future__ import annotations
