@@ -32,7 +32,8 @@ def test_a_short_seeded_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    detail = json.dumps({k: result[k] for k in ("failed", "lost", "double_runs", "fault_errors")})
+    keys = ("failed", "lost", "double_runs", "leaked_placement_groups", "leaked_processes", "fault_errors")
+    detail = json.dumps({k: result[k] for k in keys})
     assert proc.returncode == 0, f"{detail}\n{proc.stderr[-3000:]}"
     assert result["jobs"] == 8
     assert result["succeeded"] + len(result["failed"]) == 8, detail
