@@ -152,8 +152,6 @@ class _Deferred:
     chips: int
 
 
-# Jobs of one tenant the borrowing pass treats alike (what its reasons and their order read).
-_SHAPE = attrgetter("accelerator_type", "num_slices", "priority")
 _ALIKE = attrgetter("accelerator_type", "num_slices", "priority", "head_of_line")  # and the tenant
 
 
@@ -253,35 +251,29 @@ class _Cycle:
 
     def _defer_run(self, queue: list[JobView], start: int, end: int) -> None:
         """Keep jobs alike that are not in quota for the borrowing pass (nothing else changes)."""
-        tenant = queue[start].tenant
+        self._keep_deferred(queue[start], queue[start:end])
+
+    def _defer(self, entry: _Entry) -> None:
+        """Keep a job that is not in quota for the borrowing pass (nothing else changes)."""
+        self._keep_deferred(entry.job, (entry.job,))
+
+    def _keep_deferred(self, first: JobView, alike: Sequence[JobView]) -> None:
+        """Append jobs alike (``first`` is the first of them) to their tenant's deferred jobs, as one
+        run with the run before when that one is alike too (same type, size and priority)."""
+        tenant = first.tenant
         jobs = self.deferred.get(tenant)
         if jobs is None:
             jobs = self.deferred[tenant] = []
             self._deferred_ends[tenant] = []
-            self._first_deferred[tenant] = self._job_key(queue, start)
+            self._first_deferred[tenant] = self._order(first)
         ends = self._deferred_ends[tenant]
-        alike = bool(jobs) and _SHAPE(jobs[-1]) == _SHAPE(queue[start])
-        jobs.extend(queue[start:end])
-        if alike:
-            ends[-1] = len(jobs)  # one run with the jobs alike deferred before them
-        else:
-            ends.append(len(jobs))
-
-    def _defer(self, entry: _Entry) -> None:
-        """Keep a job that is not in quota for the borrowing pass (nothing else changes)."""
-        job = entry.job
-        jobs = self.deferred.get(job.tenant)
-        if jobs is None:
-            self._defer_run([job], 0, 1)
-            return
-        ends, last = self._deferred_ends[job.tenant], jobs[-1]
-        alike = (  # as _SHAPE compares them, but mostly settled by the first field
-            last.accelerator_type == job.accelerator_type
-            and last.num_slices == job.num_slices
-            and last.priority == job.priority
+        joins = bool(jobs) and (  # mostly settled by the first field
+            jobs[-1].accelerator_type == first.accelerator_type
+            and jobs[-1].num_slices == first.num_slices
+            and jobs[-1].priority == first.priority
         )
-        jobs.append(job)
-        if alike:
+        jobs.extend(alike)
+        if joins:
             ends[-1] = len(jobs)
         else:
             ends.append(len(jobs))
@@ -605,13 +597,13 @@ class _Cycle:
 
     # -- order -------------------------------------------------------------------------------------
 
-    def _key(self, entry: _Entry) -> _Key:
+    def _order(self, job: JobView) -> _Key:
         """Priority, then fair share (last cycle's head of line first), then seq; live as usage moves."""
-        job = entry.job
         share = _STICKY if job.head_of_line else self.ledger.share(job.tenant)
         return (-job.priority, share, job.seq, job.id)
 
+    def _key(self, entry: _Entry) -> _Key:
+        return self._order(entry.job)
+
     def _job_key(self, queue: list[JobView], index: int) -> _Key:
-        job = queue[index]
-        share = _STICKY if job.head_of_line else self.ledger.share(job.tenant)
-        return (-job.priority, share, job.seq, job.id)
+        return self._order(queue[index])
