@@ -183,7 +183,7 @@ class Store(TenantOps):
                     conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
                     yield conn
                 return
-            level = int(conn.exec_driver_sql("PRAGMA synchronous").scalar() or 2)
+            level = int(conn.exec_driver_sql("PRAGMA synchronous").scalar_one())  # 0 to 3
             conn.exec_driver_sql("PRAGMA synchronous = NORMAL")
             conn.commit()  # ends the transaction SQLAlchemy began for the pragma (no BEGIN was sent)
             try:
