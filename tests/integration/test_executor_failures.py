@@ -25,10 +25,13 @@ from _executor_helpers import (
     v4_slices,
     wait_for,
 )
+from ray.util.placement_group import placement_group
 
 from tpufleet.control.cluster import AttemptSpec, HostState
 from tpufleet.control.executor import RayExecutor
+from tpufleet.control.rayjob import fence_name
 from tpufleet.control.runner import NAMESPACE, pool_runner_name
+from tpufleet.control.slices import SLICE_LABEL, WORKER_LABEL
 
 pytestmark = pytest.mark.integration
 
@@ -108,6 +111,28 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayExecut
     pool = {pool_runner_name(victim.name, w) for w in range(victim.expected_hosts)}
     assert pool <= _our_actor_names()
     assert all("PID" in full_log(fresh, s, victim.name, w) for w in range(victim.expected_hosts))
+
+
+def test_a_restarted_control_plane_removes_the_ray_job_fence_a_killed_one_left(cluster: RayExecutor) -> None:
+    """A Ray job's fence is a detached group (control/rayjob.py), so it outlives a killed control
+    plane; left there it holds its slice's head resource for good (found by tpufleet chaos). The
+    next control plane's ``adopt`` takes it over by name and removes it: no Ray job holds the slice."""
+    victim = v4_slices(cluster, 1)[0]
+    name = fence_name(victim.name)
+    placement_group(  # what the killed control plane's window left on a slice of the type
+        bundles=[{f"TPU-{victim.accelerator_type}-head": 1}],
+        bundle_label_selector=[{SLICE_LABEL: victim.name, WORKER_LABEL: "0"}],
+        name=name,
+        lifetime="detached",
+    )
+    assert name in _live_pg_names()
+    RayExecutor().adopt()
+    assert name not in _live_pg_names()
+
+
+def _live_pg_names() -> list[str]:
+    rows = ray.util.placement_group_table().values()
+    return [r.get("name") or "" for r in rows if r.get("state") != "REMOVED"]
 
 
 def test_a_killed_host_is_lost_and_its_slice_broken_until_restored(cluster: RayExecutor, fleet: Any) -> None:

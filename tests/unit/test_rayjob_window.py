@@ -124,3 +124,23 @@ def test_a_trainer_on_a_slice_that_came_back_during_its_window_is_requeued_any_o
     else:
         assert status.interrupted is None
         assert status.failure is not None and f"on {name}, outside the admitted slices" in status.failure
+
+
+def test_a_restarted_control_plane_keeps_an_adopted_jobs_fences_and_removes_the_ones_left_stray(
+    fences: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fences are detached, so a killed control plane leaves them in Ray; the next one takes them
+    over by name. One left on a slice no live Ray job holds would keep that slice's head forever."""
+    mine, stray = _slice("tpu-v4-16-0"), _slice("tpu-v4-16-1")
+    left = {fence_name(mine.name): object(), fence_name(stray.name): object()}
+    fences.update(left)  # what Ray holds after the kill
+    monkeypatch.setattr(
+        rayjob, "existing_pgs", lambda prefixes: {n: pg for n, pg in fences.items() if n.startswith(prefixes)}
+    )
+    ray_jobs = RayJobs(_Pool(), client=_Started)  # type: ignore[arg-type]
+    ray_jobs.take_over_fences()
+    ray_jobs.adopt(("job-1", 1), [mine], "v4-16")  # its driver still runs: its slice stays fenced
+    ray_jobs.drop_stray_fences()
+    assert fences == {fence_name(mine.name): left[fence_name(mine.name)]}  # the same group, not a second
+    ray_jobs.release_fences()  # and teardown removes the one it took over
+    assert fences == {}

@@ -472,12 +472,14 @@ class RayExecutor:
         ray_jobs = self._ray_running()
         if ray_jobs and not self._slices:
             self._slices = {s.name: s for s in slices_from_nodes(_nodes())}
+        self._ray.take_over_fences()
         for key, names in ray_jobs:
             infos = [self._slices[n] for n in names if n in self._slices]
             if infos and not self._ray.knows(key):
                 self._ray.adopt(key, infos, infos[0].accelerator_type)
                 self._held.update(dict.fromkeys(names, key))
             adopted.add(key)
+        self._ray.drop_stray_fences()
         self._recovered = True
         return sorted(adopted)
 

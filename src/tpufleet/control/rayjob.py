@@ -21,6 +21,8 @@ trainer takes it, one admission at a time per slice type (the "window"):
   hold the heads of all its slices (found by ``creator_job_id`` in Ray's placement-group table) or
   when the driver ended. Then the admitted slices are fenced too, so a later trainer of any job
   (a second ``fit()``, a restarted worker group) cannot take them while another window is open.
+  A restarted control plane takes over the fences a killed one left, by name, and removes those
+  that no live Ray job's slice needs (``take_over_fences``, ``drop_stray_fences``).
 
 **Verification.** Each poll reads the job's placement groups: every bundle must be on a node of an
 admitted slice. A bundle anywhere else fails the attempt (the first host is ``LOST`` with the reason)
@@ -58,7 +60,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from tpufleet import contract
 from tpufleet.control import jobfiles
 from tpufleet.control.cluster import AttemptSpec, AttemptStatus, HostState, HostStatus, LogChunk, SliceInfo
-from tpufleet.control.slices import POD_TYPE_LABEL, SLICE_LABEL, WORKER_LABEL, SlicePool
+from tpufleet.control.slices import POD_TYPE_LABEL, SLICE_LABEL, WORKER_LABEL, SlicePool, existing_pgs
 from tpufleet.errors import ClusterError
 
 log = logging.getLogger(__name__)
@@ -421,6 +423,26 @@ class RayJobs:
                     key = (meta["tpufleet_job"], int(meta["tpufleet_attempt"]))
                     out.append((key, meta.get("tpufleet_slices", "").split(",")))
         return out
+
+    def take_over_fences(self) -> None:
+        """Know the fences a previous control plane left by name (they are detached: Ray holds them
+        past its end), so ``adopt`` keeps an adopted job's instead of making a second of the same
+        name and ``drop_stray_fences`` can give the others back."""
+        for name, pg in existing_pgs((FENCE_PREFIX,)).items():
+            self._fences.setdefault(name.removeprefix(FENCE_PREFIX), pg)
+
+    def drop_stray_fences(self) -> None:
+        """After ``adopt``: keep the fences of live Ray attempts' slices and of slices whose type has
+        an open window; remove the rest. A stray fence holds its slice's head resource for good, so
+        the warm pool's head group of that slice never places and no trainer can take it."""
+        held = {
+            i.name for a in self._attempts.values() if a.state in ("SUBMITTED", "PLACED") for i in a.infos
+        }
+        for name in list(self._fences):
+            info = self._inventory.get(name)
+            if name not in held and (info is None or info.accelerator_type not in self._window):
+                log.info("removing the fence %s a previous control plane left", fence_name(name))
+                self._unfence(name)
 
     def adopt(self, key: Key, infos: list[SliceInfo], accelerator_type: str) -> None:
         if key in self._attempts:

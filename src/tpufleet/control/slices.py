@@ -77,15 +77,16 @@ def _version(info: SliceInfo) -> str:
     return generation(info.accelerator_type.rsplit("-", 1)[0]).ray_name
 
 
-def _existing_pgs() -> dict[str, PlacementGroup]:
-    """Detached tpufleet placement groups that Ray still holds, by name (any namespace)."""
+def existing_pgs(prefixes: tuple[str, ...] = (PG_PREFIX, HEAD_PREFIX)) -> dict[str, PlacementGroup]:
+    """Detached tpufleet placement groups whose name starts with one of ``prefixes`` that Ray
+    still holds, by name (any namespace): what a previous control plane left."""
     from ray._common.utils import hex_to_binary
     from ray._raylet import PlacementGroupID
 
     found = {}
     for pg_id, row in placement_group_table().items():
         name = row.get("name") or ""
-        if name.startswith((PG_PREFIX, HEAD_PREFIX)) and row.get("state") != "REMOVED":
+        if name.startswith(prefixes) and row.get("state") != "REMOVED":
             found[name] = PlacementGroup(PlacementGroupID(hex_to_binary(pg_id)))  # type: ignore[no-untyped-call]
     return found
 
@@ -120,7 +121,7 @@ class SlicePool:
                 return have
             self.release(info.name)  # the slice came back on new hosts: start clean
         if self._adopt is None:
-            self._adopt = _existing_pgs()
+            self._adopt = existing_pgs()
         pg = self._adopt.pop(pg_name(info.name), None) or _new_pg(info)
         head = self._adopt.pop(head_pg_name(info.name), None) or _new_head_pg(info)
         res = Reservation(info, pg, head)
@@ -208,7 +209,7 @@ class SlicePool:
         """Drop a slice's reservation and its pool runners (a broken, draining or given-back slice)."""
         res = self._res.pop(name, None)
         if self._adopt is None:
-            self._adopt = _existing_pgs()
+            self._adopt = existing_pgs()
         pgs = [res.pg, res.head] if res else [self._adopt.pop(pg_name(name), None)]
         pgs.append(self._adopt.pop(head_pg_name(name), None))
         for handle in res.runners if res else _named_runners(name):
@@ -223,7 +224,7 @@ class SlicePool:
 
     def release_all(self) -> None:
         if self._adopt is None:
-            self._adopt = _existing_pgs()
+            self._adopt = existing_pgs()
         left = {n.split(":", 2)[2] for n in self._adopt}
         for name in sorted(set(self._res) | left):
             self.release(name)
