@@ -23,10 +23,10 @@ SERVER = textwrap.dedent(
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", int(sys.argv[1])))
-    sock.listen()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     with open(os.environ["STARTS"], "a") as f:
         f.write(f"{os.getpid()} {child.pid} {os.getcwd()} {os.environ['MARK']}\\n")
+    sock.listen()  # last: once the test can connect, the line above is in the file
     time.sleep(600)
     """
 )
