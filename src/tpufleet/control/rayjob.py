@@ -203,8 +203,7 @@ class RayJobs:
         """The window's trainer holds its heads (or never will): fence the slices of Ray attempts,
         give the others (drained, broken) back to Ray."""
         self._window.pop(stype, None)
-        live = [a for a in self._attempts.values() if a.state in ("SUBMITTED", "PLACED")]
-        held = {i.name for a in live for i in a.infos}
+        held = self._held_by_live()
         for name, info in inventory.items():
             if info.accelerator_type != stype:
                 continue
@@ -212,6 +211,11 @@ class RayJobs:
                 self._fence(info)
             elif name in self._fences:
                 self._unfence(name)
+
+    def _held_by_live(self) -> set[str]:
+        """The slices of Ray attempts whose driver was submitted and has not ended."""
+        live = [a for a in self._attempts.values() if a.state in ("SUBMITTED", "PLACED")]
+        return {i.name for a in live for i in a.infos}
 
     def _fence(self, info: SliceInfo) -> None:
         if info.name in self._fences:
@@ -435,9 +439,7 @@ class RayJobs:
         """After ``adopt``: keep the fences of live Ray attempts' slices and of slices whose type has
         an open window; remove the rest. A stray fence holds its slice's head resource for good, so
         the warm pool's head group of that slice never places and no trainer can take it."""
-        held = {
-            i.name for a in self._attempts.values() if a.state in ("SUBMITTED", "PLACED") for i in a.infos
-        }
+        held = self._held_by_live()
         for name in list(self._fences):
             info = self._inventory.get(name)
             if name not in held and (info is None or info.accelerator_type not in self._window):
