@@ -63,6 +63,27 @@ def test_hosts_carry_the_labels_and_resources_ray_derives_on_real_tpus(ray_clien
     assert "TPU" not in head["Resources"] and head["Resources"].get("CPU", 0) == 0
 
 
+def test_ray_trains_controller_on_the_head_polls_its_workers_every_half_second(ray_client: object) -> None:
+    """Ray Train's controller runs on its driver's node (a Ray job's: the head) and reads its poll
+    interval from the environment it inherits there (docs/emulator.md)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    class EnvReader:  # defined here, so it travels by value (test modules are not importable there)
+        def get(self, name: str) -> str | None:
+            import os
+
+            return os.environ.get(name)
+
+    head = next(n for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    on_head = NodeAffinitySchedulingStrategy(head["NodeID"], soft=False)
+    reader = EnvReader.options(scheduling_strategy=on_head).remote()  # type: ignore[attr-defined]
+    try:
+        assert ray.get(reader.get.remote("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"), timeout=60) == "0.5"
+    finally:
+        ray.kill(reader)
+
+
 def test_inventory_reads_every_slice_intact(ray_client: object) -> None:
     slices = {s.name: s for s in inventory.discover()}
     assert sorted(slices) == ["tpu-v4-16-0", "tpu-v4-16-1", "tpu-v6e-4-0"]

@@ -47,9 +47,16 @@ from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecErro
 
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"
-HEAD_ENV = {  # GCS failure detection for a killed host: ~3 s instead of ~15 s
+HEAD_ENV = {
+    # GCS failure detection for a killed host: ~3 s instead of ~15 s.
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
+    # Ray Train's controller polls its workers every 0.5 s instead of every 2 s. Its controller runs
+    # on the driver's node, the head for a Ray job, and reads this from its environment (a driver's
+    # own value is propagated to it and wins). Each poll is where a report becomes a recorded
+    # checkpoint and where the end of a run is seen: a 4-step JaxTrainer run on v4-16 took 38.5 s
+    # end to end with Ray's default and 25.0 s with this.
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
 }
 
 Key = tuple[str, int]  # (slice name, worker id)
