@@ -29,14 +29,14 @@ ROWS = [
 
 
 @pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    e = make_engine(db_url)
+def engine(empty_db_url: str) -> Iterator[Engine]:
+    e = make_engine(empty_db_url)
     yield e
     e.dispose()
 
 
-def at_0003_with_rows(engine: Engine, db_url: str) -> dict[str, str]:
-    migrations.upgrade(engine, db_url, to="0003")
+def at_0003_with_rows(engine: Engine, empty_db_url: str) -> dict[str, str]:
+    migrations.upgrade(engine, empty_db_url, to="0003")
     made = {"tenant": "tf_tenant-before-0004", "admin": "tf_admin-before-0004"}
     params = {"now": NOW, "tenant_hash": token_hash(made["tenant"]), "admin_hash": token_hash(made["admin"])}
     with engine.begin() as conn:
@@ -45,9 +45,9 @@ def at_0003_with_rows(engine: Engine, db_url: str) -> dict[str, str]:
     return made
 
 
-def test_a_database_at_0003_upgrades_and_its_rows_keep_working(engine: Engine, db_url: str) -> None:
-    made = at_0003_with_rows(engine, db_url)
-    store = Store(db_url)
+def test_a_database_at_0003_upgrades_and_its_rows_keep_working(engine: Engine, empty_db_url: str) -> None:
+    made = at_0003_with_rows(engine, empty_db_url)
+    store = Store(empty_db_url)
     try:
         done = store.upgrade()
         assert (done.before, done.after) == ("0003", migrations.head())
@@ -75,9 +75,9 @@ def test_a_database_at_0003_upgrades_and_its_rows_keep_working(engine: Engine, d
         store.close()
 
 
-def test_0004_downgrades_to_0003(engine: Engine, db_url: str) -> None:
-    at_0003_with_rows(engine, db_url)
-    migrations.upgrade(engine, db_url, to="0004")
+def test_0004_downgrades_to_0003(engine: Engine, empty_db_url: str) -> None:
+    at_0003_with_rows(engine, empty_db_url)
+    migrations.upgrade(engine, empty_db_url, to="0004")
     script = migrations.script_directory()
     with engine.begin() as conn:
         ctx = MigrationContext.configure(

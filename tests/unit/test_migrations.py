@@ -27,8 +27,8 @@ NOW = 1_700_000_000.0
 
 
 @pytest.fixture
-def engine(db_url: str):  # type: ignore[no-untyped-def]
-    e = make_engine(db_url)
+def engine(empty_db_url: str):  # type: ignore[no-untyped-def]
+    e = make_engine(empty_db_url)
     yield e
     e.dispose()
 
@@ -62,25 +62,27 @@ def test_the_revisions_are_one_line_from_the_baseline_to_head() -> None:
     assert script.get_heads() == [HEAD] and len(set(chain)) == len(chain)
 
 
-def test_the_baseline_revision_is_the_schema_before_this_round(engine: Engine, db_url: str) -> None:
-    done = migrations.upgrade(engine, db_url, to=migrations.BASELINE)
+def test_the_baseline_revision_is_the_schema_before_this_round(engine: Engine, empty_db_url: str) -> None:
+    done = migrations.upgrade(engine, empty_db_url, to=migrations.BASELINE)
     assert (done.before, done.after) == (None, migrations.BASELINE)
     assert schema_diffs(engine, old.Base.metadata) == ""
     missing = schema_diffs(engine, Base.metadata)  # the comparison does see this round's changes
     assert "'packages'" in missing and "'truncated'" in missing and "'note'" in missing
 
 
-def test_every_revision_from_nothing_gives_the_schema_the_code_describes(engine: Engine, db_url: str) -> None:
-    migrations.upgrade(engine, db_url, to=HEAD)
+def test_every_revision_from_nothing_gives_the_schema_the_code_describes(
+    engine: Engine, empty_db_url: str
+) -> None:
+    migrations.upgrade(engine, empty_db_url, to=HEAD)
     assert revision(engine) == HEAD
     assert schema_diffs(engine, Base.metadata) == ""
 
 
-def test_a_fresh_database_is_created_at_head(engine: Engine, db_url: str) -> None:
-    done = migrations.upgrade(engine, db_url)
+def test_a_fresh_database_is_created_at_head(engine: Engine, empty_db_url: str) -> None:
+    done = migrations.upgrade(engine, empty_db_url)
     assert (done.before, done.after, done.how) == (None, HEAD, "created")
     assert revision(engine) == HEAD and schema_diffs(engine, Base.metadata) == ""
-    again = migrations.upgrade(engine, db_url)
+    again = migrations.upgrade(engine, empty_db_url)
     assert (again.before, again.after, again.how) == (HEAD, HEAD, "current")
 
 
@@ -143,15 +145,15 @@ def assert_readable(store: Store, made: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("written", ["at-baseline-revision", "before-migrations"])
 def test_a_baseline_database_with_rows_upgrades_and_every_row_stays_readable(
-    written: str, engine: Engine, db_url: str
+    written: str, engine: Engine, empty_db_url: str
 ) -> None:
     if written == "before-migrations":  # what f6094b2 did on start: create_all, no version table
         old.Base.metadata.create_all(engine)
     else:
-        migrations.upgrade(engine, db_url, to=migrations.BASELINE)
+        migrations.upgrade(engine, empty_db_url, to=migrations.BASELINE)
     made = fill_baseline(engine)
 
-    store = Store(db_url)
+    store = Store(empty_db_url)
     try:
         done = store.upgrade()
         assert (done.before, done.after) == (migrations.BASELINE, HEAD)
@@ -164,34 +166,36 @@ def test_a_baseline_database_with_rows_upgrades_and_every_row_stays_readable(
         store.close()
 
 
-def test_a_database_written_by_this_round_before_migrations_is_adopted(engine: Engine, db_url: str) -> None:
+def test_a_database_written_by_this_round_before_migrations_is_adopted(
+    engine: Engine, empty_db_url: str
+) -> None:
     """Between f6094b2 and migrations, tpufleet's create_all already made ``packages`` and the new
     ``log_cursors`` columns; stamping such a database as the baseline must not trip over them."""
     Base.metadata.create_all(engine)
-    done = migrations.upgrade(engine, db_url)
+    done = migrations.upgrade(engine, empty_db_url)
     assert (done.before, done.after, done.how) == (migrations.BASELINE, HEAD, "stamped")
     assert schema_diffs(engine, Base.metadata) == ""
 
 
-def test_a_database_with_only_some_of_the_tables_is_refused(engine: Engine, db_url: str) -> None:
+def test_a_database_with_only_some_of_the_tables_is_refused(engine: Engine, empty_db_url: str) -> None:
     old.Base.metadata.tables["tenants"].create(engine)
     with pytest.raises(migrations.SchemaError, match="not attempts, events, jobs, log_chunks") as err:
-        migrations.upgrade(engine, db_url)
+        migrations.upgrade(engine, empty_db_url)
     assert "\n" not in str(err.value) and tables(engine) == {"tenants"}
 
 
 # -- a newer tpufleet's database ------------------------------------------------------------------
-def newer(db_url: str) -> None:
-    Store.open(db_url).close()
-    with create_engine(db_url).begin() as conn:
+def newer(empty_db_url: str) -> None:
+    Store.open(empty_db_url).close()
+    with create_engine(empty_db_url).begin() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = '0999'"))
 
 
-def test_a_revision_from_a_newer_tpufleet_is_refused_in_one_line(db_url: str, engine: Engine) -> None:
-    newer(db_url)
+def test_a_revision_from_a_newer_tpufleet_is_refused_in_one_line(empty_db_url: str, engine: Engine) -> None:
+    newer(empty_db_url)
     for upgrade in (True, False):
         with pytest.raises(migrations.SchemaError) as err:
-            Store.open(db_url, upgrade=upgrade)
+            Store.open(empty_db_url, upgrade=upgrade)
         message = str(err.value)
         assert "\n" not in message
         assert f"schema revision 0999, which this tpufleet does not know (its newest is {HEAD})" in message
@@ -200,11 +204,11 @@ def test_a_revision_from_a_newer_tpufleet_is_refused_in_one_line(db_url: str, en
 
 
 def test_an_older_schema_is_refused_without_upgrade_and_names_the_command(
-    db_url: str, engine: Engine
+    empty_db_url: str, engine: Engine
 ) -> None:
-    migrations.upgrade(engine, db_url, to=migrations.BASELINE)
+    migrations.upgrade(engine, empty_db_url, to=migrations.BASELINE)
     with pytest.raises(migrations.SchemaError, match=r"revision 0001 .* run `tpufleet db upgrade`$"):
-        Store.open(db_url, upgrade=False)
+        Store.open(empty_db_url, upgrade=False)
     assert revision(engine) == migrations.BASELINE
 
 
@@ -224,24 +228,24 @@ def test_open_says_when_the_database_cannot_be_reached() -> None:
 
 # -- serve and the CLI ---------------------------------------------------------------------------
 def test_the_control_plane_upgrades_an_older_schema_on_start(
-    tmp_path: Path, db_url: str, engine: Engine
+    tmp_path: Path, empty_db_url: str, engine: Engine
 ) -> None:
     old.Base.metadata.create_all(engine)
     made = fill_baseline(engine)
-    with ControlPlane(FakeCluster.of("v4-16"), state_dir=tmp_path, db_url=db_url) as cp:
+    with ControlPlane(FakeCluster.of("v4-16"), state_dir=tmp_path, db_url=empty_db_url) as cp:
         assert cp.store.schema_revision() == HEAD
         assert_readable(cp.store, made)
 
 
-def test_db_upgrade_prints_from_and_to(tmp_path: Path, db_url: str, engine: Engine) -> None:
+def test_db_upgrade_prints_from_and_to(tmp_path: Path, empty_db_url: str, engine: Engine) -> None:
     old.Base.metadata.create_all(engine)
     runner = CliRunner()
-    got = runner.invoke(app, ["db", "upgrade", "--db", db_url])
+    got = runner.invoke(app, ["db", "upgrade", "--db", empty_db_url])
     assert got.exit_code == 0, got.output
     assert got.stdout.strip() == f"pre-migration schema stamped as revision 0001, upgraded to {HEAD}"
-    got = runner.invoke(app, ["db", "upgrade", "--db", db_url, "--json"])
+    got = runner.invoke(app, ["db", "upgrade", "--db", empty_db_url, "--json"])
     assert got.exit_code == 0 and '"from": "' + HEAD in got.stdout
-    got = runner.invoke(app, ["db", "current", "--db", db_url])
+    got = runner.invoke(app, ["db", "current", "--db", empty_db_url])
     assert got.stdout.strip() == f"revision {HEAD} (head {HEAD}): current"
 
 
@@ -255,11 +259,11 @@ def test_db_upgrade_uses_the_state_dir_database_as_serve_does(tmp_path: Path) ->
 
 
 def test_db_upgrade_of_a_newer_database_exits_2_with_one_line(
-    db_url: str, capsys: pytest.CaptureFixture[str]
+    empty_db_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    newer(db_url)
+    newer(empty_db_url)
     with pytest.raises(SystemExit) as exit_:
-        main(["db", "upgrade", "--db", db_url])
+        main(["db", "upgrade", "--db", empty_db_url])
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the database ") and "revision 0999" in err
