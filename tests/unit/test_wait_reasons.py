@@ -94,3 +94,79 @@ def test_reasons_are_committed_unsynced_and_the_connection_gets_its_setting_back
         assert conn.exec_driver_sql(setting).scalar() == before
     if sqlite:  # (the test PostgreSQL server runs with synchronous_commit off throughout)
         assert before == 2  # FULL: everything else is synced
+
+
+def _one_by_one(
+    decisions: list[object], stored: dict[str, Stored], refresh: int | None, turn: int
+) -> tuple[list[tuple[str, Stored]], int]:
+    """The rule above applied to one wait at a time: what ``wait_reasons`` must write, and the turn after."""
+    changes: list[tuple[str, Stored]] = []
+    codes: list[tuple[str, Stored]] = []
+    wordings: list[tuple[str, Stored]] = []
+    for w in decisions:
+        if not isinstance(w, Wait):
+            continue
+        new = (w.reason.code.value, w.reason.message, w.head_of_line)
+        old = stored.get(w.job)
+        if old is None or old == new:
+            continue
+        if refresh is None or old[0] is None or old[2] != new[2]:
+            changes.append((w.job, new))
+        else:
+            (codes if old[0] != new[0] else wordings).append((w.job, new))
+    if refresh is not None:
+        rest = codes + wordings
+        front, rest = rest[: refresh // 2], rest[refresh // 2 :]
+        changes += front
+        if rest:
+            start = turn % len(rest)
+            changes += (rest[start:] + rest[:start])[: refresh - len(front)]
+            turn += refresh - len(front)
+    return changes, turn
+
+
+def test_runs_of_waits_are_written_as_one_wait_at_a_time_would_be(store: Store) -> None:
+    """Seeded workloads of the shapes a cycle gives: long runs of waits sharing one reason, jobs
+    whose stored reasons differ within a run (first reasons, flips, new codes, new wordings, equal
+    tuples that are not the same object), jobs the store does not hold, admissions in between,
+    and budgets from none to more than the queue."""
+    import random
+
+    from tpufleet.scheduler.model import Admit, SliceName
+
+    rng = random.Random(9)
+    reasons = [
+        NotFit(NotFitCode.WAITING_FOR_FREE_SLICES, f"needs 1 v4-16 slice, {n} free") for n in range(3)
+    ] + [HEAD, NotFit(NotFitCode.QUOTA_EXCEEDED_NO_BORROWING, "beyond its quota")]
+    tr = Transitions(store)
+    turn = 0
+    for _ in range(300):
+        size = rng.randint(0, 60)
+        ids = [f"j{i}" for i in range(size)]
+        stored: dict[str, Stored] = {}
+        for j in ids:
+            if rng.random() < 0.1:
+                continue  # not a queued job of the store's view
+            pick = rng.random()
+            if pick < 0.15:
+                stored[j] = (None, None, False)
+            else:
+                reason = rng.choice(reasons)
+                stored[j] = (reason.code.value, reason.message, rng.random() < 0.1)
+                if pick < 0.3:
+                    stored[j] = tuple(list(stored[j]))  # type: ignore[assignment]  # equal, not the same
+        decisions: list[object] = []
+        reason, head = rng.choice(reasons), False
+        for j in ids:
+            if rng.random() < 0.2:
+                reason, head = rng.choice(reasons), rng.random() < 0.1
+            if rng.random() < 0.05:
+                decisions.append(Admit(JobId(f"a{j}"), (SliceName("tpu-v4-16-0"),), False))
+            decisions.append(Wait(JobId(j), reason, head_of_line=head))
+        refresh = rng.choice([None, 0, 1, 2, 3, 7, 100])
+        want, next_turn = _one_by_one(decisions, stored, refresh, turn)
+        tr._wording_turn = turn
+        got = tr.wait_reasons(decisions, stored, refresh=refresh)  # type: ignore[arg-type]
+        assert [(j, tuple(v)) for j, v in got] == want, (refresh, turn)
+        assert tr._wording_turn == next_turn
+        turn = next_turn
