@@ -9,7 +9,7 @@ REQUIRE := TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQU
 HOST_TESTS := tests/unit/test_runner.py tests/unit/test_runner_progress.py \
               tests/unit/test_emulator_deviceplugin.py tests/unit/test_emulator_lean.py
 
-.PHONY: venv test lint unit integration demo bench clean help
+.PHONY: venv test lint services unit integration demo bench clean help
 
 help:
 	@echo "make demo   - start an emulated TPU fleet and run the main job end to end"
@@ -34,8 +34,13 @@ lint: venv
 	$(BIN)/mypy src
 	$(BIN)/lint-imports
 
-test: lint
+# What the tests need beyond Python packages (PostgreSQL, Chromium, ...): on a fresh machine apt-get
+# fetches them, which `make test` does at the same time as it builds .venv and lints (make -j2).
+services:
 	./scripts/ensure-test-services.sh
+
+test:
+	@$(MAKE) --no-print-directory -j2 lint services
 	@# The unit tests on both cores (pytest-xdist), but for those that start, scan or kill the host's
 	@# processes, which run alone next; then the tests that share one emulated Ray fleet, one after
 	@# another, beside those that start a fleet of their own (scripts/side-by-side-tests.sh).
