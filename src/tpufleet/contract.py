@@ -23,6 +23,7 @@ MEGASCALE_VARS = (
     "MEGASCALE_SLICE_ID",
 )
 JOB_VARS = ("TPUFLEET_JOB_ID", "TPUFLEET_ATTEMPT", "TPUFLEET_CHECKPOINT_DIR")
+RAY_TRAIN_POLL_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # how often Ray Train's controller polls workers
 
 
 def host_env(

@@ -40,6 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tpufleet.contract import RAY_TRAIN_POLL_VAR
+
 __all__ = [
     "DEFAULT_COORDINATOR_PORT",
     "PROGRESS_VAR",
@@ -203,7 +205,7 @@ def run_config(environ: Mapping[str, str] | None = None, **overrides: Any) -> An
     return RunConfig(**({"storage_path": where, "name": f"tpufleet-{job}"} | overrides))
 
 
-TRAIN_POLL_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # how often Ray Train's controller polls workers
+TRAIN_POLL_VAR = RAY_TRAIN_POLL_VAR  # how often Ray Train's controller polls workers
 TRAIN_POLL_DEFAULT_S = 2.0  # Ray Train 2.60's default for it
 MAX_SETTLE_S = 20.0  # well inside the 30 s between a Ray job's SIGTERM and its SIGKILL (rayjob.STOP_WAIT_S)
 

@@ -112,26 +112,21 @@ class PostgresServer:
         """A fresh database: empty, or (``migrated``) with the schema at head, copied from a
         template made once per server, since building the schema is most of a store's start-up
         (about 0.2 s a test here, against 30 ms for the copy)."""
+        template = self._migrated_template() if migrated else "template1"
+        return self._create(f"t{os.getpid()}_{next(self._counter)}", template)
+
+    def _create(self, name: str, template: str) -> str:
         import psycopg
 
-        template = self._migrated_template() if migrated else "template1"
-        name = f"t{os.getpid()}_{next(self._counter)}"
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
-        return self._url(name)
-
-    def _url(self, name: str) -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
 
     def _migrated_template(self) -> str:
         if self._template is None:
-            import psycopg
-
-            name = f"head{os.getpid()}"
-            with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
-                conn.execute(f"CREATE DATABASE {name}")
-            Store.open(self._url(name)).close()  # no connection may stay open on a template
-            self._template = name
+            url = self._create(f"head{os.getpid()}", "template1")
+            Store.open(url).close()  # no connection may stay open on a template
+            self._template = url.rsplit("/", 1)[1]
         return self._template
 
     def stop(self) -> None:

@@ -165,7 +165,6 @@ def test_runs_of_waits_are_written_as_one_wait_at_a_time_would_be(store: Store) 
             decisions.append(Wait(JobId(j), reason, head_of_line=head))
         refresh = rng.choice([None, 0, 1, 2, 3, 7, 100])
         want, next_turn = _one_by_one(decisions, stored, refresh, turn)
-        tr._wording_turn = turn
         got = tr.wait_reasons(decisions, stored, refresh=refresh)  # type: ignore[arg-type]
         assert [(j, tuple(v)) for j, v in got] == want, (refresh, turn)
         assert tr._wording_turn == next_turn
