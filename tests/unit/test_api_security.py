@@ -225,6 +225,12 @@ def test_numbers_and_strings_are_not_coerced(api: Api, body: dict[str, object], 
         ({"env": {f"V{i}": "x" * 30000 for i in range(9)}}, "bytes in all; at most 262144"),
         ({"env": {"A": "x\x00y"}}, "env: A contains a NUL byte"),
         ({"env": {"A\x00": "x"}}, "is not a valid variable name"),
+        ({"env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.001"}}, "a number of seconds, at least 0.5"),
+        ({"env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0"}}, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S='0'"),
+        ({"env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "-5"}}, "at least 0.5"),
+        ({"env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "nan"}}, "at least 0.5"),
+        ({"env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "inf"}}, "at least 0.5"),
+        ({"env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "soon"}}, "at least 0.5"),
         ({"name": "n" * 129}, "name must have 1 to 128 characters, got 129"),
         ({"name": "\x1b[2J\x1b[31mowned"}, "control or format character '\\x1b' in the name"),
         ({"name": "abc\u202edcba"}, "control or format character"),
@@ -237,6 +243,17 @@ def test_fields_over_their_caps_are_a_one_line_400(api: Api, body: dict[str, obj
     assert resp.status_code == 400, resp.text
     assert message in resp.json()["error"] and "\n" not in resp.json()["error"]
     assert rows(api.store, JobRow.seq) == 0
+
+
+@pytest.mark.parametrize("seconds", ["0.5", "2", "30"])
+def test_a_job_may_slow_ray_trains_polling_down_to_its_floor(api: Api, seconds: str) -> None:
+    """The controller polls from the head, which every job shares: at or above the floor is the job's own
+    business and reaches it unchanged."""
+    token = api.tenant("team-a", v4=8)
+    env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": seconds}
+    resp = api.call("POST", "/jobs", token, json=JOB | {"env": env})
+    assert resp.status_code in (200, 201), resp.text
+    assert api.store.job(resp.json()["id"]).env == env
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ tests) gets the same one-line :class:`~tpufleet.errors.SpecError` naming the bad
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,7 @@ from pathlib import PurePath
 from typing import Any
 
 from tpufleet import catalog
+from tpufleet.contract import RAY_TRAIN_POLL_VAR
 from tpufleet.errors import SpecError
 from tpufleet.scheduler.lifecycle import JobState, SliceState
 
@@ -28,6 +30,7 @@ FREE, HELD, BROKEN, DRAINING = SliceState.FREE, SliceState.HELD, SliceState.BROK
 TENANT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIXES = ("TPU_", "MEGASCALE_", "TPUFLEET_")
+MIN_TRAIN_POLL_S = 0.5  # the floor of a job's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (the emulated head's value)
 # What a job may set although it starts with a reserved prefix: the sandbox's per-job settings.
 JOB_SETTABLE_ENV = frozenset({"TPUFLEET_SANDBOX_SECONDS", "TPUFLEET_SANDBOX_EXIT"})
 MAX_PRIORITY = 1_000_000
@@ -401,6 +404,8 @@ def _check_env(env: Mapping[str, str], limits: Limits) -> dict[str, str]:
             )
         if "\0" in value:
             raise SpecError(f"{key} contains a NUL byte, which no program can receive", field="env")
+        if key == RAY_TRAIN_POLL_VAR:
+            _check_train_poll(value)
         size = _utf8_len(value)
         if size > limits.max_env_value_bytes:
             raise SpecError(f"{key} has {size} bytes; at most {limits.max_env_value_bytes}", field="env")
@@ -409,6 +414,21 @@ def _check_env(env: Mapping[str, str], limits: Limits) -> dict[str, str]:
     if total > limits.max_env_bytes:
         raise SpecError(f"{total} bytes in all; at most {limits.max_env_bytes}", field="env")
     return out
+
+
+def _check_train_poll(value: str) -> None:
+    """A job may slow its Ray Train controller's polling, not speed it past the floor: the
+    controller runs on the head, beside every other Ray job's driver and the control plane."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not seconds >= MIN_TRAIN_POLL_S or math.isinf(seconds):
+        raise SpecError(
+            f"{RAY_TRAIN_POLL_VAR}={value!r}: must be a number of seconds, at least {MIN_TRAIN_POLL_S} "
+            "(Ray Train's controller polls from the head node, which every job shares)",
+            field="env",
+        )
 
 
 def default_name(command: Sequence[str]) -> str:
