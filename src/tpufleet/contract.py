@@ -24,6 +24,9 @@ MEGASCALE_VARS = (
 )
 JOB_VARS = ("TPUFLEET_JOB_ID", "TPUFLEET_ATTEMPT", "TPUFLEET_CHECKPOINT_DIR")
 RAY_TRAIN_POLL_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # how often Ray Train's controller polls workers
+# The fastest a job may make that poll, and the emulated head's own value: the controller polls from
+# the head every job shares, so the head never polls faster than a job is allowed to.
+RAY_TRAIN_POLL_MIN_S = 0.5
 
 
 def host_env(

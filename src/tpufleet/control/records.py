@@ -15,7 +15,7 @@ from pathlib import PurePath
 from typing import Any
 
 from tpufleet import catalog
-from tpufleet.contract import RAY_TRAIN_POLL_VAR
+from tpufleet.contract import RAY_TRAIN_POLL_MIN_S, RAY_TRAIN_POLL_VAR
 from tpufleet.errors import SpecError
 from tpufleet.scheduler.lifecycle import JobState, SliceState
 
@@ -30,7 +30,6 @@ FREE, HELD, BROKEN, DRAINING = SliceState.FREE, SliceState.HELD, SliceState.BROK
 TENANT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIXES = ("TPU_", "MEGASCALE_", "TPUFLEET_")
-MIN_TRAIN_POLL_S = 0.5  # the floor of a job's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (the emulated head's value)
 # What a job may set although it starts with a reserved prefix: the sandbox's per-job settings.
 JOB_SETTABLE_ENV = frozenset({"TPUFLEET_SANDBOX_SECONDS", "TPUFLEET_SANDBOX_EXIT"})
 MAX_PRIORITY = 1_000_000
@@ -423,9 +422,9 @@ def _check_train_poll(value: str) -> None:
         seconds = float(value)
     except ValueError:
         seconds = math.nan
-    if not seconds >= MIN_TRAIN_POLL_S or math.isinf(seconds):
+    if not (math.isfinite(seconds) and seconds >= RAY_TRAIN_POLL_MIN_S):
         raise SpecError(
-            f"{RAY_TRAIN_POLL_VAR}={value!r}: must be a number of seconds, at least {MIN_TRAIN_POLL_S} "
+            f"{RAY_TRAIN_POLL_VAR}={value!r}: must be a number of seconds, at least {RAY_TRAIN_POLL_MIN_S} "
             "(Ray Train's controller polls from the head node, which every job shares)",
             field="env",
         )

@@ -39,7 +39,7 @@ from typing import Any
 
 from tpufleet import catalog
 from tpufleet.catalog import SliceType
-from tpufleet.contract import RAY_TRAIN_POLL_VAR
+from tpufleet.contract import RAY_TRAIN_POLL_MIN_S, RAY_TRAIN_POLL_VAR
 from tpufleet.emulator import auth, deviceplugin, plan, procs, raynodes
 from tpufleet.emulator import state as store
 from tpufleet.emulator.raynodes import read_nodes
@@ -57,7 +57,7 @@ HEAD_ENV = {
     # own value is propagated to it and wins). Each poll is where a report becomes a recorded
     # checkpoint and where the end of a run is seen: a 4-step JaxTrainer run on v4-16 took 38.5 s
     # end to end with Ray's default and 25.0 s with this.
-    RAY_TRAIN_POLL_VAR: "0.5",
+    RAY_TRAIN_POLL_VAR: str(RAY_TRAIN_POLL_MIN_S),
 }
 
 Key = tuple[str, int]  # (slice name, worker id)
