@@ -1,7 +1,8 @@
 """Scheduling model and policy: pure Python, no Ray, no I/O, no clock reads.
 
 The control plane builds a ``Snapshot`` (tenants, slices, non-terminal jobs), calls ``decide`` once
-per cycle, writes the decisions (``Admit``, ``Preempt``, ``Wait``) and only then acts on them.
+per cycle, writes the decisions (``Admit``, ``Preempt``, ``Wait``) and only then acts on them;
+``decide_runs`` is the same cycle with jobs alike that wait for one reason as one ``Waits`` run.
 ``simulate.Simulation`` drives the same function on a fake clock for tests and benchmarks.
 """
 
@@ -16,6 +17,7 @@ from tpufleet.scheduler.model import (
     NotFit,
     NotFitCode,
     Preempt,
+    RunDecision,
     SliceName,
     SliceState,
     SliceView,
@@ -23,9 +25,11 @@ from tpufleet.scheduler.model import (
     TenantName,
     TenantView,
     Wait,
+    Waits,
+    expand,
     most_important,
 )
-from tpufleet.scheduler.policy import decide
+from tpufleet.scheduler.policy import decide, decide_runs
 
 __all__ = [
     "ACTIVE_STATES",
@@ -38,6 +42,7 @@ __all__ = [
     "NotFit",
     "NotFitCode",
     "Preempt",
+    "RunDecision",
     "SliceName",
     "SliceState",
     "SliceView",
@@ -45,6 +50,9 @@ __all__ = [
     "TenantName",
     "TenantView",
     "Wait",
+    "Waits",
     "decide",
+    "decide_runs",
+    "expand",
     "most_important",
 ]

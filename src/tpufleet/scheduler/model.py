@@ -32,6 +32,7 @@ __all__ = [
     "NotFit",
     "NotFitCode",
     "Preempt",
+    "RunDecision",
     "SliceName",
     "SliceState",
     "SliceView",
@@ -39,9 +40,10 @@ __all__ = [
     "TenantName",
     "TenantView",
     "Wait",
+    "Waits",
+    "expand",
     "lookup_type",
     "most_important",
-    "waits",
 ]
 
 JobId = NewType("JobId", str)
@@ -196,23 +198,36 @@ class Wait:
     head_of_line: bool = False
 
 
-def waits(jobs: Iterable[JobView], reason: NotFit) -> list[Wait]:
-    """``[Wait(j.id, reason) for j in jobs]`` at half the cost: a cycle makes one per queued job.
+@dataclass(frozen=True, slots=True)
+class Waits:
+    """Jobs alike (one tenant, type, size and priority, in the policy's order) that all wait for
+    ``reason``: one decision for a run of them, where ``decide`` makes a ``Wait`` per job.
 
-    The frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; this sets
-    the same slots through their descriptors, which is all that ``__init__`` does (there is no
-    ``__post_init__``), so the result compares, hashes and prints the same.
+    A cycle over 100,000 queued jobs has a few dozen runs: ``policy.decide_runs`` hands them out
+    this way so that the control plane compares and writes reasons a run at a time. None of them
+    holds the head of line (a type has one head, and it gets a ``Wait`` of its own).
     """
-    new, job, why, head = object.__new__, _WAIT_JOB, _WAIT_REASON, _WAIT_HEAD
 
-    def one(view: JobView) -> Wait:
-        w = new(Wait)
-        job(w, view.id)
-        why(w, reason)
-        head(w, False)
-        return w
+    jobs: tuple[JobView, ...]
+    reason: NotFit
 
-    return list(map(one, jobs))
+    def each(self) -> list[Wait]:
+        """``[Wait(j.id, self.reason) for j in self.jobs]``, built at half the cost.
+
+        The frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; this
+        sets the same slots through their descriptors, which is all that ``__init__`` does (there
+        is no ``__post_init__``), so the result compares, hashes and prints the same.
+        """
+        new, job, why, head, reason = object.__new__, _WAIT_JOB, _WAIT_REASON, _WAIT_HEAD, self.reason
+
+        def one(view: JobView) -> Wait:
+            w = new(Wait)
+            job(w, view.id)
+            why(w, reason)
+            head(w, False)
+            return w
+
+        return list(map(one, self.jobs))
 
 
 _WAIT_JOB = Wait.__dict__["job"].__set__  # the slots' descriptors
@@ -220,6 +235,18 @@ _WAIT_REASON = Wait.__dict__["reason"].__set__
 _WAIT_HEAD = Wait.__dict__["head_of_line"].__set__
 
 Decision: TypeAlias = Admit | Preempt | Wait
+RunDecision: TypeAlias = Admit | Preempt | Wait | Waits  # what ``policy.decide_runs`` hands out
+
+
+def expand(decisions: Iterable[RunDecision]) -> list[Decision]:
+    """The decisions with every ``Waits`` run as one ``Wait`` per job, in place (order kept)."""
+    out: list[Decision] = []
+    for d in decisions:
+        if type(d) is Waits:
+            out.extend(d.each())
+        else:
+            out.append(d)  # type: ignore[arg-type]
+    return out
 
 
 @cache

@@ -34,42 +34,46 @@ tenant's queue; the walk is O(log T) per job that can still change something, fo
 O(1) per job whose type has nothing left to give, see ``order``) plus O(S log S) for S slices.
 A run of a tenant's jobs alike that are set aside for the borrowing pass takes the heap once, as
 one ``order.Idle`` run, cut short when a placement comes before its later jobs' turn.
+
+The control plane keeps the split of the queue between cycles (``queues.KeptQueues``) and hands it
+over as the snapshot's ``jobs`` (a ``queues.JobSet``): then neither the split nor the runs cost
+anything per queued job, and ``decide_runs``, which hands out the waits of a run as one ``Waits``,
+costs O(R log T) for R runs of jobs alike, whatever the length of the queue.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, groupby
-from operator import attrgetter, itemgetter
 
 from tpufleet.scheduler import reasons
 from tpufleet.scheduler.model import (
-    ACTIVE_STATES,
     Admit,
     Decision,
-    JobState,
     JobView,
     NotFit,
     NotFitCode,
     Preempt,
+    RunDecision,
     SliceName,
     SliceState,
     Snapshot,
     TenantName,
     Wait,
-    waits,
+    Waits,
+    expand,
 )
 from tpufleet.scheduler.order import Idle, in_order, walk
 from tpufleet.scheduler.preemption import choose_victims, victim_order
+from tpufleet.scheduler.queues import ALIKE, JobSet, run_ends
+from tpufleet.scheduler.queues import split as split_jobs
 from tpufleet.scheduler.state import Ledger, TypePool, held_count, natural_key, type_facts
 
-__all__ = ["decide"]
+__all__ = ["decide", "decide_runs"]
 
 _Key = tuple[int, tuple[float, float], int, str]
 _Static = tuple[TypePool, str, int, NotFit | None]  # pool, generation, chips, not enough intact
-_QUEUED = JobState.QUEUED  # looking a member up on its enum class is slow in a loop over every job
 _STICKY = (-1.0, -1.0)  # ahead of every fair share: last cycle's head of line keeps its place
 
 
@@ -80,57 +84,16 @@ def decide(snapshot: Snapshot) -> list[Decision]:
     clock and does no I/O. Decisions come in the order they were made: a ``Preempt`` is followed by
     the ``Wait`` of the job it makes room for.
     """
+    return expand(_Cycle(snapshot).run())
+
+
+def decide_runs(snapshot: Snapshot) -> list[RunDecision]:
+    """``decide``, with the jobs alike that wait for one reason as one ``Waits`` per run.
+
+    The same decisions in the same order (``model.expand`` gives ``decide``'s list); the control
+    plane uses this form, which costs nothing per waiting job.
+    """
     return _Cycle(snapshot).run()
-
-
-def _queue_key(job: JobView) -> tuple[int, bool, int, str]:
-    """Queue order: priority (higher first), last cycle's head of line first, then seq, then id."""
-    return (-job.priority, not job.head_of_line, job.seq, job.id)
-
-
-def _split(jobs: Sequence[JobView]) -> tuple[list[JobView], list[tuple[TenantName, list[JobView]]]]:
-    """The active jobs by (seq, id); each tenant's queued jobs by ``_queue_key``, tenants by their first.
-
-    A pass over 100,000 jobs costs about as much as a sort of them, so the pass that splits them
-    also notes which sorts can be skipped: the ones by id and seq when the queued jobs come in
-    strictly rising seq (as the control plane's kept state hands them over), else the one by id
-    when no two queued jobs share a seq; the one by head of line when no job held it.
-    """
-    active: list[JobView] = []
-    queues: dict[TenantName, list[JobView]] = {}
-    heads = unordered = False
-    last = -1
-    for j in jobs:
-        if j.state == _QUEUED:
-            queues.setdefault(j.tenant, []).append(j)
-            if j.seq > last:
-                last = j.seq
-            else:
-                unordered = True
-            heads = heads or j.head_of_line
-        elif j.state in ACTIVE_STATES:
-            active.append(j)
-    queued = sum(len(q) for q in queues.values())
-    ties = unordered and len({j.seq for q in queues.values() for j in q}) < queued
-    for queue in queues.values():
-        _sort_queue(queue, ties=ties, heads=heads, ordered=not unordered)
-    active.sort(key=lambda j: (j.seq, j.id))
-    return active, sorted(queues.items(), key=lambda tq: _queue_key(tq[1][0]))
-
-
-def _sort_queue(jobs: list[JobView], *, ties: bool, heads: bool, ordered: bool = False) -> None:
-    """Sort ``jobs`` in place by ``_queue_key``: stable sorts on one plain key each, least significant first.
-
-    Ints, bools and strings are not tracked by the cyclic garbage collector; 100,000 tuple keys
-    alive at once set off more than a hundred collections, which cost more than the sorting itself.
-    """
-    if not ordered:  # ``ordered``: already by seq, no two alike
-        if ties:
-            jobs.sort(key=attrgetter("id"))
-        jobs.sort(key=attrgetter("seq"))
-    if heads:
-        jobs.sort(key=attrgetter("head_of_line"), reverse=True)  # reverse keeps ties in order (stable)
-    jobs.sort(key=attrgetter("priority"), reverse=True)
 
 
 @dataclass(slots=True)
@@ -152,7 +115,7 @@ class _Deferred:
     chips: int
 
 
-_ALIKE = attrgetter("accelerator_type", "num_slices", "priority", "head_of_line")  # and the tenant
+_ALIKE = ALIKE
 
 
 class _Cycle:
@@ -160,7 +123,9 @@ class _Cycle:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.tenants = {t.name: t for t in sorted(snapshot.tenants, key=lambda t: t.name)}
-        active, self.queues = _split(snapshot.jobs)
+        jobs = snapshot.jobs
+        split = jobs.split if isinstance(jobs, JobSet) else split_jobs(jobs)  # kept, or made now
+        active, self.queues = split.active, split.queues
         self.pools: dict[str, TypePool] = {}
         # Priority preemption inside a tenant: each tenant's running jobs per generation that could
         # make room (in victim order), and the chips its jobs already being preempted will give back.
@@ -170,11 +135,12 @@ class _Cycle:
         self.ledger = Ledger(self.tenants, capacity)
         self._load_active(active)
         self.blocked: set[tuple[TenantName, str]] = set()
-        self.out: list[Decision] = []
+        self.out: list[RunDecision] = []
         self._static: dict[tuple[str, int], _Static | NotFit] = {}
         self._reasons: dict[tuple[object, ...], NotFit] = {}
         self._settled: dict[tuple[TenantName, str, int, int], NotFit | _Deferred] = {}
-        self._blocks: dict[int, list[int]] = {}  # id(queue) -> where each of its runs of jobs alike ends
+        # id(queue) -> where each of its runs of jobs alike ends (kept ones, else found when needed)
+        self._blocks: dict[int, list[int]] = {id(q): split.ends[t] for t, q in self.queues if t in split.ends}
         # The borrowing pass: each tenant's deferred jobs in order, and where each run of them ends.
         self.deferred: dict[TenantName, list[JobView]] = {}
         self._deferred_ends: dict[TenantName, list[int]] = {}
@@ -225,7 +191,7 @@ class _Cycle:
         for jobs in self.own.values():
             jobs.sort(key=victim_order)
 
-    def run(self) -> list[Decision]:
+    def run(self) -> list[RunDecision]:
         walk(
             (queue for _, queue in self.queues),
             self._key,
@@ -287,9 +253,7 @@ class _Cycle:
                 end += 1
             if end < stop or end == len(queue):
                 return end  # a short run: looked at one by one
-            # A long one: every run of the queue at once, in C (runs are often thousands long).
-            groups = map(itemgetter(1), groupby(queue, _ALIKE))
-            ends = self._blocks[id(queue)] = list(accumulate(map(len, map(list, groups))))
+            ends = self._blocks[id(queue)] = run_ends(queue)  # a long one: every run of the queue
         return ends[bisect_right(ends, index)]
 
     # -- 1. checks ---------------------------------------------------------------------------------
@@ -360,17 +324,23 @@ class _Cycle:
                     known = settled[shape] = fate
             if type(known) is _Deferred:
                 entry = _Entry(job, known.pool, known.gen, known.chips)
-                if bound is not None and self._key(entry) < bound:
-                    self._defer(entry)  # it comes next anyway: deferred on the spot
-                    index += 1
-                    continue
                 after = index + 1
-                if after < size and _ALIKE(queue[after]) == _ALIKE(job):
+                alike = after < size and _ALIKE(queue[after]) == _ALIKE(job)
+                if bound is not None and self._key(entry) < bound:
+                    # It comes next anyway: deferred on the spot, with the jobs alike after it that
+                    # come before ``bound`` too (keys rise along a run: only seq and id differ).
+                    if alike:
+                        end = self._block_end(queue, index)
+                        after = bisect_left(range(end), bound, after, end, key=self._job_key_at(queue))
+                    self._keep_deferred(job, queue[index:after])
+                    index = after
+                    continue
+                if alike:
                     return Idle(index, self._block_end(queue, index))  # with the jobs alike after it
                 return index, entry
             if shape == last:  # the second of a run of jobs alike that wait: the rest of it at once
                 end = self._block_end(queue, index)
-                out.extend(waits(queue[index:end], known))  # type: ignore[arg-type]
+                out.append(Waits(tuple(queue[index:end]), known))  # type: ignore[arg-type]
                 index = end
                 continue
             out.append(Wait(job.id, known))  # type: ignore[arg-type]
@@ -437,7 +407,7 @@ class _Cycle:
             if end == index + 1:
                 out.append(Wait(job.id, reason))
             else:
-                out.extend(waits(queue[index:end], reason))
+                out.append(Waits(tuple(queue[index:end]), reason))
             index = end
         return None
 
@@ -607,3 +577,7 @@ class _Cycle:
 
     def _job_key(self, queue: list[JobView], index: int) -> _Key:
         return self._order(queue[index])
+
+    def _job_key_at(self, queue: list[JobView]) -> Callable[[int], _Key]:
+        """``_job_key`` of ``queue`` by index alone (a key for ``bisect`` over a range)."""
+        return lambda index: self._order(queue[index])
