@@ -16,7 +16,17 @@ from sqlalchemy import Connection
 from tpufleet.control.records import JobRequest
 from tpufleet.control.store import Store
 from tpufleet.control.transitions import Stored, Transitions
-from tpufleet.scheduler.model import JobId, NotFit, NotFitCode, Wait
+from tpufleet.scheduler.model import (
+    JobId,
+    JobState,
+    JobView,
+    NotFit,
+    NotFitCode,
+    TenantName,
+    Wait,
+    Waits,
+    expand,
+)
 
 FREE = NotFit(NotFitCode.WAITING_FOR_FREE_SLICES, "no free v4-16 slice")
 HEAD = NotFit(NotFitCode.RESERVED_FOR_HEAD_OF_LINE, "reserved for the head of line")
@@ -129,7 +139,8 @@ def test_runs_of_waits_are_written_as_one_wait_at_a_time_would_be(store: Store) 
     """Seeded workloads of the shapes a cycle gives: long runs of waits sharing one reason, jobs
     whose stored reasons differ within a run (first reasons, flips, new codes, new wordings, equal
     tuples that are not the same object), jobs the store does not hold, admissions in between,
-    and budgets from none to more than the queue."""
+    and budgets from none to more than the queue; as one ``Wait`` per job, or (as the loop gets
+    them from ``decide_runs``) with stretches of them as ``Waits`` runs."""
     import random
 
     from tpufleet.scheduler.model import Admit, SliceName
@@ -165,7 +176,37 @@ def test_runs_of_waits_are_written_as_one_wait_at_a_time_would_be(store: Store) 
             decisions.append(Wait(JobId(j), reason, head_of_line=head))
         refresh = rng.choice([None, 0, 1, 2, 3, 7, 100])
         want, next_turn = _one_by_one(decisions, stored, refresh, turn)
-        got = tr.wait_reasons(decisions, stored, refresh=refresh)  # type: ignore[arg-type]
+        given = _as_runs(decisions, rng) if rng.random() < 0.7 else decisions
+        assert expand(given) == decisions  # type: ignore[arg-type]
+        got = tr.wait_reasons(given, stored, refresh=refresh)  # type: ignore[arg-type]
         assert [(j, tuple(v)) for j, v in got] == want, (refresh, turn)
         assert tr._wording_turn == next_turn
         turn = next_turn
+
+
+def _as_runs(decisions: list[object], rng: object) -> list[object]:
+    """The same decisions with random stretches of consecutive waits for one reason (none of them
+    the head of line) as one ``Waits`` run each."""
+    out: list[object] = []
+    for d in decisions:
+        last = out[-1] if out else None
+        joins = (
+            isinstance(d, Wait)
+            and not d.head_of_line
+            and rng.random() < 0.8  # type: ignore[attr-defined]
+            and (
+                (isinstance(last, Waits) and last.reason is d.reason)
+                or (isinstance(last, Wait) and not last.head_of_line and last.reason is d.reason)
+            )
+        )
+        if not joins:
+            out.append(d)
+            continue
+        assert isinstance(d, Wait)
+        before = last.jobs if isinstance(last, Waits) else (_view(last.job),)  # type: ignore[union-attr]
+        out[-1] = Waits((*before, _view(d.job)), d.reason)
+    return out
+
+
+def _view(job_id: str) -> JobView:
+    return JobView(JobId(job_id), TenantName("a"), "v4-16", 1, 0, 0, JobState.QUEUED)

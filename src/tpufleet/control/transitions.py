@@ -7,8 +7,10 @@ cancel) is never overwritten and a decision that no longer applies is dropped, n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby, repeat
+from operator import attrgetter
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, func, or_, select, update
@@ -24,12 +26,12 @@ from tpufleet.runtime import StepProgress
 from tpufleet.scheduler import lifecycle as lc
 from tpufleet.scheduler.model import (
     Admit,
-    Decision,
     JobId,
     JobState,
     JobView,
     NotFit,
     Preempt,
+    RunDecision,
     SliceName,
     SliceState,
     SliceView,
@@ -37,10 +39,14 @@ from tpufleet.scheduler.model import (
     TenantName,
     TenantView,
     Wait,
+    Waits,
 )
 
 MISSING = "not in the cluster's inventory"
 Stored = tuple[str | None, str | None, bool]  # a queued job's reason code, message, head of line
+_Chunk = tuple[list[str], Stored]  # job ids that get one stored reason
+_ID = attrgetter("id")
+_IN_LIST = 500  # job ids per UPDATE of wait reasons (SQLite takes up to 32,766 parameters)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,8 @@ class Transitions:
         # One tuple object per distinct stored reason, so that an unchanged reason is the same
         # object as last cycle's and ``wait_reasons`` compares 100,000 of them by identity.
         self._canonical: dict[Stored, Stored] = {}
+        # The stored tuple of each NotFit object seen (kept with it, so a reused id is not mistaken).
+        self._said: dict[tuple[int, bool], tuple[NotFit, Stored]] = {}
 
     # -- inventory ---------------------------------------------------------------------------
     def sync_slices(self, infos: Iterable[SliceInfo]) -> None:
@@ -222,81 +230,94 @@ class Transitions:
             return True
 
     def wait_reasons(
-        self, decisions: Sequence[Decision], stored: dict[str, Stored], *, refresh: int | None = None
+        self, decisions: Sequence[RunDecision], stored: dict[str, Stored], *, refresh: int | None = None
     ) -> list[tuple[str, Stored]]:
-        """Store why each waiting job waits (the ``Wait``s among ``decisions``); only reasons that
-        changed are written (and returned).
+        """Store why each waiting job waits (the ``Wait`` and ``Waits`` among ``decisions``); only
+        reasons that changed are written (and returned).
 
         A job's first reason and any head-of-line flag (the policy reads it back next cycle) are
         always written at once. With ``refresh`` set, other changes are bounded: at most that many
         per call, new codes before new wordings of the same code (the numbers in a message move as
         the fleet does); half of the budget goes to the front of the queue (``decisions`` come in the
         policy's order), the other half in turn over the rest, so a long queue costs a bounded write
-        and every stored reason catches up within a few cycles."""
-        changes: list[tuple[str, Stored]] = []
-        codes: list[tuple[str, Stored]] = []
-        wordings: list[tuple[str, Stored]] = []
-        # One NotFit is shared by many waits (mostly in a row): read it once, as the two stored
-        # tuples it can give (without and with head of line), canonical so most checks are `is`.
-        said: dict[int, tuple[Stored, Stored]] = {}
-        last: NotFit | None = None
-        pair: tuple[Stored, Stored] = ((None, None, False), (None, None, True))
+        and every stored reason catches up within a few calls.
+
+        A run of waits (``Waits``) is compared a stretch at a time: its jobs' stored reasons are
+        canonical tuples, mostly alike along the run, so one verdict covers each stretch of equal
+        ones and no Python code runs per job.
+        """
+        now: list[_Chunk] = []
+        codes: list[_Chunk] = []
+        wordings: list[_Chunk] = []
         get = stored.get
-        # Jobs that waited alike last time and wait alike now have the same (old, new) pair of
-        # canonical tuples, mostly in a row: the verdict on the last pair is kept for the next.
-        seen_old: Stored | None = None
-        seen_new: Stored | None = None
-        into: list[tuple[str, Stored]] | None = None
-        for w in decisions:
-            if type(w) is not Wait:
+        for d in decisions:
+            if isinstance(d, Waits):
+                ids: list[str] = list(map(_ID, d.jobs))
+                new = self._stored_of(d.reason, False)
+            elif isinstance(d, Wait):
+                ids = [d.job]
+                new = self._stored_of(d.reason, d.head_of_line)
+            else:
                 continue
-            reason = w.reason
-            if reason is not last:
-                last = reason
-                found = said.get(id(reason))
-                if found is None:
-                    code, message = reason.code.value, reason.message
-                    found = said[id(reason)] = (
-                        self._canon((code, message, False)),
-                        self._canon((code, message, True)),
-                    )
-                pair = found
-            new = pair[1] if w.head_of_line else pair[0]
-            old = get(w.job)
-            if old is new:
+            olds = list(map(get, ids))
+            if olds.count(new) == len(olds):  # `is` first, then ==: all stored as they are now
                 continue
-            if old is not seen_old or new is not seen_new:
-                seen_old, seen_new = old, new
-                if old is None or old == new:
-                    into = None
-                elif refresh is None or old[0] is None or old[2] != new[2]:
-                    into = changes
-                elif old[0] != new[0]:
-                    into = codes
-                else:
-                    into = wordings
-            if into is not None:
-                into.append((w.job, new))
-        if refresh is not None:
+            at = 0
+            for old, stretch in groupby(olds):  # consecutive equal stored reasons: one verdict each
+                size = _length(stretch)
+                if old is not None and old != new:
+                    if refresh is None or old[0] is None or old[2] != new[2]:
+                        into = now
+                    else:
+                        into = codes if old[0] != new[0] else wordings
+                    into.append((ids[at : at + size], new))
+                at += size
+        changes = _take(now, 0, None)
+        if refresh is not None:  # the front of the rest, then a window over the others, in turn
             rest = codes + wordings
-            front, rest = rest[: refresh // 2], rest[refresh // 2 :]
-            changes += front
-            if rest:
-                start = self._wording_turn % len(rest)
-                changes += (rest[start:] + rest[:start])[: refresh - len(front)]
-                self._wording_turn += refresh - len(front)
-        if changes:  # one statement, executed for every change (executemany), in one transaction
-            with self.store.tx_unsynced() as conn:  # the loop writes them again if they are lost
-                # Straight to the driver: SQLAlchemy's processing of each row's parameters cost
-                # more than the database's work on it (thousands of rows every cycle).
-                mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-                statement = (
-                    f"UPDATE jobs SET reason_code = {mark}, reason_message = {mark}, head_of_line = {mark}"
-                    f" WHERE id = {mark} AND state = {mark}"
-                )
-                queued = str(r.QUEUED)
-                conn.exec_driver_sql(statement, [(c, m, h, j, queued) for j, (c, m, h) in changes])
+            total = sum(len(ids) for ids, _ in rest)
+            front = min(refresh // 2, total)
+            changes += _take(rest, 0, front)
+            others = total - front
+            if others:
+                budget, start = refresh - front, self._wording_turn % others
+                first = _take(rest, front + start, min(budget, others - start))
+                changes += first + _take(rest, front, min(budget - len(first), start))
+                self._wording_turn += budget
+        if changes:
+            self._write_reasons(changes)
         return changes
+
+    def _write_reasons(self, changes: list[tuple[str, Stored]]) -> None:
+        """One transaction, one statement per reason (most jobs share theirs with many others) and
+        per ``_IN_LIST`` of its jobs, sent straight to the driver: per row, SQLAlchemy's parameter
+        processing, and PostgreSQL's work on a statement per row, cost more than the rows do."""
+        jobs: dict[Stored, list[str]] = {}
+        for job, stored in changes:
+            jobs.setdefault(stored, []).append(job)
+        with self.store.tx_unsynced() as conn:  # the loop writes them again if they are lost
+            mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+            queued = str(r.QUEUED)
+            for (code, message, head), ids in jobs.items():
+                for first in range(0, len(ids), _IN_LIST):
+                    some = ids[first : first + _IN_LIST]
+                    # ``state || ''``: a test no index serves, so that SQLite finds the rows by id
+                    # (it would otherwise read every queued job through the index on state).
+                    statement = (
+                        f"UPDATE jobs SET reason_code = {mark}, reason_message = {mark}, "
+                        f"head_of_line = {mark} WHERE id IN ({', '.join([mark] * len(some))}) "
+                        f"AND state || '' = {mark}"
+                    )
+                    conn.exec_driver_sql(statement, (code, message, head, *some, queued))
+
+    def _stored_of(self, reason: NotFit, head_of_line: bool) -> Stored:
+        """The canonical stored tuple of a reason (one object per reason and flag, so that most
+        comparisons with what is stored are ``is``)."""
+        found = self._said.get((id(reason), head_of_line))
+        if found is None or found[0] is not reason:
+            stored = self._canon((reason.code.value, reason.message, head_of_line))
+            found = self._said[(id(reason), head_of_line)] = (reason, stored)
+        return found[1]
 
     def _canon(self, stored: Stored) -> Stored:
         """The one tuple kept for this reason (the table is emptied once it holds 100,000)."""
@@ -304,6 +325,7 @@ class Transitions:
         if found is None:
             if len(self._canonical) >= 100_000:  # old wordings; equal tuples still compare equal
                 self._canonical.clear()
+                self._said.clear()
             found = self._canonical[stored] = stored
         return found
 
@@ -531,6 +553,29 @@ def _view(j: Any) -> JobView:
         bool(j.head_of_line),
         j.stop_kind == lc.StopKind.PRIORITY,
     )
+
+
+def _length(items: Iterator[object]) -> int:
+    """How many items an iterator yields (consumes it, in C)."""
+    return len(list(items))
+
+
+def _take(chunks: list[_Chunk], start: int, count: int | None) -> list[tuple[str, Stored]]:
+    """(job id, stored reason) for the jobs ``[start, start + count)`` of the chunks, in order
+    (to the end when ``count`` is None); the chunks before ``start`` are skipped whole."""
+    out: list[tuple[str, Stored]] = []
+    for ids, new in chunks:
+        if count is not None and count <= 0:
+            break
+        if start >= len(ids):
+            start -= len(ids)
+            continue
+        part = ids[start:] if count is None else ids[start : start + count]
+        out += zip(part, repeat(new))
+        start = 0
+        if count is not None:
+            count -= len(part)
+    return out
 
 
 def _chunks(items: list[str], size: int) -> list[list[str]]:
