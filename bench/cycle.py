@@ -37,8 +37,8 @@ from tpufleet.control.fake import FakeCluster, Script
 from tpufleet.control.records import JobRequest, Limits
 from tpufleet.control.service import Service, ServiceConfig
 from tpufleet.control.store import Store
-from tpufleet.scheduler.model import Decision, Snapshot
-from tpufleet.scheduler.policy import decide
+from tpufleet.scheduler.model import RunDecision, Snapshot
+from tpufleet.scheduler.policy import decide_runs
 
 FLEET = "v4-16:48,v4-32:16,v6e-16:32"  # 96 slices, 320 hosts
 SHAPES = [("v4-16", 1), ("v4-32", 1), ("v4-16", 2), ("v6e-16", 1)]
@@ -77,9 +77,9 @@ def measure(store: Store, tmp: str, cycles: int, incremental: bool) -> dict[str,
     Service(store, cluster, state_dir=tmp, config=config).run_once()  # admits, writes every reason
     policy_s: list[float] = []
 
-    def timed(snapshot: Snapshot) -> list[Decision]:
+    def timed(snapshot: Snapshot) -> list[RunDecision]:
         started = time.perf_counter()
-        out = decide(snapshot)
+        out = decide_runs(snapshot)
         policy_s.append(time.perf_counter() - started)
         return out
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sqlalchemy import insert, update
+from tests.unit.test_queues import assert_same_split
 
 from tpufleet.control.fake import FakeCluster, Script
 from tpufleet.control.records import JobRequest
@@ -23,6 +24,7 @@ from tpufleet.control.store import Store
 from tpufleet.control.transitions import Transitions
 from tpufleet.scheduler.model import Decision, Snapshot
 from tpufleet.scheduler.policy import decide
+from tpufleet.scheduler.queues import JobSet, split
 
 TYPES = ("v4-16", "v4-32", "v6e-16")
 
@@ -41,6 +43,8 @@ def test_the_policy_sees_what_a_whole_read_sees_through_a_random_workload(
 
     def checking(snapshot: Snapshot) -> Sequence[Decision]:
         assert _key(snapshot) == _key(whole.snapshot()[0])
+        assert isinstance(snapshot.jobs, JobSet)  # and its kept split is the one made afresh
+        assert_same_split(snapshot.jobs.split, split(list(snapshot.jobs)))
         compared.append(len(snapshot.jobs))
         return decide(snapshot)
 
@@ -85,7 +89,7 @@ def test_a_late_event_id_is_read_again(store: Store) -> None:
         s.execute(update(JobRow).where(JobRow.id == job.id).values(state="CANCELLED"))
         row = {"id": last + 1, "at": 0.0, "kind": "cancel", "message": "late", "job_id": job.id}
         s.execute(insert(EventRow), [row])
-    assert state.snapshot()[0].jobs == []
+    assert list(state.snapshot()[0].jobs) == []
     assert state.loads == 1
 
 

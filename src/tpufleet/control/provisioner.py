@@ -40,22 +40,23 @@ from tpufleet.scheduler.autoscale import Create, Delete, Managed, Phase, Plan, P
 from tpufleet.scheduler.lifecycle import StopKind
 from tpufleet.scheduler.model import (
     Admit,
-    Decision,
     JobId,
     JobState,
     NotFit,
     NotFitCode,
+    RunDecision,
     SliceName,
     SliceState,
     Snapshot,
     TenantName,
     Wait,
+    Waits,
 )
 
 log = logging.getLogger(__name__)
 RETIRED_S = 3600.0  # how long a deleted group's slice names stay closed to the policy
 
-Decide = Callable[[Snapshot], Sequence[Decision]]
+Decide = Callable[[Snapshot], Sequence[RunDecision]]
 
 _PHASES = {
     g.REQUESTED: Phase.PENDING,
@@ -100,7 +101,7 @@ class Provisioner:
 
     # -- the service's decide ----------------------------------------------------------------------
     def wrap(self, inner: Decide) -> Decide:
-        def decide(snapshot: Snapshot) -> list[Decision]:
+        def decide(snapshot: Snapshot) -> list[RunDecision]:
             try:
                 self.step(snapshot)
             except Exception:  # the queue goes on with what the provider last said
@@ -343,13 +344,13 @@ class Provisioner:
         ]
         return replace(snapshot, slices=slices)
 
-    def place(self, inner: Decide, snapshot: Snapshot) -> list[Decision]:
+    def place(self, inner: Decide, snapshot: Snapshot) -> list[RunDecision]:
         slices = list(self._closed(snapshot).slices)
         if not self._private:
             return list(inner(replace(snapshot, slices=slices)))
         active = [j for j in snapshot.jobs if j.state is not JobState.QUEUED]
         queued = [j for j in snapshot.jobs if j.state is JobState.QUEUED]
-        decisions: list[Decision] = []
+        decisions: list[RunDecision] = []
         admitted: set[JobId] = set()
         for tenant in sorted(set(self._private.values())):
             own = [v for v in slices if self._private.get(v.name) == tenant]
@@ -369,12 +370,15 @@ class Provisioner:
         return [r.slice_names for r in self.groups.all() if r.delete_requested_at is not None]
 
     # -- 6. reasons ----------------------------------------------------------------------------------
-    def rewrite(self, decisions: list[Decision]) -> list[Decision]:
+    def rewrite(self, decisions: list[RunDecision]) -> list[RunDecision]:
         waiting = self._plan.waiting if self._plan else {}
         if not waiting:
             return decisions
-        out: list[Decision] = []
+        out: list[RunDecision] = []
         for d in decisions:
+            if isinstance(d, Waits) and not waiting.keys().isdisjoint(j.id for j in d.jobs):
+                out.extend(self.rewrite(d.each()))  # type: ignore[arg-type]  # a run with such jobs
+                continue
             if isinstance(d, Wait) and d.job in waiting:
                 reason = self._reason(waiting[d.job])
                 if reason is not None:

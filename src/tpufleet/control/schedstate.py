@@ -12,6 +12,10 @@ that drew id 8), so an id skipped by a read ("a hole") is looked for again for `
 cycles; SQLite commits one writer at a time and leaves none. The policy sees the jobs in
 submission order, exactly as a whole read gives them; ``tests/unit/test_schedstate.py`` checks
 that the two views are equal after every cycle of a randomized workload.
+
+The jobs are kept split as the policy walks them (``scheduler.queues.KeptQueues``: each tenant's
+queue in order, its runs of jobs alike marked), so a changed job moves one entry of a sorted list
+and the policy does no work per queued job to find its queues.
 """
 
 from __future__ import annotations
@@ -19,18 +23,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tpufleet.control.transitions import Stored, Transitions
-from tpufleet.scheduler.model import JobId, JobView, Snapshot
+from tpufleet.scheduler.model import Snapshot
+from tpufleet.scheduler.queues import KeptQueues
 
 
 class SchedState:
     def __init__(self, tr: Transitions, *, hole_cycles: int = 200) -> None:
         self.tr = tr
         self.hole_cycles = hole_cycles
-        self._jobs: dict[str, JobView] | None = None
+        self._jobs: KeptQueues | None = None
         self._reasons: dict[str, Stored] = {}
         self._cursor = 0
         self._holes: dict[int, int] = {}  # event id not seen yet -> cycles it has been missing
-        self._sorted = True
         self.loads = 0  # whole reads so far (1 unless reset)
         self.reread = 0  # jobs read again in the last cycle
 
@@ -45,10 +49,7 @@ class SchedState:
         else:
             self._catch_up()
         assert self._jobs is not None
-        if not self._sorted:
-            self._jobs = dict(sorted(self._jobs.items(), key=lambda kv: kv[1].seq))
-            self._sorted = True
-        snapshot = Snapshot(self.tr.tenant_views(), self.tr.slice_views(), list(self._jobs.values()))
+        snapshot = Snapshot(self.tr.tenant_views(), self.tr.slice_views(), self._jobs.jobs())
         return snapshot, self._reasons
 
     def reasons_written(self, changes: list[tuple[str, Stored]]) -> None:
@@ -60,13 +61,13 @@ class SchedState:
                 self._reasons[job_id] = stored
                 view = self._jobs.get(job_id)
                 if view is not None and view.head_of_line != stored[2]:
-                    self._jobs[job_id] = replace(view, head_of_line=stored[2])
+                    self._jobs.put(replace(view, head_of_line=stored[2]))
 
     def _load(self) -> None:
         self._cursor = self.tr.last_event()  # first, so a change made during the read is read again
         views, self._reasons = self.tr.job_views()
-        self._jobs = {v.id: v for v in views}
-        self._holes, self._sorted = {}, True
+        self._jobs = KeptQueues(views)
+        self._holes = {}
         self.loads += 1
         self.reread = len(views)
 
@@ -88,15 +89,12 @@ class SchedState:
         if not changed:
             return
         views, reasons = self.tr.job_views(changed)
-        last_seq = next(reversed(self._jobs.values())).seq if self._jobs else 0
         found = {v.id for v in views}
         for job_id in changed - found:  # ended (or never queued): the policy no longer sees it
-            self._jobs.pop(job_id, None)
+            self._jobs.drop(job_id)
             self._reasons.pop(job_id, None)
         for view in views:
-            if view.id not in self._jobs and view.seq < last_seq:
-                self._sorted = False
-            self._jobs[JobId(view.id)] = view
+            self._jobs.put(view)
             if view.id in reasons:
                 self._reasons[view.id] = reasons[view.id]
             else:

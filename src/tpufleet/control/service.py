@@ -54,11 +54,11 @@ from tpufleet.control.transitions import ActiveJob, Transitions
 from tpufleet.errors import NotFoundError, TpufleetError
 from tpufleet.runtime import StepProgress
 from tpufleet.scheduler.lifecycle import StopKind
-from tpufleet.scheduler.model import Admit, Decision, Preempt, Snapshot, Wait
+from tpufleet.scheduler.model import Admit, Preempt, RunDecision, Snapshot, Wait, Waits
 
 log = logging.getLogger(__name__)
 
-Decide = Callable[[Snapshot], Sequence[Decision]]
+Decide = Callable[[Snapshot], Sequence[RunDecision]]  # ``policy.decide_runs``, or ``decide``
 Key = tuple[str, int]
 FINAL_IDLE_READS = 20  # empty reads in a row (~1 s) after an attempt ended: its stream will not complete
 MAX_STOP_TRIES = 3  # a stop that keeps failing ends the attempt anyway: the job must not hold its slices
@@ -217,9 +217,9 @@ class Service:
     def _schedule(self) -> None:
         snapshot, reasons = self.state.snapshot() if self.config.incremental else self.tr.snapshot()
         decisions = list(self.decide(snapshot))
-        # Nearly all of them are waits: one pass picks out the rest (each pass over 100,000
-        # decisions costs ~15 ms of memory reads), and wait_reasons skips them in its own.
-        for d in [d for d in decisions if type(d) is not Wait]:
+        # Most of them are waits (runs of them as one ``Waits`` each): one pass picks out the rest,
+        # and wait_reasons skips them in its own.
+        for d in [d for d in decisions if type(d) is not Wait and type(d) is not Waits]:
             if isinstance(d, Admit):
                 if not self.tr.admit(d):
                     log.warning("dropped admission of %s on %s: no longer applies", d.job, d.slices)
@@ -574,6 +574,6 @@ def _final(after_stop: AttemptStatus | None, last: AttemptStatus | None) -> Atte
 
 
 def _policy() -> Decide:
-    from tpufleet.scheduler.policy import decide
+    from tpufleet.scheduler.policy import decide_runs
 
-    return decide
+    return decide_runs
