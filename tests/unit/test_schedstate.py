@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from sqlalchemy import insert, update
@@ -22,8 +23,8 @@ from tpufleet.control.schema import EventRow, JobRow
 from tpufleet.control.service import Service, ServiceConfig
 from tpufleet.control.store import Store
 from tpufleet.control.transitions import Transitions
-from tpufleet.scheduler.model import Decision, Snapshot
-from tpufleet.scheduler.policy import decide
+from tpufleet.scheduler.model import RunDecision, Snapshot, expand
+from tpufleet.scheduler.policy import decide, decide_runs
 from tpufleet.scheduler.queues import JobSet, split
 
 TYPES = ("v4-16", "v4-32", "v6e-16")
@@ -41,12 +42,14 @@ def test_the_policy_sees_what_a_whole_read_sees_through_a_random_workload(
     whole = Transitions(store)
     compared = []
 
-    def checking(snapshot: Snapshot) -> Sequence[Decision]:
+    def checking(snapshot: Snapshot) -> Sequence[RunDecision]:
         assert _key(snapshot) == _key(whole.snapshot()[0])
         assert isinstance(snapshot.jobs, JobSet)  # and its kept split is the one made afresh
         assert_same_split(snapshot.jobs.split, split(list(snapshot.jobs)))
         compared.append(len(snapshot.jobs))
-        return decide(snapshot)
+        runs = decide_runs(snapshot)  # what the loop runs: the same decisions as from a plain list
+        assert expand(runs) == decide(replace(snapshot, jobs=list(snapshot.jobs)))
+        return runs
 
     service = Service(
         store, cluster, state_dir=tmp_path, decide=checking, config=ServiceConfig(stop_threads=0)
