@@ -4,7 +4,10 @@
 
 Part 1 builds one snapshot of a fleet of about ``--hosts`` hosts (v4-16, v4-32, v5p-8, v6e-4 and
 v6e-16 slices, 2% broken, 1% draining, ~85% held by running jobs, a third of them borrowers) with
-50 tenants and ``--queued`` queued jobs, and times ``decide()`` over ``--runs`` runs (p50, max).
+50 tenants and ``--queued`` queued jobs, and times ``decide()`` over ``--runs`` runs (p50, max),
+then ``decide_runs()`` on the same jobs kept as the control plane keeps them (a ``JobSet`` from
+``KeptQueues``: what the loop runs each cycle). Jobs here are of random shapes, so runs of jobs
+alike are short: the policy's worst case.
 Each run starts after a ``gc.collect()``: a cycle allocates a ``Wait`` per queued job, and whether
 the collector then runs one or two full collections inside it depends on what the process
 allocated before (building an ``ArgumentParser`` first was enough to move the p50 by 0.1 s).
@@ -22,6 +25,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 
 from tpufleet.catalog import slice_type
 from tpufleet.scheduler.model import (
@@ -36,7 +40,8 @@ from tpufleet.scheduler.model import (
     TenantView,
     Wait,
 )
-from tpufleet.scheduler.policy import decide
+from tpufleet.scheduler.policy import decide, decide_runs
+from tpufleet.scheduler.queues import KeptQueues
 from tpufleet.scheduler.simulate import SimJob, Simulation, make_fleet
 
 QUEUED = JobState.QUEUED
@@ -115,6 +120,18 @@ def time_decide(snapshot: Snapshot, runs: int) -> None:
     print(f"  decisions: {dict(kinds)}")
     print(f"  wait reasons: {dict(codes.most_common())}")
     assert kinds["Admit"] + kinds["Wait"] == queued
+    kept = replace(snapshot, jobs=KeptQueues(snapshot.jobs).jobs())
+    times = []
+    for _ in range(runs):
+        gc.collect()
+        start = time.perf_counter()
+        runs_out = decide_runs(kept)
+        times.append(time.perf_counter() - start)
+    waits = sum(1 for d in runs_out if type(d).__name__ == "Waits")
+    print(
+        f"decide_runs() on the kept split: p50={statistics.median(times) * 1000:.0f} ms  "
+        f"max={max(times) * 1000:.0f} ms  ({len(runs_out)} decisions, {waits} of them runs)"
+    )
 
 
 def simulate(jobs: int, seed: int = 2) -> None:
