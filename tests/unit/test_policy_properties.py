@@ -204,8 +204,8 @@ def test_scheduler_public_api_is_pinned() -> None:
 
     assert sorted(scheduler.__all__) == sorted(
         ["ACTIVE_STATES", "TERMINAL_STATES", "Admit", "Decision", "JobId", "JobState", "JobView", "NotFit",
-         "NotFitCode", "Preempt", "SliceName", "SliceState", "SliceView", "Snapshot", "TenantName",
-         "TenantView", "Wait", "decide", "most_important"]
+         "NotFitCode", "Preempt", "RunDecision", "SliceName", "SliceState", "SliceView", "Snapshot",
+         "TenantName", "TenantView", "Wait", "Waits", "decide", "decide_runs", "expand", "most_important"]
     )  # fmt: skip
     for name in scheduler.__all__:
         assert hasattr(scheduler, name), name
