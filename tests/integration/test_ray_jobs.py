@@ -1,9 +1,11 @@
 """Ray jobs (``submit --ray``, docs/ray-jobs.md) through the whole control plane on the shared
-emulated fleet (two ``v4-16`` slices): Ray Train's JaxTrainer with a Ray Data pipeline
-(``examples/train_jaxtrainer.py``, uploaded as the tenant's package) lands on exactly the slice
-tpufleet admitted, next to an SPMD job and next to another Ray job, and a multi-slice one on both
-slices; cancel ends the driver and every Train worker and frees the slice; a lost host or a
-preemption ends the attempt and the next one restores Ray Train's checkpoint.
+emulated fleet (two ``v4-16`` slices): Ray Train's JaxTrainer (``examples/train_jaxtrainer.py``,
+uploaded as the tenant's package) lands on exactly the slice tpufleet admitted, next to an SPMD job
+and next to another Ray job, and a multi-slice one on both slices; cancel ends the driver and every
+Train worker and frees the slice; a lost host or a preemption ends the attempt and the next one
+restores Ray Train's checkpoint, with a Ray Data pipeline feeding the workers throughout. The tests
+of where the trainer lands feed it from memory (``--data memory``): a Ray Data pipeline starts a
+dozen processes of its own, which would cost them most of their time and tell them nothing more.
 
 Where each Train worker runs is read from inside it: the example prints
 ``worker <rank> on <TPU_NAME>/<TPU_WORKER_ID>``, which Ray forwards to the driver's log.
@@ -39,6 +41,7 @@ CONFIG = ServiceConfig(
     interval_s=0.2, preempt_grace_s=3.0, cancel_grace_s=1.0, fail_grace_s=1.0, start_timeout_s=300.0
 )
 WORKER = re.compile(r"worker (\d+) on ([\w-]+)/(\d+)")
+MEMORY = ("--data", "memory")  # no Ray Data pipeline: see the module docstring
 _names = itertools.count()
 
 
@@ -151,7 +154,7 @@ def _all_hosts(client: Client, job_id: str, text: str) -> list[str] | None:
 @pytest.mark.timeout(900)  # two Ray Train start-ups on a shared 2-core machine
 def test_two_ray_jobs_of_the_same_type_admitted_together_each_train_on_their_slice(plane: Plane) -> None:
     a, b = plane.tenant(v4=8), plane.tenant(v4=8)
-    jobs = [(a, plane.ray_job(a, "--steps", "4")), (b, plane.ray_job(b, "--steps", "4"))]
+    jobs = [(a, plane.ray_job(a, "--steps", "4", *MEMORY)), (b, plane.ray_job(b, "--steps", "4", *MEMORY))]
     admitted = [wait_state(c, j, "STARTING", "RUNNING")["slices"] for c, j in jobs]
     assert sorted(s for x in admitted for s in x) == ["tpu-v4-16-0", "tpu-v4-16-1"]
     for (client, job), slices in zip(jobs, admitted, strict=True):
@@ -167,7 +170,7 @@ def test_a_multi_slice_ray_job_trains_on_every_host_of_both_admitted_slices(plan
     admitted slice) gets exactly the two slices tpufleet admitted, one Train worker on each host,
     and JAX sees one computation over all four processes."""
     a = plane.tenant(v4=16)
-    job = plane.ray_job(a, "--steps", "4", num_slices=2)
+    job = plane.ray_job(a, "--steps", "4", *MEMORY, num_slices=2)
     slices = wait_state(a, job, "STARTING", "RUNNING")["slices"]
     assert sorted(slices) == ["tpu-v4-16-0", "tpu-v4-16-1"]
     assert workers_on(a, job, 4) == {(s, w) for s in slices for w in (0, 1)}
@@ -184,7 +187,7 @@ def test_a_ray_job_beside_an_spmd_job_each_on_its_slice_and_cancel_stops_every_t
     (from the workers' own TPU_NAME); cancelling the Ray job ends its driver and every Train worker
     and frees its slice, and leaves the SPMD job running."""
     a, b = plane.tenant(v4=8), plane.tenant(v4=8)
-    job = plane.ray_job(a, "--steps", "500", "--step-time", "0.5")
+    job = plane.ray_job(a, "--steps", "500", "--step-time", "0.5", *MEMORY)
     slices = wait_state(a, job, "RUNNING")["slices"]
     spmd = b.submit([PY, "-c", _PRINT_AND_WAIT], "v4-16")["id"]
     other = wait_state(b, spmd, "RUNNING")["slices"]
