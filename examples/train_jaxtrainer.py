@@ -127,7 +127,9 @@ def _memory_batches(config: dict[str, Any], rank: int, local_rows: int) -> list[
 
 
 def _report_with_checkpoint(train: Any, rank: int, step: int, params: Any, metrics: dict[str, Any]) -> None:
-    """Every worker reports; worker 0 also hands Ray Train the parameters as a checkpoint."""
+    """Every worker reports; worker 0 also hands Ray Train the parameters as a checkpoint, and says
+    so first: a stop can end the worker right after Ray Train has taken the checkpoint, so a line
+    printed after ``report`` may never be written for a checkpoint the next attempt restores."""
     import jax
     import numpy as np
 
@@ -137,9 +139,8 @@ def _report_with_checkpoint(train: Any, rank: int, step: int, params: Any, metri
         if rank == 0:
             (Path(where) / "state.pkl").write_bytes(pickle.dumps({"step": step, "params": host}))
             checkpoint = train.Checkpoint.from_directory(where)
+            print(f"checkpoint at step {step}", flush=True)
         train.report(metrics, checkpoint=checkpoint)
-    if rank == 0:
-        print(f"checkpoint at step {step}", flush=True)
 
 
 def main() -> int:

@@ -241,6 +241,9 @@ def test_a_preempted_then_host_lost_ray_job_restores_its_checkpoint_each_time(
     wait_state(borrower, job, "RUNNING")
     assert borrower.job(job)["borrowing"] is True
     _checkpointed(borrower, job, 1, after=0)
+    # The worker says "checkpoint at step N" before it reports the checkpoint, which Ray Train
+    # records at its controller's next poll: preempt once one is recorded, or there is none to restore.
+    wait_for("a checkpoint of attempt 1 recorded", lambda: max(_recorded(borrower, job), default=0) > 0, 60)
     both = owner.submit([PY, "-c", "import time; time.sleep(600)"], "v4-16", num_slices=2)["id"]
     wait_state(owner, both, "RUNNING")
     first = borrower.job(job)["attempts"][0]
