@@ -84,6 +84,41 @@ def test_ray_trains_controller_on_the_head_polls_its_workers_every_half_second(r
         ray.kill(reader)
 
 
+def test_what_a_task_prints_on_a_host_reaches_the_driver_from_that_host(
+    ray_client: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each host's log monitor (a fork of its launcher, see emulator/rayhost.py) publishes what
+    the workers of that host print: their logs are in the host's own temp dir, which no other
+    node's log monitor reads."""
+
+    @ray.remote(num_cpus=0)
+    def say() -> None:
+        import os
+
+        # letters only: Ray's driver folds lines that differ only in digits into one
+        who = "".join(chr(ord("a") + int(c)) if c.isdigit() else c for c in os.environ["TPU_NAME"])
+        print(f"tpufleet-log-probe {who} worker {'abcdefgh'[int(os.environ['TPU_WORKER_ID'])]}", flush=True)
+
+    strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+    nodes = _alive_tpu_nodes()
+    ray.get([say.options(scheduling_strategy=strategy(n["NodeID"], soft=False)).remote() for n in nodes])
+
+    def line(n: dict[str, Any]) -> str:
+        labels = n["Labels"]
+        name = "".join(chr(ord("a") + int(c)) if c.isdigit() else c for c in labels["ray.io/tpu-slice-name"])
+        return f"tpufleet-log-probe {name} worker {'abcdefgh'[int(labels['ray.io/tpu-worker-id'])]}"
+
+    seen = ""
+
+    def arrived() -> bool:
+        nonlocal seen
+        seen += capsys.readouterr().out
+        return all(line(n) in seen for n in nodes)
+
+    _until("every host's line at the driver", arrived, timeout_s=30)
+    assert len(nodes) == 5
+
+
 def test_inventory_reads_every_slice_intact(ray_client: object) -> None:
     slices = {s.name: s for s in inventory.discover()}
     assert sorted(slices) == ["tpu-v4-16-0", "tpu-v4-16-1", "tpu-v6e-4-0"]

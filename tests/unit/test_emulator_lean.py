@@ -3,6 +3,7 @@ memory accounting (PSS/RSS per process, by component) the emulator's tests and b
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -278,3 +279,76 @@ def test_a_group_launcher_fails_when_one_host_fails_and_names_its_log(tmp_path: 
     assert f"a host failed to start (exit 3); {logs[1]}" in out
     assert "host 1 session leader True" in out  # the failed host's log, quoted
     assert logs[2].read_text().startswith("host 2 ")  # the others still started
+
+
+FORKING = """
+import json, os, subprocess, sys
+from types import SimpleNamespace
+from tpufleet.emulator import rayhost
+calls = []
+services = SimpleNamespace(
+    start_ray_process=lambda command, kind, *a, **k: calls.append(kind),
+    ProcessInfo=lambda **kw: SimpleNamespace(**kw),
+)
+constants = SimpleNamespace(PROCESS_TYPE_LOG_MONITOR="log_monitor")
+pid = rayhost._log_monitor_from_a_fork(services, constants)
+if sys.argv[1] == "none":
+    print(json.dumps({"pid": pid}))
+    sys.exit(0)
+os.environ["TPUFLEET_PROBE"] = "set after the fork"
+services.start_ray_process(["raylet"], "raylet", fate_share=False)
+info = services.start_ray_process(
+    [sys.executable, "-u", sys.argv[1], "--out", sys.argv[2]],
+    "log_monitor",
+    fate_share=False,
+    stdout_file=subprocess.DEVNULL,
+    stderr_file=None,
+)
+services.start_ray_process(["another"], "log_monitor", fate_share=False)
+code = info.process.wait(timeout=30)
+print(json.dumps({"pid": pid, "handed": info.process.pid, "calls": calls, "code": code, "me": os.getpid()}))
+"""
+
+MONITOR = """
+import json, os, signal, sys
+fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+out = {
+    "argv": sys.argv, "name": __name__, "probe": os.environ.get("TPUFLEET_PROBE"), "fds": fds,
+    "stdout": os.readlink("/proc/self/fd/1"), "parent": os.getppid(),
+    "title": open("/proc/self/cmdline").read().replace("\\0", " ").strip(),
+    "forked": "tpufleet.emulator.rayhost" in sys.modules,
+    "sigint_blocked": bool(int(status["SigBlk"], 16) & (1 << (signal.SIGINT - 1))),
+}
+open(sys.argv[sys.argv.index("--out") + 1], "w").write(json.dumps(out))
+sys.exit(7)
+"""
+
+
+def test_the_log_monitor_is_a_fork_made_before_the_node_that_becomes_ray_s_command(tmp_path: Path) -> None:
+    script, out = tmp_path / "log_monitor.py", tmp_path / "out.json"
+    script.write_text(MONITOR)
+    run = subprocess.run(
+        [sys.executable, "-c", FORKING, str(script), str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    parent = json.loads(run.stdout)
+    assert parent["handed"] == parent["pid"] and parent["code"] == 7  # its exit code is the script's
+    assert parent["calls"] == ["raylet", "log_monitor"]  # the rest, and a second monitor: Ray's way
+    got = json.loads(out.read_text())
+    assert got["forked"] and got["parent"] == parent["me"]  # a fork: the launcher's imports, no exec
+    assert got["name"] == "__main__" and got["argv"] == [str(script), "--out", str(out)]
+    assert got["probe"] == "set after the fork"  # the environment Ray would have given it
+    assert got["title"] == f"{sys.executable} -u {script} --out {out}"  # what `ps` and `ray stop` see
+    assert got["stdout"] == os.devnull and got["sigint_blocked"]  # as start_ray_process's Popen
+    assert got["fds"][:3] == [0, 1, 2] and len(got["fds"]) <= 4  # stdio (+ listdir's own): no pipe
+
+
+def test_a_log_monitor_fork_never_handed_a_command_exits_with_its_launcher(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-c", FORKING, "none"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    pid = json.loads(run.stdout)["pid"]
+    deadline = time.monotonic() + 10
+    while not _gone(pid):
+        assert time.monotonic() < deadline, f"the fork {pid} outlived its launcher"
+        time.sleep(0.05)

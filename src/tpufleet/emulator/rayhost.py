@@ -20,17 +20,43 @@ head asks for neither, see ``plan.lean_head_argv``). Two differences:
   and every worker treat the node's metrics export, agent gRPC and agent HTTP (log and job APIs)
   as absent. Nothing Ray core, Ray Train or JAX needs runs there; the head keeps Ray's agent.
 
+- **The log monitor is a fork of the launcher**, not a fresh interpreter: its ~0.5 s of CPU is
+  importing Ray, which the launcher has done already. Before the node connects to anything (no
+  gRPC thread yet, so forking is safe) the launcher forks a child that waits on a pipe; when Ray
+  would start the log monitor, the child gets Ray's command line and environment instead and runs
+  Ray's ``log_monitor.py`` as ``__main__`` under that command line's title (what ``ps`` and
+  ``ray stop`` look for), in the host's session, with stdout and stderr as Ray would set them.
+
 Prestarted workers are off through the environment (``plan.LEAN_HOST_ENV``), not here.
+
+A host starting up waits until the head node is registered (Ray reads the head's session and temp
+dirs from its node info), which made every host of a fleet wait for the head twice over:
+
+- **The head's dashboard starts after its raylet**, not before: ``ray start --head`` registers the
+  head only once the dashboard has started and published its URL (~2 s of imports on a 2-core
+  machine), which the hosts do not use. The dashboard still starts, and the head's launcher still
+  returns only once it answers, so ``EmulatedFleet.up`` returns with Ray's job API up as before.
+- **A host looks for the head every 50 ms**, not every 2 s (Ray's pause between two reads of the
+  node table when the head is not there yet; hosts start at the same time as the head, so they
+  always missed it once), for as long as Ray would look.
+
+And a node waiting for its own raylet to register asks the GCS every 50 ms: Ray asks again at once,
+each time through a new GCS connection, and five nodes starting on two cores spent seconds of CPU
+doing so, which slowed the raylets they waited for.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import json
 import os
+import runpy
+import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, NoReturn
@@ -80,6 +106,200 @@ def _without_dashboard_agent(services: Any, constants: Any) -> None:
         return original(command, process_type, *args, **kwargs)
 
     services.start_ray_process = start_ray_process
+
+
+def _dashboard_after_raylet(node_class: Any) -> None:
+    """Make the head's ``Node`` start its dashboard (Ray's API server) right after its raylet and
+    the processes that go with it, instead of before them (see the module docstring)."""
+    deferred: dict[int, dict[str, Any]] = {}
+    start_api_server, start_ray_processes = node_class.start_api_server, node_class.start_ray_processes
+
+    def defer(self: Any, **kwargs: Any) -> None:
+        deferred[id(self)] = kwargs
+
+    def then_api_server(self: Any) -> None:
+        start_ray_processes(self)
+        kwargs = deferred.pop(id(self), None)
+        if kwargs is not None:
+            start_api_server(self, **kwargs)
+
+    node_class.start_api_server = defer
+    node_class.start_ray_processes = then_api_server
+
+
+HEAD_POLL_S = 0.05
+
+
+def _poll_for_the_head_quickly(node_module: Any, constants: Any) -> None:
+    """Make a host's ``Node`` read the node table for the head every ``HEAD_POLL_S`` instead of
+    every 2 s, for as long in all as Ray's own retries would take (see the module docstring)."""
+    how_long = constants.NUM_REDIS_GET_RETRIES * 2.0
+
+    def until_retrieved(
+        gcs_client: Any, node_selectors: Any = None, state_filter: Any = None, **kw: Any
+    ) -> Any:
+        deadline = time.monotonic() + how_long
+        while True:
+            try:
+                found = list(
+                    gcs_client.get_all_node_info(
+                        timeout=kw.get("timeout_per_retry"),
+                        node_selectors=node_selectors,
+                        state_filter=state_filter,
+                    ).values()
+                )
+            except Exception:  # the GCS answers late while it starts: as Ray does, try again
+                found = []
+            if found or time.monotonic() > deadline:
+                break
+            time.sleep(HEAD_POLL_S)
+        if not found:
+            raise RuntimeError(f"no head node registered in the GCS within {how_long:.0f} s")
+        return found
+
+    node_module.get_all_node_info_until_retrieved = until_retrieved
+
+
+def _paced_node_lookup(services: Any) -> None:
+    """Make a miss of ``services.get_node`` (the raylet has not registered yet) take ``HEAD_POLL_S``
+    before Ray's loop asks again (see the module docstring)."""
+    get_node = services.get_node
+
+    def paced(gcs_address: str, node_id: str) -> Any:
+        try:
+            return get_node(gcs_address, node_id)
+        except RuntimeError:
+            time.sleep(HEAD_POLL_S)
+            raise
+
+    services.get_node = paced
+
+
+class _Forked:
+    """What ``start_ray_process`` hands back for a process forked here (the part of ``Popen`` that
+    Ray's ``Node`` uses): its pid, ``poll``, ``wait``, ``kill`` and ``terminate``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"process {self.pid} still runs after {timeout} s")
+            time.sleep(HEAD_POLL_S)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def _signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+def _log_monitor_from_a_fork(services: Any, constants: Any) -> int:
+    """Make the node's log monitor a fork of this process, made now, before the node connects to
+    anything (see the module docstring). The fork waits on a pipe for the command Ray would have
+    run; given one, it becomes that process (its environment, output, title and script, run as
+    ``__main__``); given none (no log monitor, or the start failed: the pipe closes), it exits.
+    Returns the fork's pid."""
+    reader, writer = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(writer)
+        _become_the_log_monitor(reader)
+    os.close(reader)
+    original = services.start_ray_process
+    handed = False
+
+    def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        nonlocal handed
+        debugging = any(k.startswith(f"RAY_{process_type.upper()}_") for k in os.environ)
+        if (
+            handed
+            or process_type != constants.PROCESS_TYPE_LOG_MONITOR
+            or debugging  # valgrind, gdb, profilers, tmux: Ray's own way
+            or "RAY_JEMALLOC_PROFILE" in os.environ
+            or kwargs.get("fate_share")
+            or args  # called positionally: not the call start_log_monitor makes
+            or set(kwargs) - {"fate_share", "stdout_file", "stderr_file"}
+        ):
+            return original(command, process_type, *args, **kwargs)
+        handed = True
+        quiet = [kwargs.get(k) == subprocess.DEVNULL for k in ("stdout_file", "stderr_file")]
+        order = json.dumps({"argv": command, "env": dict(os.environ), "quiet": quiet}).encode()
+        with os.fdopen(writer, "wb") as pipe:
+            pipe.write(order)
+        return services.ProcessInfo(
+            process=_Forked(pid),
+            stdout_file=kwargs.get("stdout_file"),
+            stderr_file=kwargs.get("stderr_file"),
+            use_valgrind=False,
+            use_gdb=False,
+            use_valgrind_profiler=False,
+            use_perftools_profiler=False,
+            use_tmux=False,
+        )
+
+    services.start_ray_process = start_ray_process
+    return pid
+
+
+def _become_the_log_monitor(reader: int) -> NoReturn:
+    """The fork's side of :func:`_log_monitor_from_a_fork`."""
+    code = 0
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as Ray's start_ray_process
+        os.closerange(3, reader)  # as Popen(close_fds=True): only the pipe and stdio stay
+        os.closerange(reader + 1, os.sysconf("SC_OPEN_MAX"))
+        with os.fdopen(reader, "rb") as pipe:
+            raw = pipe.read()
+        if not raw:
+            os._exit(0)  # no log monitor wanted, or the node did not start
+        order = json.loads(raw)
+        os.environ.clear()
+        os.environ.update(order["env"])
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd, quiet in zip((1, 2), order["quiet"], strict=True):
+            if quiet:
+                os.dup2(null, fd)
+        os.close(null)
+        title = subprocess.list2cmdline(order["argv"])  # `ps` (and `ray stop`) see Ray's command
+        importlib.import_module("ray._raylet").setproctitle(title)
+        script = next(a for a in order["argv"][1:] if not a.startswith("-"))
+        sys.argv = [script, *order["argv"][order["argv"].index(script) + 1 :]]
+        if "-u" in order["argv"][: order["argv"].index(script)]:  # as python -u: unbuffered output
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, io.TextIOWrapper):
+                    stream.reconfigure(write_through=True)
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _bool(text: str) -> bool:
@@ -169,6 +389,13 @@ def start(args: argparse.Namespace) -> int:
 
     if args.dashboard_agent == "standin":
         _without_dashboard_agent(services, ray_constants)
+    if args.include_log_monitor:
+        _log_monitor_from_a_fork(services, ray_constants)
+    _paced_node_lookup(services)
+    if args.head:
+        _dashboard_after_raylet(ray_node.Node)
+    else:
+        _poll_for_the_head_quickly(ray_node, ray_constants)
     params = params_of(args, ray_parameter)
     node = ray_node.Node(params, head=args.head, shutdown_at_exit=False, spawn_reaper=False)
     if args.head:
