@@ -2,7 +2,7 @@
 
 A regression guard, not the goal (bench/emulator_start.py measures a fresh fleet, workers
 included). An emulated host used to run ~250 MiB PSS before any task (a full dashboard agent,
-prestarted workers); a lean one runs ~100 MiB of its own (raylet, runtime-env agent, log monitor,
+prestarted workers); a lean one runs ~80 MiB of its own (raylet, runtime-env agent, log monitor,
 the agent's stand-in) plus the workers its tasks left. Those are bounded apart from the host: on
 the session's shared fleet they are what earlier tests ran (a worker that ran a JAX program holds
 ~150 MiB, and with it a host's total once went past a bound on the total, 309 MiB against 300,
