@@ -352,3 +352,8 @@ def test_a_log_monitor_fork_never_handed_a_command_exits_with_its_launcher(tmp_p
     while not _gone(pid):
         assert time.monotonic() < deadline, f"the fork {pid} outlived its launcher"
         time.sleep(0.05)
+
+
+def test_a_forked_process_reaped_elsewhere_reads_as_ended_as_popen_does() -> None:
+    child = rayhost._Forked(os.getppid())  # not our child: waitpid fails with ECHILD
+    assert child.poll() == 0 and child.wait(timeout=1) == 0

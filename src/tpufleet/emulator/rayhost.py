@@ -127,11 +127,12 @@ def _dashboard_after_raylet(node_class: Any) -> None:
     node_class.start_ray_processes = then_api_server
 
 
-HEAD_POLL_S = 0.05
+# How often a starting node asks again (for the head, for its own raylet) and checks a forked child.
+POLL_S = 0.05
 
 
 def _poll_for_the_head_quickly(node_module: Any, constants: Any) -> None:
-    """Make a host's ``Node`` read the node table for the head every ``HEAD_POLL_S`` instead of
+    """Make a host's ``Node`` read the node table for the head every ``POLL_S`` instead of
     every 2 s, for as long in all as Ray's own retries would take (see the module docstring)."""
     how_long = constants.NUM_REDIS_GET_RETRIES * 2.0
 
@@ -152,7 +153,7 @@ def _poll_for_the_head_quickly(node_module: Any, constants: Any) -> None:
                 found = []
             if found or time.monotonic() > deadline:
                 break
-            time.sleep(HEAD_POLL_S)
+            time.sleep(POLL_S)
         if not found:
             raise RuntimeError(f"no head node registered in the GCS within {how_long:.0f} s")
         return found
@@ -161,7 +162,7 @@ def _poll_for_the_head_quickly(node_module: Any, constants: Any) -> None:
 
 
 def _paced_node_lookup(services: Any) -> None:
-    """Make a miss of ``services.get_node`` (the raylet has not registered yet) take ``HEAD_POLL_S``
+    """Make a miss of ``services.get_node`` (the raylet has not registered yet) take ``POLL_S``
     before Ray's loop asks again (see the module docstring)."""
     get_node = services.get_node
 
@@ -169,7 +170,7 @@ def _paced_node_lookup(services: Any) -> None:
         try:
             return get_node(gcs_address, node_id)
         except RuntimeError:
-            time.sleep(HEAD_POLL_S)
+            time.sleep(POLL_S)
             raise
 
     services.get_node = paced
@@ -187,7 +188,8 @@ class _Forked:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
+            except ChildProcessError:  # reaped by someone else: as Popen, taken as ended with 0
+                self.returncode = 0
                 return self.returncode
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
@@ -198,7 +200,7 @@ class _Forked:
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"process {self.pid} still runs after {timeout} s")
-            time.sleep(HEAD_POLL_S)
+            time.sleep(POLL_S)
         assert self.returncode is not None
         return self.returncode
 
