@@ -92,22 +92,20 @@ def test_what_a_task_prints_on_a_host_reaches_the_driver_from_that_host(
     node's log monitor reads."""
 
     @ray.remote(num_cpus=0)
-    def say() -> None:
-        import os
-
-        # letters only: Ray's driver folds lines that differ only in digits into one
-        who = "".join(chr(ord("a") + int(c)) if c.isdigit() else c for c in os.environ["TPU_NAME"])
-        print(f"tpufleet-log-probe {who} worker {'abcdefgh'[int(os.environ['TPU_WORKER_ID'])]}", flush=True)
-
-    strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
-    nodes = _alive_tpu_nodes()
-    ray.get([say.options(scheduling_strategy=strategy(n["NodeID"], soft=False)).remote() for n in nodes])
+    def say(line: str) -> None:
+        print(line, flush=True)
 
     def line(n: dict[str, Any]) -> str:
+        # letters only: Ray's driver folds lines that differ only in digits into one
         labels = n["Labels"]
         name = "".join(chr(ord("a") + int(c)) if c.isdigit() else c for c in labels["ray.io/tpu-slice-name"])
         return f"tpufleet-log-probe {name} worker {'abcdefgh'[int(labels['ray.io/tpu-worker-id'])]}"
 
+    strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+    nodes = _alive_tpu_nodes()
+    assert len(nodes) == 5
+    pinned = [say.options(scheduling_strategy=strategy(n["NodeID"], soft=False)) for n in nodes]
+    ray.get([task.remote(line(n)) for task, n in zip(pinned, nodes, strict=True)])
     seen = ""
 
     def arrived() -> bool:
@@ -116,7 +114,6 @@ def test_what_a_task_prints_on_a_host_reaches_the_driver_from_that_host(
         return all(line(n) in seen for n in nodes)
 
     _until("every host's line at the driver", arrived, timeout_s=30)
-    assert len(nodes) == 5
 
 
 def test_inventory_reads_every_slice_intact(ray_client: object) -> None:
