@@ -32,6 +32,7 @@ import pickle
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -93,13 +94,9 @@ def train_loop(config: dict[str, Any]) -> None:
         loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
         return jax.tree.map(lambda a, g: a - config["lr"] * g, p, grads), loss
 
-    batches = _memory_batches(config, rank, local_rows) if config["data"] == "memory" else None
-    shard = train.get_dataset_shard("train") if batches is None else None
+    epoch = _epochs(train, config, rank, local_rows)
     while step < config["steps"]:
-        if shard is not None:
-            batches = shard.iter_batches(batch_size=local_rows, batch_format="numpy", drop_last=True)
-        assert batches is not None
-        for batch in batches:
+        for batch in epoch():
             if step >= config["steps"]:
                 break
             step += 1
@@ -114,6 +111,16 @@ def train_loop(config: dict[str, Any]) -> None:
             else:
                 train.report(metrics)
             time.sleep(config["step_time"])
+
+
+def _epochs(train: Any, config: dict[str, Any], rank: int, local_rows: int) -> Callable[[], Iterable[Any]]:
+    """Each call, one pass over this worker's rows: its Ray Data shard, or (``--data memory``) the
+    batches :func:`_memory_batches` made once."""
+    if config["data"] == "memory":
+        mine = _memory_batches(config, rank, local_rows)
+        return lambda: mine
+    shard = train.get_dataset_shard("train")
+    return lambda: shard.iter_batches(batch_size=local_rows, batch_format="numpy", drop_last=True)
 
 
 def _memory_batches(config: dict[str, Any], rank: int, local_rows: int) -> list[dict[str, Any]]:
