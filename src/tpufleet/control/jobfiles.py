@@ -20,9 +20,11 @@ sent, ``POST /api/v1/packages``) is checked again before it is unpacked: no abso
 from __future__ import annotations
 
 import io
+import lzma
 import os
 import stat
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -63,12 +65,37 @@ def make_run_dirs(paths: RunPaths) -> None:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
+# What reading a damaged or lying archive raises (a bad CRC, a truncated or corrupt stream, an
+# unsupported or encrypted entry): each is a JobFilesError here, never a traceback on the host.
+_DAMAGED = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, lzma.LZMAError, EOFError, RuntimeError)
+
+
 def unpack(package: bytes, dest: Path, max_unpacked: int = MAX_UNPACKED) -> int:
-    """Unpack a zip into ``dest`` after checking every entry; returns the bytes written."""
+    """Unpack a zip into ``dest`` after checking every entry; returns the bytes written. Whatever
+    goes wrong is a :class:`JobFilesError` whose message starts "the package" and names no host path."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(package))
-    except zipfile.BadZipFile as err:
-        raise JobFilesError(f"the package is not a zip file ({err})") from err
+    except (*_DAMAGED, ValueError, OSError) as err:
+        raise JobFilesError(f"the package is not a zip file ({_said(err)})") from err
+    try:
+        return _extract(archive, dest, max_unpacked)
+    except JobFilesError:
+        raise
+    except (*_DAMAGED, NotImplementedError, ValueError) as err:
+        raise JobFilesError(f"the package is damaged: {_said(err)}") from err
+    except OSError as err:  # the host's disk: full, over a quota; strerror names no path
+        raise JobFilesError(
+            f"the package could not be unpacked: {err.strerror or type(err).__name__}"
+        ) from err
+
+
+def _said(err: BaseException) -> str:
+    """One line of what ``err`` says, at most 200 characters."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _extract(archive: zipfile.ZipFile, dest: Path, max_unpacked: int) -> int:
     with archive:
         total = 0
         for info in archive.infolist():

@@ -5,7 +5,8 @@ The runner starts it already inside the run's cgroup and as the tenant's identit
 uploaded package read from its standard input (so the bytes never touch a path another user could
 reach), changes into the working directory and ``exec``s the job's command in its place (same pid,
 so stop signals and ``PR_SET_PDEATHSIG`` apply to the command). Anything that goes wrong is one line
-on the job's log and exit code 127: a missing program, a NUL byte in an argument, an unsafe package.
+on the job's log and exit code 127: a missing program, a NUL byte in an argument, an unsafe or
+damaged package ("tpufleet: cannot start this job: the package ..."), never a traceback.
 """
 
 from __future__ import annotations
@@ -24,19 +25,28 @@ def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m tpufleet.control.jobstart PATHS_JSON -- COMMAND...", file=sys.stderr)
         return 2
-    spec, command = json.loads(argv[0]), argv[2:]
-    paths = RunPaths(*(Path(spec[k]) for k in ("tenant", "checkpoint", "run", "workdir", "home")))
+    command = argv[2:]
     try:
+        spec = json.loads(argv[0])
+        paths = RunPaths(*(Path(spec[k]) for k in ("tenant", "checkpoint", "run", "workdir", "home")))
         make_run_dirs(paths)
         if spec.get("package"):
             unpack(sys.stdin.buffer.read(), paths.workdir, int(spec.get("max_unpacked") or MAX_UNPACKED))
+    except Exception as exc:  # whatever it is, one line: no traceback, no path beyond the job's own
+        return _cannot("this job", exc)
+    try:
         _stdin_from_devnull()
         os.chdir(paths.workdir)
         os.execvpe(command[0], command, os.environ.copy())
-    except (OSError, ValueError, JobFilesError) as exc:  # ValueError: NUL bytes in argv or env
-        print(f"tpufleet: cannot start {command[:1]}: {exc}", flush=True)
-        return CANNOT_START
+    except Exception as exc:  # OSError: no such program; ValueError: NUL bytes in argv or env
+        return _cannot(str(command[:1]), exc)
     return CANNOT_START  # not reached: exec replaced this process
+
+
+def _cannot(what: str, exc: Exception) -> int:
+    said = str(exc) if isinstance(exc, (OSError, JobFilesError)) else f"{type(exc).__name__}: {exc}"
+    print(f"tpufleet: cannot start {what}: {' '.join(said.split())[:500]}", flush=True)
+    return CANNOT_START
 
 
 def _stdin_from_devnull() -> None:
