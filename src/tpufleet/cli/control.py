@@ -30,6 +30,7 @@ from tpufleet.api.client import DEFAULT_SERVER, Client
 from tpufleet.cli._app import app, console, console_err, print_json
 from tpufleet.control.cluster import ClusterClient
 from tpufleet.control.records import DEFAULT_LIMITS, Limits
+from tpufleet.control.runlimits import DEFAULT_OPEN_FILES, DEFAULT_PROCESSES
 from tpufleet.errors import InputError, SpecError, TpufleetError
 from tpufleet.scheduler.lifecycle import TERMINAL_STATES
 
@@ -170,9 +171,30 @@ def serve_cmd(
         typer.Option(
             "--max-log-mb",
             min=0.001,
-            help="Stored output per host and attempt; past it a log is truncated and says so.",
+            help="Stored output per host and attempt; past it a log is truncated and says so (the "
+            "host's own copy stops there too).",
         ),
     ] = 64.0,
+    job_process_limit: Annotated[
+        int,
+        typer.Option(
+            "--job-process-limit",
+            min=16,
+            help="Processes and threads one job may have at once on each host (a pids cgroup, v2 or "
+            "v1, where the host has one; else counted by the runner's scan). A job that reaches it is "
+            "ended at once and its attempt fails, saying so.",
+        ),
+    ] = DEFAULT_PROCESSES,
+    job_open_files_limit: Annotated[
+        int,
+        typer.Option(
+            "--job-open-files-limit",
+            min=64,
+            help="Open files one job may hold on each host, over all its processes (counted about "
+            "once a second; no process may hold more either). Past it the job is ended and its "
+            "attempt fails, saying so.",
+        ),
+    ] = DEFAULT_OPEN_FILES,
     start_timeout: Annotated[
         float,
         typer.Option(
@@ -303,6 +325,8 @@ def serve_cmd(
     config = ServiceConfig(
         checkpoint_root=str(checkpoint_root.resolve()) if checkpoint_root else None,
         max_log_bytes=int(max_log_mb * (1 << 20)),
+        job_process_limit=job_process_limit,
+        job_open_files_limit=job_open_files_limit,
         start_timeout_s=start_timeout,
     )
     cp = ControlPlane(cluster, state_dir=state_dir, db_url=db, limits=limits, config=config, prices=prices)

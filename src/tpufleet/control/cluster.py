@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from tpufleet.control.runlimits import RunLimits
 from tpufleet.fleet import HostInfo, SliceInfo
 from tpufleet.runtime import StepProgress
 
@@ -42,7 +43,8 @@ class AttemptSpec:
     (``jobfiles.run_paths``); ``hide`` names paths of the control plane a jailed job must not see.
     The code comes either as ``package`` (the zip the tenant uploaded, unpacked on every host as the
     working directory) or as ``working_dir_url`` (an operator-allowed URL, fetched by Ray's
-    runtime_env); never as a path of the control plane's disk."""
+    runtime_env); never as a path of the control plane's disk. ``limits``: what each host's run may
+    use (processes, open files, its runner's copy of the output; ``serve --job-process-limit``...)."""
 
     job_id: str
     attempt: int
@@ -56,6 +58,7 @@ class AttemptSpec:
     package: bytes | None = field(default=None, repr=False)
     working_dir_url: str | None = None
     hide: tuple[str, ...] = ()
+    limits: RunLimits = field(default_factory=RunLimits)
     kind: str = "spmd"  # ray: ``command`` runs once, as a Ray driver, through Ray's job submission
 
 
@@ -72,9 +75,9 @@ class HostStatus:
     worker_id: int
     state: HostState
     exit_code: int | None = None
-    detail: str | None = (
-        None  # why a host is LOST, when the cluster knows (e.g. its code could not be fetched)
-    )
+    # why a host is LOST, when the cluster knows (e.g. its code could not be fetched), or why
+    # tpufleet ended its process (EXITED past a limit: "the job exceeded its process limit ...")
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,8 @@ class AttemptStatus:
             if h.state is HostState.LOST:
                 return f"host {h.slice}/{h.worker_id} was lost" + (f": {h.detail}" if h.detail else "")
             if h.state is HostState.EXITED and h.exit_code not in (0, None):
-                return f"host {h.slice}/{h.worker_id} exited with code {h.exit_code}"
+                why = f": {h.detail}" if h.detail else ""
+                return f"host {h.slice}/{h.worker_id} exited with code {h.exit_code}{why}"
         return None
 
 

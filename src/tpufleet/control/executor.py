@@ -277,6 +277,8 @@ class RayExecutor:
                 statuses.append(host.last)
                 continue
             status = self._host_status(host, ref if ref in done else None, was_started)
+            if status is not None and status.state is HostState.EXITED and status.exit_code:
+                status = self._with_reason(host, status, job_id, attempt)
             if status is None:  # no answer in time: a dead node, or the runner is still busy
                 if dead_nodes is None:
                     dead_nodes = {n["NodeID"] for n in _nodes() if not n.get("Alive")}
@@ -296,6 +298,17 @@ class RayExecutor:
             return
         if found is not None:
             rec.extra["progress"] = found
+
+    @staticmethod
+    def _with_reason(host: _Host, status: HostStatus, job_id: str, attempt: int) -> HostStatus:
+        """A failed host's status with why tpufleet ended it (a limit), asked once of its runner."""
+        if host.last is not None and host.last.state is HostState.EXITED:
+            return replace(status, detail=host.last.detail)
+        try:
+            why = ray.get(host.runner.ended_reason.remote(job_id, attempt), timeout=_CALL_TIMEOUT_S)
+        except (RayError, GetTimeoutError):
+            return status
+        return replace(status, detail=str(why)[:500]) if why else status
 
     @staticmethod
     def _host_status(host: _Host, ref: Any, was_started: bool) -> HostStatus | None:
@@ -571,6 +584,7 @@ def _requests(spec: AttemptSpec, infos: list[SliceInfo], layout: list[tuple[str,
             contract=host_contract,
             env=attempt_env,
             hide=tuple(spec.hide),
+            limits=spec.limits,
         )
         for host_contract, attempt_env in envs
     ]

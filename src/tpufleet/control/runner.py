@@ -15,10 +15,12 @@ unpacks the uploaded package and ``exec``s the command. Nothing the job sends ca
 from answering: a start that cannot happen (a NUL byte, a missing program, an unsafe package) is
 an exit code 127 with the reason in the log, never an exception left in ``STARTING``.
 
-Output (stdout and stderr interleaved) goes to ``<log_root>/<job>/<attempt>/<slice>-<worker>.log``
-(0600, in 0700 directories, hidden from jailed jobs); the exit code is written next to it
-(``.exit``), so logs and results outlive the attempt and can be read through any later runner of
-the same host. A dead runner is replaced by the executor before its slice is offered again.
+Output (stdout and stderr interleaved, through a pipe the runner copies up to the stored cap) goes
+to ``<log_root>/<job>/<attempt>/<slice>-<worker>.log`` (0600, in 0700 directories, hidden from
+jailed jobs); the exit code is written next to it (``.exit``), and why tpufleet ended the run, if
+it did (a process or open-files limit, ``runlimits.py``), as ``.reason``, so logs and results
+outlive the attempt and can be read through any later runner of the same host. A dead runner is
+replaced by the executor before its slice is offered again.
 
 The runner also carries its host's device page for the control plane, as a daemon thread: the
 emulated TPU device plugin on an emulated host (``emulator/deviceplugin.py``), or on a GCE TPU VM
@@ -37,7 +39,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -46,7 +50,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tpufleet import contract, devicerelay
-from tpufleet.control import contain, jobfiles
+from tpufleet.control import contain, jobfiles, runlimits
 from tpufleet.emulator import deviceplugin
 from tpufleet.runtime import PROGRESS_VAR, read_progress
 
@@ -113,6 +117,8 @@ class _Run:
     jailed: bool = False
     ended: threading.Event = field(default_factory=threading.Event)
     progress_file: Path | None = None  # where process 0's report_step writes (in the scratch)
+    guard: runlimits.RunGuard | None = None  # its process and open-files limits
+    pump: runlimits.LogPump | None = None  # copies its output into ``log``, up to the cap
 
     def state(self) -> tuple[str, int | None]:
         """RUNNING until the main process ended and nothing of the run is left, then EXITED."""
@@ -143,6 +149,7 @@ class RunRequest:
     package: Any = None  # the uploaded zip: bytes, or an ObjectRef to them
     package_error: str | None = None
     max_unpacked: int | None = None
+    limits: runlimits.RunLimits = field(default_factory=runlimits.RunLimits)
 
 
 class HostRunner:
@@ -157,6 +164,7 @@ class HostRunner:
         self._current: _Run | None = None
         self._cancelled: set[tuple[str, int]] = set()  # stopped before their start arrived
         self._cgroups = contain.cgroup_root()
+        self._pids = runlimits.pids_base(self._cgroups)  # where runs' process limits go (or the scan)
         self._node = _node_id()
         self._jail_off = contain.jail_available()
         deviceplugin.serve_from_env()  # an emulated host's TPU device plugin: a thread in this process
@@ -197,7 +205,11 @@ class HostRunner:
         runs this runner does not know). The executor calls it on a new pool runner."""
         with self._lock:
             keep = {r.box.cgroup.name for r in self._runs.values() if r.box and r.box.cgroup}
-        return contain.sweep(self._cgroups, self._cgroup_prefix(), keep)
+            keep |= {r.guard.pids_dir.name for r in self._runs.values() if r.guard and r.guard.pids_dir}
+        removed = contain.sweep(self._cgroups, self._cgroup_prefix(), keep)
+        if self._pids is not None and not self._pids.shared:  # the v1 pids directories of those runs
+            contain.sweep(self._pids.path, self._cgroup_prefix(), keep)
+        return removed
 
     def _cgroup_prefix(self) -> str:
         """This host's runs: its Ray node (slice names repeat across fleets on one machine), slice
@@ -246,24 +258,24 @@ class HostRunner:
             run.jailed = True
         else:
             run.notes.append(f"tpufleet: this job is not isolated from other tenants: {self._jail_off}")
-        run.box = contain.Box(
-            contain.cgroup_name(self._node, self.slice_name, self.worker_id, run.job_id, run.attempt),
-            self._cgroups,
-        )
+        name = contain.cgroup_name(self._node, self.slice_name, self.worker_id, run.job_id, run.attempt)
+        run.box = contain.Box(name, self._cgroups)
+        run.guard = runlimits.RunGuard(name, request.limits, self._pids, run.box.cgroup)
         with open(run.log, "ab") as out:
             for note in run.notes:
                 out.write(f"{note}\n".encode())
-            out.flush()
-            run.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE if package is not None else subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=run.box.preexec(),
-            )
+        run.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if package is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,  # copied into the log up to the cap (``runlimits.LogPump``)
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_both(run.guard.preexec(), run.box.preexec()),
+        )
         run.box.started(run.proc.pid)
+        assert run.proc.stdout is not None
+        run.pump = runlimits.LogPump(run.proc.stdout, run.log, request.limits.log_bytes)
         if package is not None:
             threading.Thread(target=_feed, args=(run.proc, package), daemon=True).start()
         threading.Thread(target=self._reap, args=(run,), daemon=True).start()
@@ -299,15 +311,23 @@ class HostRunner:
         return contract.process_env(base, dict(request.user_env), dict(request.contract), dict(request.env))
 
     def _reap(self, run: _Run) -> None:
-        """Wait for the main process; then nothing of the run may outlive it (stragglers are killed)."""
-        assert run.proc is not None and run.box is not None
+        """Wait for the main process; then nothing of the run may outlive it (stragglers are killed).
+        A run past one of its limits is ended at once, with the reason on its log."""
+        assert run.proc is not None and run.box is not None and run.guard is not None
         while run.proc.poll() is None:
             run.box.track()
+            if run.guard.check(run.box.pids, time.monotonic()) is not None:
+                break
             try:
                 run.proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 continue
         run.box.kill()
+        if run.pump is not None:
+            run.pump.finish()
+        if (why := run.guard.final()) is not None:
+            with contextlib.suppress(OSError), open(run.log, "ab") as out:
+                out.write(f"tpufleet: {why}: the run was ended\n".encode())
         with self._lock:
             run.collect()
             self._finished(run)
@@ -315,6 +335,10 @@ class HostRunner:
     def _finished(self, run: _Run) -> None:
         if run.box is not None:
             run.box.close()
+        if run.guard is not None:
+            run.guard.close()
+            if run.guard.reason is not None:  # beside the exit code, for a later runner of the host
+                run.log.with_suffix(".reason").write_text(run.guard.reason)
         last = read_progress(run.progress_file) if run.progress_file is not None else None
         if last is not None:  # kept beside the log: the scratch (and the job's file) goes next
             run.log.with_suffix(".progress").write_text(json.dumps(last.to_dict()))
@@ -330,6 +354,17 @@ class HostRunner:
             if run is None:
                 return self._status_from_disk(job_id, attempt)
             return run.state()
+
+    def ended_reason(self, job_id: str, attempt: int) -> str | None:
+        """Why tpufleet ended the attempt here (a limit it went past), or None."""
+        with self._lock:
+            run = self._runs.get((job_id, attempt))
+            if run is not None:
+                return run.guard.reason if run.guard is not None and run.ended.is_set() else None
+        try:
+            return self._log(job_id, attempt).with_suffix(".reason").read_text() or None
+        except OSError:
+            return None
 
     def _status_from_disk(self, job_id: str, attempt: int) -> tuple[str, int | None]:
         exit_file = self._log(job_id, attempt).with_suffix(".exit")
@@ -405,6 +440,14 @@ def _node_id() -> str:
         return str(ray.get_runtime_context().get_node_id())[:12] if ray.is_initialized() else "local"
     except Exception:
         return "local"
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def child() -> None:
+        first()
+        then()
+
+    return child
 
 
 def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tpufleet.control import jobfiles
+from tpufleet.control import jobfiles, runlimits
 from tpufleet.control import records as r
 from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient, HostState, HostStatus
 from tpufleet.control.schedstate import SchedState
@@ -82,6 +82,8 @@ class ServiceConfig:
     incremental: bool = True  # keep the policy's view in memory (SchedState); False: read it whole
     reason_rewrites_per_cycle: int = 2000  # wait messages whose wording alone changed, written per cycle
     progress_write_s: float = 5.0  # a running attempt's reported steps are stored at most this often
+    job_process_limit: int = runlimits.DEFAULT_PROCESSES  # tasks (processes, threads) per host run
+    job_open_files_limit: int = runlimits.DEFAULT_OPEN_FILES  # open files per host run, all processes
 
 
 class Service:
@@ -304,6 +306,9 @@ class Service:
                 package=package,
                 working_dir_url=wd if wd and package is None else None,
                 hide=(str(self.state_dir.resolve()), *self.config.hide),
+                limits=runlimits.RunLimits(
+                    self.config.job_process_limit, self.config.job_open_files_limit, self.config.max_log_bytes
+                ),
                 kind=job.kind,
             )
         )
