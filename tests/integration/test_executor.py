@@ -22,6 +22,7 @@ from _executor_helpers import (
 
 from tpufleet.control.cluster import AttemptStatus, HostState
 from tpufleet.control.executor import RayExecutor
+from tpufleet.control.runlimits import PROCESS_REASON, RunLimits
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +92,28 @@ def test_a_failing_host_shows_in_poll_while_the_others_run(cluster: RayExecutor)
         cluster.stop(s.job_id, s.attempt, grace_s=1)
     after = cluster.poll(s.job_id, s.attempt)
     assert all(h.state is HostState.EXITED for h in after.hosts)
+
+
+def test_a_host_past_its_process_limit_fails_the_attempt_saying_so(cluster: RayExecutor) -> None:
+    slices = v4_slices(cluster, 1)
+    code = (
+        "import os, time\n"
+        "if os.environ['TPU_WORKER_ID'] == '1':\n"
+        "    for i in range(200):\n"
+        "        if os.fork() == 0: time.sleep(90.41); os._exit(0)\n"
+        "time.sleep(300)"
+    )
+    s = spec(slices, code, limits=RunLimits(processes=40))
+    cluster.launch(s)
+    try:
+        status = wait_for("host 1 to be ended", lambda: _record([], cluster.poll(s.job_id, s.attempt)))
+        assert status.failure == f"host {slices[0].name}/1 exited with code -9: " + PROCESS_REASON.format(
+            n=40
+        )
+        assert "exceeded its process limit" in full_log(cluster, s, slices[0].name, 1)
+    finally:
+        cluster.stop(s.job_id, s.attempt, grace_s=1)
+    assert procs_with("90.41") == []
 
 
 def _record(seen: list[AttemptStatus], status: AttemptStatus) -> AttemptStatus | None:
