@@ -159,12 +159,16 @@ class RunGuard:
         self._own = False  # a v1 directory of our own, joined in preexec and removed in close
         self._files_due = 0.0
         if base is not None:
-            if base.shared and cgroup is not None and cgroup.parent == base.path:
-                self.pids_dir = cgroup
-            else:
-                self.pids_dir, self._own = base.path / name, True
-                self.pids_dir.mkdir(exist_ok=True)
-            (self.pids_dir / "pids.max").write_text(str(limits.processes))
+            shared = base.shared and cgroup is not None and cgroup.parent == base.path
+            path = cgroup if shared and cgroup is not None else base.path / name
+            try:
+                path.mkdir(exist_ok=True)
+                (path / "pids.max").write_text(str(limits.processes))
+                self.pids_dir, self._own = path, not shared
+            except OSError:  # a hierarchy we cannot write after all: the scan holds the limit
+                if not shared:
+                    with contextlib.suppress(OSError):
+                        path.rmdir()
         self._failures0 = self._fork_failures()
 
     def preexec(self) -> Callable[[], None]:
