@@ -338,7 +338,8 @@ class HostRunner:
         if run.guard is not None:
             run.guard.close()
             if run.guard.reason is not None:  # beside the exit code, for a later runner of the host
-                run.log.with_suffix(".reason").write_text(run.guard.reason)
+                with contextlib.suppress(OSError):
+                    run.log.with_suffix(".reason").write_text(run.guard.reason)
         last = read_progress(run.progress_file) if run.progress_file is not None else None
         if last is not None:  # kept beside the log: the scratch (and the job's file) goes next
             run.log.with_suffix(".progress").write_text(json.dumps(last.to_dict()))
