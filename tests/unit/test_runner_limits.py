@@ -127,6 +127,15 @@ def test_a_job_past_its_process_limit_fails_alone(limited: str, tmp_path: Path) 
         assert not list(hostile._pids.path.glob("*.fork.1"))
 
 
+def test_all_runs_together_leave_the_host_pids_of_its_own(limited: str, tmp_path: Path) -> None:
+    host = _host(tmp_path, 1)
+    if host._pids is None:
+        pytest.skip("no pids hierarchy: no ceiling")
+    ceiling = (host._pids.path / "pids.max").read_text().strip()
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    assert ceiling != "max" and int(ceiling) < pid_max  # 3/4 of pid_max, unless the operator set one
+
+
 OPENS = """
 import os, time
 for i in range(3):
