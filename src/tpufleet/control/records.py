@@ -53,6 +53,7 @@ class Limits:
     max_package_bytes: int = 100 * MiB  # an uploaded zip
     max_package_entries: int = 20_000
     max_package_unpacked_bytes: int = 1 * GiB
+    package_quota_bytes: int = 1 * GiB  # all of a tenant's stored packages (serve --package-quota-mib)
     max_queued_per_tenant: int = 100_000
     working_dir_url_prefixes: tuple[str, ...] = ()
     max_command_args: int = 256
