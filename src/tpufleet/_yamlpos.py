@@ -3,10 +3,16 @@
 Shared by the fleet spec loader and the manifest linter so both can point at ``file:line:col``.
 A path is a tuple of mapping keys (str) and list indices (int), the same shape as a pydantic
 error ``loc``; positions are 1-based ``(line, column)``.
+
+Every reader goes through here, so the limits hold for ``lint``, ``render`` and ``serve --fleet``
+alike: a file of at most ``MAX_YAML_CHARS`` characters (10 MiB; :func:`read_yaml` reads no more),
+and at most ``MAX_YAML_NODES`` nodes per document once its aliases are expanded (an alias bomb of a
+few hundred bytes expands to billions). Past either, one :class:`InputError` line (exit 2).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,9 +21,11 @@ import yaml
 
 from tpufleet.errors import InputError
 
-__all__ = ["Document", "Path", "dotted", "load_documents"]
+__all__ = ["MAX_YAML_CHARS", "MAX_YAML_NODES", "Document", "Path", "dotted", "load_documents", "read_yaml"]
 
 Path = tuple[str | int, ...]
+MAX_YAML_CHARS = 10 * 1024 * 1024  # a file; real manifests and fleet specs are a few KiB
+MAX_YAML_NODES = 100_000  # per document, aliases expanded: KubeRay manifests have a few hundred
 
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -59,13 +67,61 @@ def _walk(node: yaml.Node, path: Path, out: dict[Path, tuple[int, int]]) -> None
             _walk(item, sub, out)
 
 
+def _expanded(node: yaml.Node, file: str, seen: dict[int, int], open_: set[int]) -> int:
+    """How many nodes ``node`` stands for with every alias expanded (an alias is the node it names,
+    shared: counted once per use, computed once); InputError past ``MAX_YAML_NODES`` or for an alias
+    inside the node it names."""
+    key = id(node)
+    if key in seen:
+        return seen[key]
+    if key in open_:
+        raise InputError(f"{file}:{_mark(node)[0]}: a YAML alias inside the node it names (a loop)")
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    open_.add(key)
+    total = 1
+    for child in children:
+        total += _expanded(child, file, seen, open_)
+        if total > MAX_YAML_NODES:
+            raise InputError(
+                f"{file}:{_mark(node)[0]}: with its aliases expanded this YAML has over "
+                f"{MAX_YAML_NODES:,} nodes (the limit); write repeated parts out or use fewer aliases"
+            )
+    open_.discard(key)
+    seen[key] = total
+    return total
+
+
+def read_yaml(path: str | os.PathLike[str]) -> str:
+    """The text of a YAML file, reading at most ``MAX_YAML_CHARS`` (+1) characters; InputError past
+    that. OSError and UnicodeDecodeError are the caller's to word."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read(MAX_YAML_CHARS + 1)
+    _check_size(text, str(path))
+    return text
+
+
+def _check_size(text: str, file: str) -> None:
+    if len(text) > MAX_YAML_CHARS:
+        raise InputError(
+            f"{file}: over {MAX_YAML_CHARS:,} characters (the limit for a YAML file); split it up"
+        )
+
+
 def load_documents(text: str, file: str = "<input>") -> list[Document]:
     """Every document in ``text`` with positions; empty documents are skipped.
 
-    Raises :class:`InputError` naming the file, line and column when the YAML does not parse.
+    Raises :class:`InputError` naming the file, line and column when the YAML does not parse, and
+    when it is past the size or the expanded-node limit.
     """
+    _check_size(text, file)
     try:
         nodes = list(yaml.compose_all(text, Loader=_Loader))
+    except RecursionError:
+        raise InputError(f"{file}: YAML nested too deeply to read") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
@@ -75,6 +131,7 @@ def load_documents(text: str, file: str = "<input>") -> list[Document]:
     for node in nodes:
         if node is None:
             continue
+        _expanded(node, file, {}, set())
         constructor = yaml.constructor.SafeConstructor()
         try:
             data = constructor.construct_document(node)
