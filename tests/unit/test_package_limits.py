@@ -115,6 +115,15 @@ def test_entries_that_lie_about_their_bytes_or_name_are_refused_at_upload() -> N
         packages.check_zip(bytes(renamed))
 
 
+def test_an_encrypted_entry_is_a_clear_400_not_a_500() -> None:
+    """Accepted today (the hosts could not unpack it); read without this check: a RuntimeError, a 500."""
+    out = bytearray(_stored({"a.txt": b"secret"}))
+    for sig, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        out[out.index(sig) + flag_at] |= 0x1
+    with pytest.raises(SpecError, match="is encrypted"):
+        packages.check_zip(bytes(out))
+
+
 def test_a_deflated_entry_whose_crc_lies_is_refused() -> None:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:

@@ -74,6 +74,10 @@ def _verify(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
     as the directory declared (what the hosts' unpack would otherwise meet)."""
     if info.is_dir():
         return
+    if info.flag_bits & 0x1:
+        raise SpecError(
+            f"entry {info.filename[:120]!r} is encrypted; pack it without a password", field=FIELD
+        )
     got = 0
     with zf.open(info) as src:  # BadZipFile when the local header names another file
         while chunk := src.read(1 << 20):
