@@ -6,8 +6,9 @@ error ``loc``; positions are 1-based ``(line, column)``.
 
 Every reader goes through here, so the limits hold for ``lint``, ``render`` and ``serve --fleet``
 alike: a file of at most ``MAX_YAML_CHARS`` characters (10 MiB; :func:`read_yaml` reads no more),
-and at most ``MAX_YAML_NODES`` nodes per document once its aliases are expanded (an alias bomb of a
-few hundred bytes expands to billions). Past either, one :class:`InputError` line (exit 2).
+nested at most ``MAX_YAML_DEPTH`` levels, and at most ``MAX_YAML_NODES`` nodes per document once its
+aliases are expanded (an alias bomb of a few hundred bytes expands to billions). Past any, one
+:class:`InputError` line (exit 2).
 """
 
 from __future__ import annotations
@@ -21,11 +22,21 @@ import yaml
 
 from tpufleet.errors import InputError
 
-__all__ = ["MAX_YAML_CHARS", "MAX_YAML_NODES", "Document", "Path", "dotted", "load_documents", "read_yaml"]
+__all__ = [
+    "MAX_YAML_CHARS",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
+    "Document",
+    "Path",
+    "dotted",
+    "load_documents",
+    "read_yaml",
+]
 
 Path = tuple[str | int, ...]
 MAX_YAML_CHARS = 10 * 1024 * 1024  # a file; real manifests and fleet specs are a few KiB
 MAX_YAML_NODES = 100_000  # per document, aliases expanded: KubeRay manifests have a few hundred
+MAX_YAML_DEPTH = 200  # mappings and lists inside each other: a Kubernetes manifest nests about 15
 
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -67,32 +78,55 @@ def _walk(node: yaml.Node, path: Path, out: dict[Path, tuple[int, int]]) -> None
             _walk(item, sub, out)
 
 
-def _expanded(node: yaml.Node, file: str, seen: dict[int, int], open_: set[int]) -> int:
-    """How many nodes ``node`` stands for with every alias expanded (an alias is the node it names,
-    shared: counted once per use, computed once); InputError past ``MAX_YAML_NODES`` or for an alias
-    inside the node it names."""
-    key = id(node)
-    if key in seen:
-        return seen[key]
-    if key in open_:
-        raise InputError(f"{file}:{_mark(node)[0]}: a YAML alias inside the node it names (a loop)")
-    children: list[yaml.Node] = []
-    if isinstance(node, yaml.MappingNode):
-        children = [part for pair in node.value for part in pair]
-    elif isinstance(node, yaml.SequenceNode):
-        children = list(node.value)
-    open_.add(key)
-    total = 1
-    for child in children:
-        total += _expanded(child, file, seen, open_)
+def _measure(text: str, file: str) -> None:
+    """Refuse, from the parser's events and before anything is built, YAML nested past
+    ``MAX_YAML_DEPTH``, a document past ``MAX_YAML_NODES`` nodes with its aliases expanded (an alias
+    counts as the size of the node it names), or an alias inside the node it names. Stops at the
+    first event past a limit, so an alias bomb or a deep nest costs no more than its prefix."""
+    sizes: dict[str, int] = {}  # anchor -> nodes it stands for
+    stack: list[tuple[str | None, list[int]]] = []  # open collections: anchor, [nodes so far]
+    total = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.DocumentStartEvent):
+            sizes, total = {}, 0
+            continue
+        if isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            stack.append((event.anchor, [1]))
+            if len(stack) > MAX_YAML_DEPTH:
+                raise InputError(
+                    f"{_at(file, event)}: YAML nested over {MAX_YAML_DEPTH} levels deep (the limit)"
+                )
+            added = 1
+        elif isinstance(event, yaml.SequenceEndEvent | yaml.MappingEndEvent):
+            anchor, (size,) = stack.pop()
+            if anchor is not None:
+                sizes[anchor] = size
+            if stack:
+                stack[-1][1][0] += size
+            continue
+        elif isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for anchor, _ in stack):
+                raise InputError(f"{_at(file, event)}: a YAML alias inside the node it names (a loop)")
+            added = sizes.get(str(event.anchor), 1)  # an unknown anchor: the composer says so
+        elif isinstance(event, yaml.ScalarEvent):
+            added = 1
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        else:
+            continue
+        if stack and not isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            stack[-1][1][0] += added
+        total += added
         if total > MAX_YAML_NODES:
             raise InputError(
-                f"{file}:{_mark(node)[0]}: with its aliases expanded this YAML has over "
-                f"{MAX_YAML_NODES:,} nodes (the limit); write repeated parts out or use fewer aliases"
+                f"{_at(file, event)}: with its aliases expanded this YAML has over {MAX_YAML_NODES:,} "
+                "nodes (the limit); write repeated parts out or use fewer aliases"
             )
-    open_.discard(key)
-    seen[key] = total
-    return total
+
+
+def _at(file: str, event: yaml.Event) -> str:
+    mark = event.start_mark
+    return f"{file}:{mark.line + 1}" if mark is not None else file
 
 
 def read_yaml(path: str | os.PathLike[str]) -> str:
@@ -119,9 +153,8 @@ def load_documents(text: str, file: str = "<input>") -> list[Document]:
     """
     _check_size(text, file)
     try:
+        _measure(text, file)
         nodes = list(yaml.compose_all(text, Loader=_Loader))
-    except RecursionError:
-        raise InputError(f"{file}: YAML nested too deeply to read") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
@@ -131,7 +164,6 @@ def load_documents(text: str, file: str = "<input>") -> list[Document]:
     for node in nodes:
         if node is None:
             continue
-        _expanded(node, file, {}, set())
         constructor = yaml.constructor.SafeConstructor()
         try:
             data = constructor.construct_document(node)

@@ -100,3 +100,17 @@ def test_aliases_within_the_limit_still_load_with_positions() -> None:
     text = bomb(levels=3, width=9)  # 9 + 81 + 729 nodes: a manifest's worth
     (doc,) = load_documents(text)
     assert len(doc.data["bomb"]["c"]) == 9 and doc.where(("bomb", "c")) == (4, 3)
+
+
+def test_yaml_nested_past_the_limit_is_refused_before_it_is_built() -> None:
+    """Today 5,000 nested lists were a RecursionError traceback (and 100,000 hang libyaml)."""
+    with pytest.raises(InputError, match="<input>:1: YAML nested over 200 levels deep"):
+        load_documents("[" * 5000 + "]" * 5000)
+    load_documents("[" * 150 + "]" * 150)  # deep, but within the limit
+
+
+def test_a_large_document_without_aliases_is_refused_at_the_node_limit() -> None:
+    item = "- {name: worker, image: 'rayproject/ray:2.9', resources: {limits: {google.com/tpu: 4}}}\n"
+    with pytest.raises(InputError, match="over 100,000 nodes"):
+        load_documents(item * 20_000)  # 9 nodes an item
+    assert len(load_documents(item * 1000)[0].data) == 1000
