@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from tpufleet import catalog as cat
-from tpufleet._yamlpos import Document, Path, dotted, load_documents
+from tpufleet._yamlpos import Document, Path, dotted, load_documents, read_yaml
 from tpufleet.errors import InputError, SpecError, closest, suggest
 
 __all__ = [
@@ -191,9 +191,10 @@ def _resolve(
 def read_spec(path: str | FilePath) -> FleetSpec:
     """Read and validate a spec file; an unreadable file is an :class:`InputError`."""
     try:
-        text = FilePath(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputError(f"{path}: cannot read the fleet spec: {err.strerror or err}") from None
+        text = read_yaml(path)
+    except (OSError, UnicodeDecodeError) as err:
+        why = getattr(err, "strerror", None) or err
+        raise InputError(f"{path}: cannot read the fleet spec: {why}") from None
     return load_spec(text, str(path))
 
 

@@ -6,8 +6,9 @@ reason when chromium or Playwright is missing, unless ``TPUFLEET_REQUIRE_CHROMIU
 ``make test`` does; ``scripts/ensure-test-services.sh`` installs it). Proven here: the page asks for
 a token and keeps it out of URLs, shows the slices as hosts and chips and a running job, updates
 when the job ends without a reload, shows why a job waits, a job's hosts, attempts and logs, renders
-a hostile job name as text, and a tenant's token sees only its own jobs; ``top --once`` prints a
-frame with the same facts.
+a hostile job name as text, isolates names and reasons from the text around them (bidi), draws
+each host's log header as an element a job's own lines cannot imitate, and a tenant's token sees
+only its own jobs; ``top --once`` prints a frame with the same facts.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import httpx
 import pytest
 
 from tpufleet.api.server import ControlPlane
+from tpufleet.control.fake import FakeCluster, Script
 from tpufleet.control.fleetview import duty_cycles
 from tpufleet.control.sandbox import SandboxCluster
 from tpufleet.control.service import ServiceConfig
@@ -182,7 +184,7 @@ def test_the_page_shows_the_fleet_a_running_job_and_updates_when_it_ends(
     held = page.locator(f'.slice[data-holder="{job}"]')
     held.wait_for(timeout=15_000)
     assert held.get_attribute("data-state") == "HELD" and held.locator(".chip.tenant").count() == 8
-    assert running.locator(".job-name span").nth(1).text_content() == HOSTILE  # shown as text
+    assert running.locator(".job-name bdi").text_content() == HOSTILE  # shown as text
     assert page.evaluate("document.querySelectorAll('img').length") == 0
     assert page.evaluate("window.__pwned") is None
     usage = page.locator('#tenants tr[data-tenant="research"]').inner_text()
@@ -395,3 +397,50 @@ def _lightness(css: str) -> float:
     """HSL lightness (0..1) of an ``rgb(r, g, b)`` computed colour."""
     r, g, b = (int(x) / 255 for x in re.findall(r"\d+", css)[:3])
     return (max(r, g, b) + min(r, g, b)) / 2
+
+
+FAKE_HEADER = "== tpu-v4-16-0 worker 1 =="  # what today's log view printed between two hosts' output
+
+
+def test_a_jobs_own_lines_cannot_draw_a_host_header_and_names_are_isolated(
+    browser: Any, tmp_path: Path
+) -> None:
+    """Today the log view was one text with "== <slice> worker <n> ==" lines between hosts: a job
+    printing that line drew a header that looked real. Names and reasons were not bidi-isolated."""
+    output = "step 1 on {TPU_WORKER_ID}\n" + FAKE_HEADER + "\nforged line\n"
+    cluster = FakeCluster.of("v4-16:1", script=lambda spec: Script(exit_after=None, output=output))
+    cp = ControlPlane(cluster, state_dir=tmp_path / "cp", config=ServiceConfig(interval_s=0.05))
+    try:
+        url = cp.start_http()
+        admin = {"Authorization": f"Bearer {cp.admin_token}"}
+        token = httpx.post(
+            f"{url}/api/v1/tenants", json={"name": "research", "quota": {"v4": 8}}, headers=admin
+        ).json()["token"]
+        body = {
+            "command": ["python", "t.py"],
+            "accelerator_type": "v4-16",
+            "name": "\u05e9\u05dc\u05d5\u05dd 2",
+        }
+        job = httpx.post(f"{url}/api/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"})
+        job_id = job.json()["id"]
+        page = browser.new_page()
+        _sign_in(page, url, cp.admin_token)
+        row = page.locator(f'#active tr[data-job="{job_id}"]')
+        row.wait_for(timeout=15_000)
+        isolated = "els => els.map(e => e.tagName + ' ' + getComputedStyle(e).unicodeBidi)"
+        assert row.locator("bdi").evaluate_all(isolated) == ["BDI isolate", "BDI isolate"]  # name, tenant
+        row.locator(".job-name").click()
+        page.locator("#job-logs .log-text", has_text="forged line").first.wait_for(timeout=15_000)
+        page.locator("#job-logs .log-host").nth(1).wait_for(timeout=15_000)
+        assert page.locator("#job-title bdi").evaluate_all(isolated) == ["BDI isolate"]
+        headers = page.locator("#job-logs .log-host")
+        assert headers.all_text_contents() == ["tpu-v4-16-0 worker 0", "tpu-v4-16-0 worker 1"]
+        texts = page.locator("#job-logs .log-text")
+        assert texts.count() == 2
+        assert all(FAKE_HEADER in t for t in texts.all_text_contents())  # the job's line, as its text
+        assert page.locator("#job-logs > *").count() == 4  # nothing the job wrote became an element
+        style = "e => [getComputedStyle(e).fontWeight, getComputedStyle(e).backgroundColor]"
+        assert headers.nth(1).evaluate(style) != texts.nth(0).evaluate(style)  # drawn unlike any output
+        page.close()
+    finally:
+        cp.close()

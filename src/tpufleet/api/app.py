@@ -449,7 +449,7 @@ def undrain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     status_code=201,
     tags=["jobs"],
     response_model=PackageOut,
-    responses=_errs(400, 403, 404, 413, 415, 422),
+    responses=_errs(400, 403, 404, 409, 413, 415, 422),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -467,7 +467,10 @@ async def upload_package(
 ) -> dict[str, Any]:
     """Upload a job's working directory as a zip (raw body, ``Content-Type: application/zip``),
     at most 100 MiB by default (``serve --max-package-bytes``), 20,000 entries, 1 GiB unpacked,
-    no absolute paths, ``..`` or symbolic links. Answers its id, the ``working_dir`` of a job."""
+    no absolute paths, ``..`` or symbolic links, every entry's size and CRC-32 as declared. Answers
+    its id, the ``working_dir`` of a job. A tenant's packages share its package quota (1 GiB by
+    default, ``serve --package-quota-mib``; past it a 409); one no queued or running job names is
+    deleted an hour after its upload or its last job's end."""
     owner = auth.submit_tenant(me, tenant)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/zip":

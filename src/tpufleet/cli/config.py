@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from tpufleet._yamlpos import read_yaml
 from tpufleet.cli._app import app, console_err
 from tpufleet.errors import InputError, SpecError
 from tpufleet.lint.crds import SchemaSource, find_crd_dir, load_crd_schemas
@@ -218,7 +219,7 @@ def lint_cmd(
     findings = []
     for path in files:
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_yaml(path)
         except (OSError, UnicodeDecodeError) as err:
             raise InputError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
         findings += lint_text(text, str(path), schemas)

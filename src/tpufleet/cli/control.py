@@ -158,6 +158,15 @@ def serve_cmd(
     max_package_bytes: Annotated[
         int, typer.Option("--max-package-bytes", min=1, help="Largest working_dir package upload.")
     ] = DEFAULT_LIMITS.max_package_bytes,
+    package_quota_mib: Annotated[
+        int,
+        typer.Option(
+            "--package-quota-mib",
+            min=1,
+            help="MiB of uploaded packages a tenant may store; a package no queued or running job "
+            "names is deleted an hour after its upload or its last job's end.",
+        ),
+    ] = DEFAULT_LIMITS.package_quota_bytes // (1 << 20),
     checkpoint_root: Annotated[
         Path | None,
         typer.Option(
@@ -320,6 +329,7 @@ def serve_cmd(
         working_dir_url_prefixes=tuple(_url_prefix(p) for p in allow_working_dir_url),
         max_queued_per_tenant=max_queued_per_tenant,
         max_package_bytes=max_package_bytes,
+        package_quota_bytes=package_quota_mib << 20,
         ray_jobs=allow_ray_jobs,
     )
     config = ServiceConfig(

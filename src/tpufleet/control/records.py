@@ -53,6 +53,7 @@ class Limits:
     max_package_bytes: int = 100 * MiB  # an uploaded zip
     max_package_entries: int = 20_000
     max_package_unpacked_bytes: int = 1 * GiB
+    package_quota_bytes: int = 1 * GiB  # all of a tenant's stored packages (serve --package-quota-mib)
     max_queued_per_tenant: int = 100_000
     working_dir_url_prefixes: tuple[str, ...] = ()
     max_command_args: int = 256
@@ -298,7 +299,7 @@ class JobRequest:
             num_slices=num_slices,
             priority=priority,
             max_retries=max_retries,
-            name=name or default_name(cmd),
+            name=name or clean_name(default_name(cmd), limits),
             env=_check_env(env or {}, limits),
             working_dir=check_working_dir(working_dir, limits),
             kind=kind,
@@ -345,15 +346,56 @@ def _check_command(command: Sequence[str], limits: Limits) -> tuple[str, ...]:
     return cmd
 
 
+NAME_BANNED = frozenset({"Cc", "Cf", "Cs", "Cn", "Zl", "Zp"})  # control, format (RLO, ZWJ, BOM), ...
+MAX_MARKS = 3  # combining marks on one character: enough for any script, not for a tower of them
+
+
 def _check_name(name: str, limits: Limits) -> None:
     if not isinstance(name, str) or not 0 < len(name) <= limits.max_name:
         size = len(name) if isinstance(name, str) else name
         raise SpecError(f"name must have 1 to {limits.max_name} characters, got {size!r}", field="name")
-    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Cs")), None)
+    bad = next((c for c in name if unicodedata.category(c) in NAME_BANNED), None)
     if bad is not None:
         raise SpecError(
             f"control or format character {bad!r} in the name; use printable characters", field="name"
         )
+    if _marks_past(name) is not None:
+        raise SpecError(
+            f"more than {MAX_MARKS} combining marks on one character in the name (or a name that "
+            "starts with one); use plain text",
+            field="name",
+        )
+
+
+def _marks_past(name: str) -> int | None:
+    """The index of the first combining mark past ``MAX_MARKS`` in a row (or with no character
+    before it to sit on), None when there is none."""
+    run = MAX_MARKS  # a mark at the start has no base character
+    for i, c in enumerate(name):
+        run = run + 1 if unicodedata.category(c).startswith("M") else 0
+        if run > MAX_MARKS:
+            return i
+    return None
+
+
+def clean_name(text: str, limits: Limits = DEFAULT_LIMITS) -> str:
+    """``text`` made a valid job name: control and format characters and combining marks past the
+    rule of :func:`_check_name` dropped, surrounding blanks stripped, cut to ``max_name``; ``job``
+    when nothing is left. What a default name (derived from the command) goes through."""
+    kept: list[str] = []
+    run = MAX_MARKS
+    for c in text:
+        category = unicodedata.category(c)
+        if category in NAME_BANNED:
+            continue
+        if category.startswith("M"):
+            if run >= MAX_MARKS:
+                continue
+            run += 1
+        else:
+            run = 0
+        kept.append(c)
+    return "".join(kept).strip()[: limits.max_name].strip() or "job"
 
 
 def check_working_dir(working_dir: str | None, limits: Limits = DEFAULT_LIMITS) -> str | None:

@@ -16,7 +16,18 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, insert, make_url, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    make_url,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -432,7 +443,9 @@ class Store(TenantOps):
     # -- packages ----------------------------------------------------------------------------
     def put_package(self, tenant: str, data: bytes) -> str:
         """Store a working-directory zip for ``tenant`` after :func:`packages.check_zip` (SpecError
-        otherwise); returns its id ``sha256:<hex>``. Uploading the same bytes again is a no-op."""
+        otherwise); returns its id ``sha256:<hex>``. Uploading the same bytes again is a no-op.
+        The tenant's unused packages are collected first (:meth:`collect_packages`); what stays
+        and this one must fit its package quota (ConflictError, naming ``serve --package-quota-mib``)."""
         packages.check_zip(data, self.limits)
         pid = packages.package_id(data)
         digest = pid.removeprefix("sha256:")
@@ -440,6 +453,8 @@ class Store(TenantOps):
         try:
             with self.tx() as s:
                 if s.get(PackageRow, (tenant, digest)) is None:
+                    self._collect_packages(s, tenant)
+                    self._check_package_quota(s, tenant, len(data))
                     s.add(
                         PackageRow(
                             tenant=tenant, sha256=digest, data=data, size=len(data), created_at=self.clock()
@@ -448,6 +463,36 @@ class Store(TenantOps):
         except IntegrityError:  # the same upload raced with this one; it is stored
             pass
         return pid
+
+    def _check_package_quota(self, s: Session, tenant: str, adding: int) -> None:
+        quota = self.limits.package_quota_bytes
+        used = int(s.scalar(select(func.sum(PackageRow.size)).where(PackageRow.tenant == tenant)) or 0)
+        if used + adding > quota:
+            raise ConflictError(
+                f"tenant {tenant} stores {used:,} bytes of packages and this one has {adding:,}: over the "
+                f"package quota of {quota:,} bytes (serve --package-quota-mib {quota // r.MiB}); a package "
+                f"no queued or running job names is deleted {packages.UNUSED_KEEP_S / 3600:g} h after its "
+                "last use"
+            )
+
+    def collect_packages(self, tenant: str | None = None) -> int:
+        """Delete the packages (of ``tenant``, or everyone's) that no queued or running job names and
+        that were neither uploaded nor used by a job that ended in the last ``packages.UNUSED_KEEP_S``;
+        returns how many went. Run at every upload, for the uploading tenant."""
+        with self.tx() as s:
+            return self._collect_packages(s, tenant)
+
+    def _collect_packages(self, s: Session, tenant: str | None) -> int:
+        since = self.clock() - packages.UNUSED_KEEP_S
+        named = (JobRow.tenant == PackageRow.tenant) & (JobRow.working_dir == "sha256:" + PackageRow.sha256)
+        in_use = select(JobRow.seq).where(
+            named, JobRow.state.not_in(r.TERMINAL) | (func.coalesce(JobRow.finished_at, since) >= since)
+        )
+        query = delete(PackageRow).where(PackageRow.created_at < since, ~in_use.exists())
+        if tenant is not None:
+            query = query.where(PackageRow.tenant == tenant)
+        done = s.execute(query.execution_options(synchronize_session=False))
+        return int(getattr(done, "rowcount", 0) or 0)
 
     def package(self, tenant: str, package_id: str) -> bytes:
         """The zip ``tenant`` uploaded as ``package_id``; NotFoundError for a malformed id, an unknown

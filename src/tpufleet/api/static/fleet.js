@@ -1,6 +1,8 @@
 // The tpufleet fleet page. Plain JS, no build step, no third-party code.
 // Every string from the API (job names, commands, reasons, log lines) is hostile input: it is only
-// ever put on the page as textContent (or a title property), never parsed as HTML.
+// ever put on the page as textContent (or a title property), never parsed as HTML. Names, tenants
+// and reasons go in <bdi> (isolated: a right-to-left override cannot reorder the text around them),
+// and the log view draws each host's header as its own element, which no line a job prints can be.
 "use strict";
 
 (function () {
@@ -33,6 +35,7 @@
     return node;
   }
   const td = (text, cls) => el("td", { text: text === null || text === undefined ? DASH : text, cls });
+  const bdi = (text, cls) => el("bdi", { text, cls }); // isolated from the text around it
 
   // -- the token: asked for, kept in this tab's sessionStorage, sent as a Bearer header ---------
   function token() {
@@ -233,13 +236,13 @@
     const cell = el("td", { cls: "job-name" }, [
       el("span", { cls: "job-id", text: j.id }),
       document.createTextNode(" "),
-      el("span", { text: j.name }),
+      bdi(j.name, "name"),
     ]);
     cell.addEventListener("click", () => openJob(j.id));
     return cell;
   }
   function tenantCell(name) {
-    const cell = el("td", { cls: "nowrap" }, [el("span", { cls: "swatch" }), el("span", { text: name })]);
+    const cell = el("td", { cls: "nowrap" }, [el("span", { cls: "swatch" }), bdi(name, "name")]);
     cell.firstChild.style.setProperty("--hue", String(hue(name)));
     return cell;
   }
@@ -308,7 +311,8 @@
         td(since(j.submitted_at), "nowrap"),
         el("td", { cls: "reason", title: j.reason || "" }, [
           el("span", { cls: "code", text: j.reason_code || "waiting for the next cycle" }),
-          j.reason ? el("span", { cls: "muted", text: " " + j.reason }) : null,
+          j.reason ? document.createTextNode(" ") : null,
+          j.reason ? bdi(j.reason, "muted") : null,
         ]),
       ])
     );
@@ -330,7 +334,7 @@
         el("td", {}, [el("span", { cls: "badge", data: { state: j.state }, text: j.state })]),
         td(j.attempt),
         td(since(j.finished_at) + " ago", "nowrap"),
-        td(j.reason || (j.exit_code !== null ? "exit " + j.exit_code : "")),
+        el("td", {}, [bdi(j.reason || (j.exit_code !== null ? "exit " + j.exit_code : ""))]),
       ])
     );
   }
@@ -354,14 +358,14 @@
 
   function fact(dl, name, value) {
     dl.appendChild(el("dt", { text: name }));
-    dl.appendChild(el("dd", { text: value === null || value === undefined || value === "" ? DASH : value }));
+    dl.appendChild(el("dd", {}, [bdi(value === null || value === undefined || value === "" ? DASH : value)]));
   }
 
   async function refreshJob() {
     const id = selected;
     const job = await api("/api/v1/jobs/" + encodeURIComponent(id));
     if (selected !== id) return;
-    $("job-title").textContent = job.id + " \u00b7 " + job.name;
+    $("job-title").replaceChildren(document.createTextNode(job.id + " \u00b7 "), bdi(job.name, "name"));
     const facts = $("job-facts");
     facts.replaceChildren();
     fact(facts, "state", job.state);
@@ -386,7 +390,7 @@
         el("td", {}, [el("span", { cls: "badge", data: { state: a.state }, text: a.state })]),
         td(a.slices.join(", ")),
         td(a.started_at ? ago((a.ended_at || fleet.at) - a.started_at) : null),
-        td(a.message),
+        el("td", {}, [bdi(a.message === null || a.message === undefined ? DASH : a.message)]),
       ])
     );
     const gp = $("job-goodput");
@@ -419,13 +423,16 @@
       }
     }
     logs.complete = Object.values(logs.labels).every((l) => l.complete);
-    const text = Object.keys(logs.parts)
+    // each host: a header element (the job's output cannot make one), then its output as one text node
+    const parts = Object.keys(logs.parts)
       .sort((a, b) => a - b)
-      .map((h) => "== " + logs.labels[h].name + " ==\n" + logs.parts[h])
-      .join("\n");
+      .flatMap((h) => [
+        el("div", { cls: "log-host", data: { host: h }, text: logs.labels[h].name }),
+        el("div", { cls: "log-text", text: logs.parts[h] }),
+      ]);
     const pre = $("job-logs");
     const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-    pre.textContent = text;
+    pre.replaceChildren(...parts);
     if (atEnd) pre.scrollTop = pre.scrollHeight;
     $("job-logs-note").textContent = "attempt " + logs.attempt + (logs.complete ? " (complete)" : " (live)");
   }
