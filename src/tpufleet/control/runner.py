@@ -462,6 +462,16 @@ def read_log_task(node_id: str, log_root: str | None) -> Any:
     return ray.remote(read).options(num_cpus=0, scheduling_strategy=strategy)
 
 
+def remove_files_task(node_id: str) -> Any:
+    """A one-off task on ``node_id`` that removes finished jobs' files when no runner answers."""
+
+    def remove(job_root: str, tenant: str, job_ids: list[str]) -> dict[str, Any]:
+        return HostRunner("files", 0, None).remove_job_files(job_root, tenant, job_ids)
+
+    strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return ray.remote(remove).options(num_cpus=0, scheduling_strategy=strategy)
+
+
 def _node_id() -> str:
     """A short id of the Ray node this runner lives on ("local" outside Ray, as in unit tests)."""
     try:

@@ -18,6 +18,10 @@ One cycle (:meth:`Service.run_once`):
 4. **Logs.** New output of running attempts is copied into the store (within a time budget per
    cycle), so logs outlive the job. Each host's stored log is capped (``max_log_bytes``): past the
    cap it is marked truncated, never silently cut.
+5. **Files.** What the hosts measured of each tenant's checkpoint directory (with their poll
+   answers) is stored per tenant; the quota itself is enforced on the hosts. With a retention
+   (``checkpoint_retention_s``), finished jobs' checkpoint directories are removed through a host
+   every ``retention_check_s`` (``control/checkpoints.py``), off the loop's thread.
 
 One job's faults stay with that job: any error while launching, polling or stopping one attempt
 ends that attempt with the error as its reason, and launches and stops (which may take the grace
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tpufleet.control import jobfiles
+from tpufleet.control import checkpoints, jobfiles
 from tpufleet.control import records as r
 from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient, HostState, HostStatus
 from tpufleet.control.schedstate import SchedState
@@ -82,6 +86,11 @@ class ServiceConfig:
     incremental: bool = True  # keep the policy's view in memory (SchedState); False: read it whole
     reason_rewrites_per_cycle: int = 2000  # wait messages whose wording alone changed, written per cycle
     progress_write_s: float = 5.0  # a running attempt's reported steps are stored at most this often
+    checkpoint_check_s: float = 5.0  # how often a host measures a running job's tenant directory
+    # a finished job's checkpoint directory is removed this long after it ended (serve
+    # --checkpoint-retention-days); None: kept until someone removes it
+    checkpoint_retention_s: float | None = None
+    retention_check_s: float = 600.0  # how often the loop looks for finished jobs' files to remove
 
 
 class Service:
@@ -117,6 +126,10 @@ class Service:
         self.cycle_observers: list[Callable[[float], None]] = []  # each cycle's seconds (metrics)
         self._progress: dict[Key, tuple[StepProgress, float]] = {}  # stored report, when (monotonic)
         self._progress_due: dict[Key, StepProgress] = {}
+        self._disk_due: dict[str, jobfiles.DiskUsage] = {}  # tenant -> newest measurement to store
+        self._disk_written: dict[str, float] = {}  # tenant -> when (monotonic) it was last stored
+        self._retention: Future[None] | None = None
+        self._retained_at = float("-inf")
         self._last_cycle = time.monotonic()
         self._pool = ThreadPoolExecutor(self.config.stop_threads) if self.config.stop_threads else None
         self._wake = threading.Event()
@@ -144,6 +157,8 @@ class Service:
         )
         self._pull_logs(active)
         self._store_progress(active)
+        self._store_disk()
+        self._retain()
         self.cycles += 1
         self._last_cycle = time.monotonic()
         self._cycle_ms.append((self._last_cycle - started) * 1000)
@@ -305,6 +320,8 @@ class Service:
                 working_dir_url=wd if wd and package is None else None,
                 hide=(str(self.state_dir.resolve()), *self.config.hide),
                 kind=job.kind,
+                checkpoint_quota=self.store.limits.checkpoint_quota_bytes,
+                checkpoint_check_s=self.config.checkpoint_check_s,
             )
         )
 
@@ -322,6 +339,8 @@ class Service:
             self._note_placed(key, status)
             if status.progress is not None:
                 self._note_progress(key, status.progress)
+            if status.disk is not None:
+                self._disk_due[job.tenant] = status.disk
         if status is not None and status.interrupted is not None:
             if self.tr.begin_stop(job.id, StopKind.INTERRUPTED, status.interrupted):
                 self._stopping(job, StopKind.INTERRUPTED)
@@ -355,6 +374,47 @@ class Service:
         live = {(j.id, j.attempt) for j in active}
         for key in [k for k in self._progress if k not in live]:
             del self._progress[key]
+
+    def _store_disk(self) -> None:
+        """Store the hosts' newest measurement of each tenant's checkpoint directory, at most every
+        ``progress_write_s`` per tenant (a newer one waits for its turn)."""
+        now = time.monotonic()
+        due = {
+            tenant: disk
+            for tenant, disk in self._disk_due.items()
+            if now - self._disk_written.get(tenant, float("-inf")) >= self.config.progress_write_s
+        }
+        if not due:
+            return
+        try:
+            checkpoints.record_usage(self.store, due)
+        except Exception:  # a record, never a reason to stop the loop: the next report is stored
+            log.exception("storing the checkpoint usage of %d tenants failed", len(due))
+            return
+        for tenant in due:
+            self._disk_written[tenant] = now
+            del self._disk_due[tenant]
+
+    def _retain(self) -> None:
+        """Every ``retention_check_s``, remove (through a host, off the loop) the checkpoint
+        directories of jobs finished longer than ``checkpoint_retention_s`` ago."""
+        keep = self.config.checkpoint_retention_s
+        if keep is None:
+            return
+        if self._retention is None:
+            if time.monotonic() - self._retained_at < self.config.retention_check_s:
+                return
+            self._retained_at = time.monotonic()
+            self._retention = self._submit(self._do_retain, keep)
+        if self._retention.done():
+            err, self._retention = self._retention.exception(), None
+            if err is not None:
+                log.warning("removing finished jobs' checkpoint files failed (next try later): %s", err)
+
+    def _do_retain(self, keep_s: float) -> None:
+        for tenant, jobs in checkpoints.expired_jobs(self.store, keep_s).items():
+            done = self.cluster.remove_job_files(self.job_root, tenant, jobs)
+            checkpoints.files_removed(self.store, tenant, done.removed, done.disk)
 
     def _note_placed(self, key: Key, status: AttemptStatus) -> None:
         """A Ray job: say on the job (an event) where Ray placed its trainer, once it is known."""
