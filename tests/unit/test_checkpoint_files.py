@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 from test_cli_control import Cli
+from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
+from tpufleet.cli import app
 from tpufleet.control.fake import FakeClock, FakeCluster
 from tpufleet.control.records import JobRequest, Limits
 from tpufleet.control.service import Service, ServiceConfig
 from tpufleet.control.store import Store
+from tpufleet.errors import SpecError
 
 MiB = 1 << 20
 DAY = 86400.0
@@ -166,3 +169,17 @@ def test_tpufleet_tenants_shows_the_measured_usage_of_the_quota(cli: Cli) -> Non
     assert shown[1]["checkpoints"]["quota_bytes"] == 5 << 30
     own = cli.run("tenant", "show", "research", token=token)  # a tenant reads its own
     assert "checkpoints  1.2 GiB/5.0 GiB (measured " in own
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--checkpoint-quota-gib", "0"),
+        ("--checkpoint-quota-gib", "-1"),
+        ("--checkpoint-retention-days", "nan"),
+    ],
+)
+def test_serve_refuses_a_quota_or_retention_that_is_not_above_zero(flag: str, value: str) -> None:
+    result = CliRunner().invoke(app, ["serve", "--sandbox", "v4-16:1", flag, value])
+    assert isinstance(result.exception, SpecError) and result.exception.exit_code == 2
+    assert str(result.exception) == f"{flag}: must be a number > 0, got {value}"
