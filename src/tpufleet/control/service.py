@@ -126,12 +126,17 @@ class Service:
         self.cycle_observers: list[Callable[[float], None]] = []  # each cycle's seconds (metrics)
         self._progress: dict[Key, tuple[StepProgress, float]] = {}  # stored report, when (monotonic)
         self._progress_due: dict[Key, StepProgress] = {}
-        self._disk_due: dict[str, jobfiles.DiskUsage] = {}  # tenant -> newest measurement to store
-        self._disk_written: dict[str, float] = {}  # tenant -> when (monotonic) it was last stored
-        self._retention: Future[None] | None = None
-        self._retained_at = float("-inf")
         self._last_cycle = time.monotonic()
         self._pool = ThreadPoolExecutor(self.config.stop_threads) if self.config.stop_threads else None
+        self.files = checkpoints.TenantFiles(
+            store,
+            cluster,
+            self.job_root,
+            retention_s=self.config.checkpoint_retention_s,
+            check_s=self.config.retention_check_s,
+            write_s=self.config.progress_write_s,
+            submit=self._submit,
+        )
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
@@ -157,8 +162,7 @@ class Service:
         )
         self._pull_logs(active)
         self._store_progress(active)
-        self._store_disk()
-        self._retain()
+        self.files.step()
         self.cycles += 1
         self._last_cycle = time.monotonic()
         self._cycle_ms.append((self._last_cycle - started) * 1000)
@@ -340,7 +344,7 @@ class Service:
             if status.progress is not None:
                 self._note_progress(key, status.progress)
             if status.disk is not None:
-                self._disk_due[job.tenant] = status.disk
+                self.files.measured(job.tenant, status.disk)
         if status is not None and status.interrupted is not None:
             if self.tr.begin_stop(job.id, StopKind.INTERRUPTED, status.interrupted):
                 self._stopping(job, StopKind.INTERRUPTED)
@@ -374,47 +378,6 @@ class Service:
         live = {(j.id, j.attempt) for j in active}
         for key in [k for k in self._progress if k not in live]:
             del self._progress[key]
-
-    def _store_disk(self) -> None:
-        """Store the hosts' newest measurement of each tenant's checkpoint directory, at most every
-        ``progress_write_s`` per tenant (a newer one waits for its turn)."""
-        now = time.monotonic()
-        due = {
-            tenant: disk
-            for tenant, disk in self._disk_due.items()
-            if now - self._disk_written.get(tenant, float("-inf")) >= self.config.progress_write_s
-        }
-        if not due:
-            return
-        try:
-            checkpoints.record_usage(self.store, due)
-        except Exception:  # a record, never a reason to stop the loop: the next report is stored
-            log.exception("storing the checkpoint usage of %d tenants failed", len(due))
-            return
-        for tenant in due:
-            self._disk_written[tenant] = now
-            del self._disk_due[tenant]
-
-    def _retain(self) -> None:
-        """Every ``retention_check_s``, remove (through a host, off the loop) the checkpoint
-        directories of jobs finished longer than ``checkpoint_retention_s`` ago."""
-        keep = self.config.checkpoint_retention_s
-        if keep is None:
-            return
-        if self._retention is None:
-            if time.monotonic() - self._retained_at < self.config.retention_check_s:
-                return
-            self._retained_at = time.monotonic()
-            self._retention = self._submit(self._do_retain, keep)
-        if self._retention.done():
-            err, self._retention = self._retention.exception(), None
-            if err is not None:
-                log.warning("removing finished jobs' checkpoint files failed (next try later): %s", err)
-
-    def _do_retain(self, keep_s: float) -> None:
-        for tenant, jobs in checkpoints.expired_jobs(self.store, keep_s).items():
-            done = self.cluster.remove_job_files(self.job_root, tenant, jobs)
-            checkpoints.files_removed(self.store, tenant, done.removed, done.disk)
 
     def _note_placed(self, key: Key, status: AttemptStatus) -> None:
         """A Ray job: say on the job (an event) where Ray placed its trainer, once it is known."""
