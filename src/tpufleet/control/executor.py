@@ -272,7 +272,7 @@ class RayExecutor:
         returned = set(ray.wait(starts, num_returns=len(starts), timeout=0)[0]) if starts else set()
         started = [h.started is None or h.started in returned for h in rec.hosts]
         # A host adopted after a restart without a runner (its node died meanwhile) has nobody to ask.
-        refs = [h.runner.report.remote(job_id, attempt) if h.runner is not None else None for h in rec.hosts]
+        refs = [_ask_report(h.runner, job_id, attempt) if h.runner is not None else None for h in rec.hosts]
         first = rec.hosts[0].runner if rec.hosts else None
         progress_ref = first.progress.remote(job_id, attempt) if first is not None else None
         asked = [r for r in refs if r is not None] + ([progress_ref] if progress_ref is not None else [])
@@ -323,9 +323,12 @@ class RayExecutor:
             return None
         try:
             answer = ray.get(ref)
-            state, code = answer["state"], answer["code"]
-            reason = str(answer["reason"])[:2000] if answer.get("reason") else None
-            host.disk = DiskUsage.from_dict(answer.get("disk")) or host.disk
+            if isinstance(answer, dict):
+                state, code = answer["state"], answer["code"]
+                reason = str(answer["reason"])[:2000] if answer.get("reason") else None
+                host.disk = DiskUsage.from_dict(answer.get("disk")) or host.disk
+            else:  # a runner started by an older tpufleet: (state, code) from ``status``
+                state, code = answer
         except RayActorError:
             return make(HostState.LOST)
         except (RuntimeEnvSetupError, ActorUnschedulableError) as err:
@@ -413,7 +416,7 @@ class RayExecutor:
                 else:
                     ref = target.remove_job_files.remote(*args)
                 out: dict[str, Any] = ray.get(ref, timeout=120)
-            except RayActorError:
+            except (RayActorError, AttributeError):  # a dead runner, or one of an older tpufleet
                 continue
             except (RayError, GetTimeoutError) as exc:
                 why = f"cannot remove job files of tenant {tenant}: {exc}"
@@ -563,6 +566,15 @@ class RayExecutor:
         self._attempts[key] = _Attempt(key[0], key[1], slices, hosts, job_runners=job_runners)
         for name in slices:
             self._held[name] = key
+
+
+def _ask_report(runner: Any, job_id: str, attempt: int) -> Any:
+    """``runner.report``; ``status`` of a runner an older tpufleet started (adopted after an upgrade)."""
+    try:
+        method = runner.report
+    except AttributeError:
+        method = runner.status
+    return method.remote(job_id, attempt)
 
 
 def _stopped(host: _Host, ref: Any) -> HostStatus:
