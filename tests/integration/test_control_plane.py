@@ -513,12 +513,12 @@ def test_a_slice_whose_runner_died_heals_before_it_is_offered_again(plane: Plane
         assert wait_state(client, again["id"], "SUCCEEDED")["attempt"] == 1
 
 
-# Writes 2 MiB a step into its checkpoint directory (worker 0), up to 256 MiB.
+# Writes 1 MiB a step into its checkpoint directory (worker 0), up to 256 MiB.
 FILL_CHECKPOINTS = (
     "import os, time\n"
     "ckpt = os.environ['TPUFLEET_CHECKPOINT_DIR']\n"
-    "for i in range(128 if os.environ['TPU_WORKER_ID'] == '0' else 0):\n"
-    "    open(os.path.join(ckpt, f'shard-{i}'), 'wb').write(os.urandom(2 << 20)); time.sleep(0.02)\n"
+    "for i in range(256 if os.environ['TPU_WORKER_ID'] == '0' else 0):\n"
+    "    open(os.path.join(ckpt, f'shard-{i}'), 'wb').write(os.urandom(1 << 20)); time.sleep(0.05)\n"
     "time.sleep(120)\n"
 )
 
@@ -534,9 +534,10 @@ def test_a_job_past_its_tenants_checkpoint_quota_fails_saying_so_and_the_usage_i
     ckpt = plane.cp.state_dir / "checkpoints" / name
     assert sum(f.stat().st_size for f in (ckpt / job["id"]).iterdir()) < 128 << 20  # stopped early
     assert not (ckpt / ".runs" / job["id"]).exists()  # no empty run directories left
-    usage = wait_for(
+    usage = wait_for(  # the measurement over the quota (an earlier one may be stored first)
         "the hosts' measurement in the store",
-        lambda: (u := plane.admin.tenant(name)["checkpoints"])["used_bytes"] and u,
+        lambda: ((u := plane.admin.tenant(name)["checkpoints"])["used_bytes"] or 0) > CKPT_QUOTA and u,
+        timeout_s=30,
     )
-    assert usage["used_bytes"] > CKPT_QUOTA and usage["quota_bytes"] == CKPT_QUOTA
+    assert usage["quota_bytes"] == CKPT_QUOTA and usage["measured_at"] is not None
     assert all_free(plane, done["slices"])
