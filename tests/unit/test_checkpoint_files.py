@@ -18,7 +18,7 @@ from tpufleet.control.fake import FakeClock, FakeCluster
 from tpufleet.control.records import JobRequest, Limits
 from tpufleet.control.service import Service, ServiceConfig
 from tpufleet.control.store import Store
-from tpufleet.errors import SpecError
+from tpufleet.errors import ForbiddenError, SpecError
 
 MiB = 1 << 20
 DAY = 86400.0
@@ -169,6 +169,7 @@ def test_tpufleet_tenants_shows_the_measured_usage_of_the_quota(cli: Cli) -> Non
     assert shown[1]["checkpoints"]["quota_bytes"] == 5 << 30
     own = cli.run("tenant", "show", "research", token=token)  # a tenant reads its own
     assert "checkpoints  1.2 GiB/5.0 GiB (measured " in own
+    assert isinstance(cli.fail("tenant", "show", "idle", token=token), ForbiddenError)  # not another's
 
 
 @pytest.mark.parametrize(
