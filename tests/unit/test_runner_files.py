@@ -36,6 +36,7 @@ def test_a_run_that_writes_past_its_tenants_quota_is_ended_with_the_reason(
     _start(runner, payload)
     assert _wait(runner, "flood", "EXITED", timeout_s=30)[1] != 0
     report = runner.report("flood", 1)
+    assert report["reason"] is not None, (_log(runner, "flood")[-500:], report)
     assert report["reason"].startswith("checkpoint quota exceeded: tenant 'team-a' uses ")
     assert "of its 4.0 MiB (serve --checkpoint-quota-gib)" in report["reason"]
     assert "all written" not in _log(runner, "flood") and report["reason"] in _log(runner, "flood")

@@ -273,6 +273,11 @@ def remove_jobs(root: str, tenant: str, job_ids: Iterable[str], busy: Iterable[s
     return {job: remove_job_dir(root, tenant, job) for job in job_ids if job not in skip}
 
 
+def check_name(part: str) -> str:
+    """``part`` when it can name one directory (no ``/``, NUL, ``.`` or ``..``); else JobFilesError."""
+    return _name(part)
+
+
 def _name(part: str) -> str:
     if not part or part in (".", "..") or "/" in part or "\x00" in part:
         raise JobFilesError(f"{part!r} cannot name a directory")

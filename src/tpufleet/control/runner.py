@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -186,6 +187,7 @@ class HostRunner:
                 request = replace(request, package=ray.get(request.package, timeout=300))
             except Exception as exc:
                 request = replace(request, package=None, package_error=f"{type(exc).__name__}: {exc}")
+        first = _measure_first(request)  # before the lock: a large tenant directory takes a while
         with self._lock:
             if key in self._runs:
                 return self._runs[key].state()[0]  # idempotent: a retried launch
@@ -197,6 +199,7 @@ class HostRunner:
                     f"/{self._current.attempt}; stop it before launching {key[0]}/{key[1]}"
                 )
             run = _Run(key[0], key[1], [(str(a), int(b)) for a, b in request.layout], self._log(*key), None)
+            run.disk = first
             self._remember(key, run)
             self._current = run
             try:
@@ -225,7 +228,8 @@ class HostRunner:
         paths = jobfiles.run_paths(request.job_root, request.tenant, run.job_id, run.attempt, host)
         jobfiles.prepare_tenant_dir(paths)
         run.scratch, run.paths = paths.run, paths
-        self._check_files(run, request)
+        run.disk = run.disk or jobfiles.measure(paths.tenant)
+        run.reason = jobfiles.quota_problem(request.tenant, run.disk, request.checkpoint_quota)
         if run.reason is not None:
             raise jobfiles.JobFilesError(run.reason)
         env.update(HOME=str(paths.home), TMPDIR="/tmp", TPUFLEET_CHECKPOINT_DIR=str(paths.checkpoint))
@@ -296,10 +300,14 @@ class HostRunner:
         """Measure every ``checkpoint_check_s`` while the run goes on; end it once over its quota."""
         while not run.ended.wait(max(request.checkpoint_check_s, 0.05)):
             self._check_files(run, request)
-            if run.reason is not None and run.box is not None:
+            if run.reason is not None and run.box is not None and not run.ended.is_set():
                 with contextlib.suppress(OSError), open(run.log, "ab") as out:
                     out.write(f"tpufleet: ending this job: {run.reason}\n".encode())
-                run.box.end(QUOTA_GRACE_S)
+                # SIGTERM, then SIGKILL unless the run ended meanwhile (``_reap`` then killed and
+                # closed its cgroup: nothing of it is touched again, whatever takes its name next)
+                run.box.signal(signal.SIGTERM)
+                if not run.ended.wait(QUOTA_GRACE_S):
+                    run.box.kill()
                 return
 
     def _cannot_start(self, run: _Run, why: str) -> None:
@@ -460,6 +468,17 @@ def read_log_task(node_id: str, log_root: str | None) -> Any:
 
     strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
     return ray.remote(read).options(num_cpus=0, scheduling_strategy=strategy)
+
+
+def _measure_first(request: RunRequest) -> jobfiles.DiskUsage | None:
+    """The run's tenant directory measured at its start; None when the request names no usable
+    one (``_launch`` then says why)."""
+    if not os.path.isabs(request.job_root or ""):
+        return None
+    try:
+        return jobfiles.measure(Path(request.job_root) / jobfiles.check_name(request.tenant))
+    except jobfiles.JobFilesError:
+        return None
 
 
 def remove_files_task(node_id: str) -> Any:
