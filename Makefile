@@ -9,6 +9,7 @@ UV     := $(BIN)/uv pip install --python $(BIN)/python
 REQUIRE := TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1
 # unit tests that start, scan or kill the host's processes: never two at once
 HOST_TESTS := tests/unit/test_runner.py tests/unit/test_runner_progress.py tests/unit/test_runner_limits.py \
+              tests/unit/test_runner_files.py \
               tests/unit/test_emulator_deviceplugin.py tests/unit/test_emulator_lean.py
 
 .PHONY: venv bytecode test lint services unit integration demo bench clean help

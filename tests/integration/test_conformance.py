@@ -185,3 +185,13 @@ def test_release_and_warm_hand_a_free_slice_back_and_take_it_again(cluster: Clus
     cluster.client.warm([victim])
     cluster.client.maintain()
     assert any(s.name == victim for s in cluster.client.inventory())
+
+
+def test_the_hosts_measure_the_tenants_files_and_remove_a_finished_jobs(cluster: Cluster) -> None:
+    s = cluster.spec("ok")
+    cluster.client.launch(s)
+    status = cluster.until(s, "the job to end", lambda st: st.succeeded)
+    assert status.disk is not None and status.disk.complete and status.disk.bytes >= 0
+    cluster.client.stop(s.job_id, s.attempt, grace_s=1)
+    done = cluster.client.remove_job_files(JOB_ROOT, TENANT, [s.job_id])
+    assert set(done.removed) == {s.job_id} and done.disk is not None

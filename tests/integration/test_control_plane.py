@@ -34,11 +34,18 @@ pytestmark = pytest.mark.integration
 PY = sys.executable
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 CONFIG = ServiceConfig(
-    interval_s=0.2, preempt_grace_s=3.0, cancel_grace_s=1.0, fail_grace_s=1.0, start_timeout_s=30.0
+    interval_s=0.2,
+    preempt_grace_s=3.0,
+    cancel_grace_s=1.0,
+    fail_grace_s=1.0,
+    start_timeout_s=30.0,
+    checkpoint_check_s=0.5,
+    progress_write_s=0.5,
 )
 # A URL prefix the operator allows for working_dir, where nothing answers (port 9, discard).
 DEAD_URL = "http://127.0.0.1:9/"
-LIMITS = Limits(working_dir_url_prefixes=(DEAD_URL,))
+CKPT_QUOTA = 32 << 20  # serve --checkpoint-quota-gib 0.03125: per tenant, checked on the hosts
+LIMITS = Limits(working_dir_url_prefixes=(DEAD_URL,), checkpoint_quota_bytes=CKPT_QUOTA)
 # Prints the host contract (TPU_*, MEGASCALE_*, TPUFLEET_*) as one JSON line.
 PRINT_CONTRACT = (
     "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
@@ -504,3 +511,33 @@ def test_a_slice_whose_runner_died_heals_before_it_is_offered_again(plane: Plane
     for _ in range(2):
         again = client.submit([PY, "-c", "print('fine')"], "v4-16", max_retries=0)
         assert wait_state(client, again["id"], "SUCCEEDED")["attempt"] == 1
+
+
+# Writes 1 MiB a step into its checkpoint directory (worker 0), up to 256 MiB.
+FILL_CHECKPOINTS = (
+    "import os, time\n"
+    "ckpt = os.environ['TPUFLEET_CHECKPOINT_DIR']\n"
+    "for i in range(256 if os.environ['TPU_WORKER_ID'] == '0' else 0):\n"
+    "    open(os.path.join(ckpt, f'shard-{i}'), 'wb').write(os.urandom(1 << 20)); time.sleep(0.05)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_job_past_its_tenants_checkpoint_quota_fails_saying_so_and_the_usage_is_shown(
+    plane: Plane,
+) -> None:
+    name, client = plane.tenant(v4=8)
+    job = client.submit([PY, "-c", FILL_CHECKPOINTS], "v4-16", max_retries=0)
+    done = wait_state(client, job["id"], "FAILED", timeout_s=120)
+    assert f"checkpoint quota exceeded: tenant '{name}' uses " in done["reason"], done
+    assert "of its 32.0 MiB (serve --checkpoint-quota-gib)" in done["reason"]
+    ckpt = plane.cp.state_dir / "checkpoints" / name
+    assert sum(f.stat().st_size for f in (ckpt / job["id"]).iterdir()) < 128 << 20  # stopped early
+    assert not (ckpt / ".runs" / job["id"]).exists()  # no empty run directories left
+    usage = wait_for(  # the measurement over the quota (an earlier one may be stored first)
+        "the hosts' measurement in the store",
+        lambda: ((u := plane.admin.tenant(name)["checkpoints"])["used_bytes"] or 0) > CKPT_QUOTA and u,
+        timeout_s=30,
+    )
+    assert usage["quota_bytes"] == CKPT_QUOTA and usage["measured_at"] is not None
+    assert all_free(plane, done["slices"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from _executor_helpers import (
@@ -175,3 +176,33 @@ def test_logs_are_complete_and_readable_while_running(cluster: RayExecutor) -> N
     assert [x for x in lines if x.startswith("err ")] == [f"err {i}" for i in range(60000)]
     assert (lines[0], lines[-1]) == ("start", "end")
     cluster.stop(s.job_id, s.attempt)
+
+
+# Writes 1 MiB a step into its checkpoint directory (on worker 0), up to 64 MiB.
+FLOOD = (
+    "import os, time\n"
+    "ckpt = os.environ['TPUFLEET_CHECKPOINT_DIR']\n"
+    "for i in range(64 if os.environ['TPU_WORKER_ID'] == '0' else 0):\n"
+    "    open(os.path.join(ckpt, f'part-{i}'), 'wb').write(os.urandom(1 << 20)); time.sleep(0.05)\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_a_host_ends_a_run_over_its_tenants_checkpoint_quota_and_says_why(cluster: RayExecutor) -> None:
+    slices = v4_slices(cluster, 1)
+    s = spec(slices, FLOOD, checkpoint_quota=4 << 20, checkpoint_check_s=0.2)
+    cluster.launch(s)
+    try:
+        status = wait_for("a host to end the run", lambda: _failed(cluster.poll(s.job_id, s.attempt)))
+        assert "checkpoint quota exceeded: tenant 'itest' uses " in (status.failure or ""), status
+        assert status.disk is not None and status.disk.bytes > 4 << 20
+    finally:
+        cluster.stop(s.job_id, s.attempt, grace_s=1)
+    done = cluster.remove_job_files(s.job_root, s.tenant, [s.job_id])
+    assert done.removed[s.job_id] > 4 << 20 and done.disk is not None
+    assert not Path(s.checkpoint_dir).exists()
+    assert not (Path(s.job_root) / s.tenant / ".runs" / s.job_id).exists()  # no empty run dirs left
+
+
+def _failed(status: AttemptStatus) -> AttemptStatus | None:
+    return status if status.failure else None

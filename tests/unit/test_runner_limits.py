@@ -113,7 +113,7 @@ def test_a_job_past_its_process_limit_fails_alone(limited: str, tmp_path: Path) 
     state, code = _wait(hostile, "fork", "EXITED", timeout_s=30)
     assert (state, code) == ("EXITED", -9), _log(hostile, "fork")
     reason = PROCESS_REASON.format(n=50)
-    assert hostile.ended_reason("fork", 1) == reason
+    assert hostile.report("fork", 1)["reason"] == reason
     log = _log(hostile, "fork")
     assert f"tpufleet: {reason}: the run was ended" in log and "all forked" not in log
     forked = [int(line.split()[1]) for line in log.splitlines() if line.startswith("forked ")]
@@ -121,8 +121,8 @@ def test_a_job_past_its_process_limit_fails_alone(limited: str, tmp_path: Path) 
         assert forked and max(forked) < 50
     assert _procs_with("90.31") == []
     assert _wait(sibling, "calm", "EXITED") == ("EXITED", 0)
-    assert "sibling ok" in _log(sibling, "calm") and sibling.ended_reason("calm", 1) is None
-    assert HostRunner("s", 1, hostile.log_root).ended_reason("fork", 1) == reason  # kept beside the log
+    assert "sibling ok" in _log(sibling, "calm") and sibling.report("calm", 1)["reason"] is None
+    assert HostRunner("s", 1, hostile.log_root).report("fork", 1)["reason"] == reason  # kept beside the log
     if hostile._pids is not None and not hostile._pids.shared:  # its own v1 directory is gone
         assert not list(hostile._pids.path.glob("*.fork.1"))
 
@@ -154,7 +154,7 @@ def test_a_job_past_its_open_files_limit_is_ended(limited: str, tmp_path: Path) 
     state, code = _wait(host, "fds", "EXITED", timeout_s=30)
     assert (state, code) == ("EXITED", -9), _log(host, "fds")
     reason = FILES_REASON.format(n=200)
-    assert host.ended_reason("fds", 1) == reason and reason in _log(host, "fds")
+    assert host.report("fds", 1)["reason"] == reason and reason in _log(host, "fds")
     assert "opened 120" in _log(host, "fds")
     assert _procs_with("60.32") == []
 

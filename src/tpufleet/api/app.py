@@ -290,15 +290,19 @@ def list_tenants(
         bool, Query(description="also deleted tenants (state deleting or deleted)")
     ] = False,
 ) -> list[dict[str, Any]]:
-    """Live tenants by name (admin); ``include_deleted=true`` adds the deleted ones."""
+    """Live tenants by name (admin), each with its ``checkpoints`` usage and quota;
+    ``include_deleted=true`` adds the deleted ones."""
     auth.require_admin(me)
     return [t.to_dict() for t in store.tenants(include_deleted=include_deleted)]
 
 
 @router.get("/tenants/{name}", tags=["tenants"], responses=_errs(403, 404, 422))
 def get_tenant(name: str, me: Who, store: Db) -> dict[str, Any]:
-    """One tenant (admin), live or deleted: ``state`` is active, deleting or deleted."""
-    auth.require_admin(me)
+    """One tenant (admin; a tenant's own token reads its own), live or deleted: ``state`` is active,
+    deleting or deleted; ``checkpoints``: its checkpoint directory as a host last measured it
+    (``used_bytes``, ``measured_at``, ``complete``) and the quota (``quota_bytes``, null: none)."""
+    if me.admin or me.tenant != name:
+        auth.require_admin(me)
     return store.tenant(name).to_dict()
 
 

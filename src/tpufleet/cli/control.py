@@ -10,6 +10,7 @@ the API in-process.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -175,6 +176,28 @@ def serve_cmd(
             "(default <state-dir>/checkpoints; on real clusters a shared filesystem).",
         ),
     ] = None,
+    checkpoint_quota_gib: Annotated[
+        float | None,
+        typer.Option(
+            "--checkpoint-quota-gib",
+            metavar="G",
+            help="What <checkpoint-root>/<tenant> (all of a tenant's jobs' files) may hold, in GiB, checked "
+            "on the hosts at a run's start and every few seconds: a run over it fails its attempt, saying "
+            "so. Shown in `tpufleet tenants`. Default: no limit (usage is still measured and shown).",
+            show_default=False,
+        ),
+    ] = None,
+    checkpoint_retention_days: Annotated[
+        float | None,
+        typer.Option(
+            "--checkpoint-retention-days",
+            metavar="D",
+            help="Remove a finished (SUCCEEDED, FAILED, CANCELLED) job's <checkpoint-root>/<tenant>/<job> "
+            "D days after it ended, through a host (an event says so). Default: kept (a finished job's "
+            "checkpoints are often its trained model).",
+            show_default=False,
+        ),
+    ] = None,
     max_log_mb: Annotated[
         float,
         typer.Option(
@@ -274,6 +297,7 @@ def serve_cmd(
     # --pricing FILE, else the --fleet spec's pricing: section, over the shipped table; a bad file: exit 2
     price_file = pricing_file or fleet
     prices = load_prices(price_file) if price_file else None
+    quota_bytes, retention_s = checkpoint_rules(checkpoint_quota_gib, checkpoint_retention_days)
 
     given = {
         name
@@ -326,6 +350,7 @@ def serve_cmd(
             prov.close() if prov else None
             raise
     limits = Limits(
+        checkpoint_quota_bytes=quota_bytes,
         working_dir_url_prefixes=tuple(_url_prefix(p) for p in allow_working_dir_url),
         max_queued_per_tenant=max_queued_per_tenant,
         max_package_bytes=max_package_bytes,
@@ -338,6 +363,7 @@ def serve_cmd(
         job_process_limit=job_process_limit,
         job_open_files_limit=job_open_files_limit,
         start_timeout_s=start_timeout,
+        checkpoint_retention_s=retention_s,
     )
     cp = ControlPlane(cluster, state_dir=state_dir, db_url=db, limits=limits, config=config, prices=prices)
     if prov is not None:
@@ -454,20 +480,47 @@ def tenants_cmd(
 ) -> None:
     """List tenants with their quotas, weights and preemption settings (admin token).
 
-    Deleted tenants are left out unless --all: then they show with their state, deleting (its
-    cancelled jobs still stop) or deleted."""
+    ckpt: the tenant's checkpoint directory as a host last measured it, of the quota (serve
+    --checkpoint-quota-gib; "none": no limit; "-": no run has reported yet). Deleted tenants are
+    left out unless --all: then they show with their state, deleting (its cancelled jobs still
+    stop) or deleted."""
     rows = _client(ctx, server, token).tenants(include_deleted=all_)
     if as_json:
         print_json(rows)
         return
-    columns = ["name", "quota (chips)", "weight", "preemption"] + (["state"] if all_ else [])
+    columns = ["name", "quota (chips)", "weight", "preemption", "ckpt"] + (["state"] if all_ else [])
     table = Table(*columns, title=f"tenants ({len(rows)})", title_justify="left")
     for t in rows:
         quota = ", ".join(f"{g}={c}" for g, c in t["quota"].items()) or "-"
         cells: list[Text | str] = [_cell(t["name"]), _cell(quota), f"{t['weight']:g}"]
-        cells.append(_cell(t.get("preemption", "-")))
+        cells += [_cell(t.get("preemption", "-")), checkpoint_text(t.get("checkpoints") or {})]
         table.add_row(*cells, *([_cell(t.get("state", "active"))] if all_ else []))
     console.print(table)
+
+
+def checkpoint_rules(
+    quota_gib: float | None, retention_days: float | None
+) -> tuple[int | None, float | None]:
+    """``serve --checkpoint-quota-gib`` in bytes and ``--checkpoint-retention-days`` in seconds
+    (None: not given); a SpecError for a value that is not a number > 0."""
+    given = (("--checkpoint-quota-gib", quota_gib), ("--checkpoint-retention-days", retention_days))
+    for flag, value in given:
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise SpecError(f"must be a number > 0, got {value:g}", field=flag)
+    quota = None if quota_gib is None else max(1, int(quota_gib * (1 << 30)))
+    return quota, None if retention_days is None else retention_days * 86400.0
+
+
+def checkpoint_text(usage: dict[str, Any]) -> str:
+    """``1.2/5.0 GiB``: what a host last measured of the tenant's checkpoint directory, of its quota
+    (``none``: no limit; ``-`` not measured yet; ``>=`` a walk that stopped at its bound)."""
+    from tpufleet.control.jobfiles import size_text
+
+    used, quota = usage.get("used_bytes"), usage.get("quota_bytes")
+    shown = "-" if not isinstance(used, int) else size_text(used)
+    if isinstance(used, int) and usage.get("complete") is False:
+        shown = ">=" + shown
+    return f"{shown}/{size_text(quota) if isinstance(quota, int) else 'none'}"
 
 
 @app.command("submit", epilog=ERRORS)

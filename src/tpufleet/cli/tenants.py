@@ -120,6 +120,35 @@ def tenant_update(
     )
 
 
+@tenant_app.command("show", epilog=ERRORS)
+def tenant_show(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Tenant name.")],
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """One tenant: quota, weight, preemption, state, and its checkpoint directory as a host last
+    measured it, of the quota (serve --checkpoint-quota-gib). The admin token, or the tenant's own."""
+    from tpufleet.cli.control import checkpoint_text
+
+    out = _client(ctx, server, token).tenant(name)
+    if as_json:
+        print_json(out)
+        return
+    usage = out.get("checkpoints") or {}
+    measured = usage.get("measured_at")
+    seen = f" (measured {when(measured)} UTC)" if measured else ""
+    lines = [
+        f"tenant {out['name']} ({out.get('state', 'active')})",
+        f"  quota        {_quota_text(out['quota'])}",
+        f"  weight       {out['weight']:g}; preemption {out['preemption']}",
+        f"  checkpoints  {checkpoint_text(usage)}{seen}",
+    ]
+    for line in lines:
+        typer.echo(safe(line))
+
+
 @tenant_app.command("delete", epilog=ERRORS)
 def tenant_delete(
     ctx: typer.Context,

@@ -15,10 +15,12 @@ seam; the typed ids live in ``scheduler.model``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from tpufleet.control.jobfiles import DiskUsage
 from tpufleet.control.runlimits import RunLimits
 from tpufleet.fleet import HostInfo, SliceInfo
 from tpufleet.runtime import StepProgress
@@ -27,6 +29,8 @@ __all__ = [
     "AttemptSpec",
     "AttemptStatus",
     "ClusterClient",
+    "DiskUsage",
+    "FilesRemoved",
     "HostInfo",
     "HostState",
     "HostStatus",
@@ -60,6 +64,10 @@ class AttemptSpec:
     hide: tuple[str, ...] = ()
     limits: RunLimits = field(default_factory=RunLimits)
     kind: str = "spmd"  # ray: ``command`` runs once, as a Ray driver, through Ray's job submission
+    # bytes ``job_root/<tenant>`` may hold (serve --checkpoint-quota-gib), checked on the hosts every
+    # ``checkpoint_check_s``; None: no limit (still measured)
+    checkpoint_quota: int | None = None
+    checkpoint_check_s: float = 5.0
 
 
 class HostState(StrEnum):
@@ -75,8 +83,8 @@ class HostStatus:
     worker_id: int
     state: HostState
     exit_code: int | None = None
-    # why a host is LOST, when the cluster knows (e.g. its code could not be fetched), or why
-    # tpufleet ended its process (EXITED past a limit: "the job exceeded its process limit ...")
+    # why a host is LOST, when the cluster knows (e.g. its code could not be fetched), or why the
+    # host itself ended its process (past a limit of its run, or its tenant's checkpoint quota)
     detail: str | None = None
 
 
@@ -93,6 +101,8 @@ class AttemptStatus:
     # job's trainer that Ray placed on a slice that came back while its window was open): the
     # service ends it and requeues the job without using a retry.
     interrupted: str | None = None
+    # The tenant's checkpoint directory as the hosts last measured it (the largest of their answers).
+    disk: DiskUsage | None = None
 
     @property
     def all_running(self) -> bool:
@@ -112,6 +122,15 @@ class AttemptStatus:
                 why = f": {h.detail}" if h.detail else ""
                 return f"host {h.slice}/{h.worker_id} exited with code {h.exit_code}{why}"
         return None
+
+
+@dataclass(frozen=True)
+class FilesRemoved:
+    """What ``remove_job_files`` did: the bytes each job's directory held (0: there was none), and
+    the tenant's directory as measured after (None when the cluster has no files to measure)."""
+
+    removed: dict[str, int]
+    disk: DiskUsage | None = None
 
 
 @dataclass(frozen=True)
@@ -171,4 +190,9 @@ class ClusterClient(Protocol):
     def adopt(self) -> list[tuple[str, int]]:
         """After a control-plane restart: take over the attempts the cluster still runs (so that
         ``poll``, ``stop`` and ``read_logs`` reach them) and return them. Only ``reconcile`` calls it."""
+        ...
+
+    def remove_job_files(self, job_root: str, tenant: str, job_ids: Sequence[str]) -> FilesRemoved:
+        """Remove ``job_root/<tenant>/<job>`` of each finished job, through a host (the control plane
+        never touches that disk itself); never follows a link. ClusterError when no host can."""
         ...

@@ -29,6 +29,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,13 +46,22 @@ from tpufleet import contract
 from tpufleet.control.cluster import (
     AttemptSpec,
     AttemptStatus,
+    DiskUsage,
+    FilesRemoved,
     HostState,
     HostStatus,
     LogChunk,
     SliceInfo,
 )
 from tpufleet.control.rayjob import RayJobs
-from tpufleet.control.runner import NAMESPACE, RunRequest, job_runner_name, pool_runner_name, read_log_task
+from tpufleet.control.runner import (
+    NAMESPACE,
+    RunRequest,
+    job_runner_name,
+    pool_runner_name,
+    read_log_task,
+    remove_files_task,
+)
 from tpufleet.control.slices import SlicePool, kill_actor
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
 from tpufleet.inventory import slices_from_nodes
@@ -83,6 +93,7 @@ class _Host:
     node_id: str | None
     started: Any = None  # ObjectRef of runner.start; None for an adopted attempt
     last: HostStatus | None = None
+    disk: DiskUsage | None = None  # the tenant directory as this host last measured it
 
 
 @dataclass
@@ -261,7 +272,7 @@ class RayExecutor:
         returned = set(ray.wait(starts, num_returns=len(starts), timeout=0)[0]) if starts else set()
         started = [h.started is None or h.started in returned for h in rec.hosts]
         # A host adopted after a restart without a runner (its node died meanwhile) has nobody to ask.
-        refs = [h.runner.status.remote(job_id, attempt) if h.runner is not None else None for h in rec.hosts]
+        refs = [_ask_report(h.runner, job_id, attempt) if h.runner is not None else None for h in rec.hosts]
         first = rec.hosts[0].runner if rec.hosts else None
         progress_ref = first.progress.remote(job_id, attempt) if first is not None else None
         asked = [r for r in refs if r is not None] + ([progress_ref] if progress_ref is not None else [])
@@ -277,8 +288,6 @@ class RayExecutor:
                 statuses.append(host.last)
                 continue
             status = self._host_status(host, ref if ref in done else None, was_started)
-            if status is not None and status.state is HostState.EXITED and status.exit_code:
-                status = self._with_reason(host, status, job_id, attempt)
             if status is None:  # no answer in time: a dead node, or the runner is still busy
                 if dead_nodes is None:
                     dead_nodes = {n["NodeID"] for n in _nodes() if not n.get("Alive")}
@@ -287,7 +296,9 @@ class RayExecutor:
                 status = status or HostStatus(host.slice, host.worker_id, HostState.STARTING)
             host.last = status
             statuses.append(status)
-        return AttemptStatus(job_id, attempt, tuple(statuses), rec.extra.get("progress"))
+        disks = [h.disk for h in rec.hosts if h.disk is not None]
+        disk = max(disks, key=lambda d: (d.bytes, d.at)) if disks else None
+        return AttemptStatus(job_id, attempt, tuple(statuses), rec.extra.get("progress"), disk=disk)
 
     @staticmethod
     def _keep_progress(rec: _Attempt, ref: Any) -> None:
@@ -300,25 +311,24 @@ class RayExecutor:
             rec.extra["progress"] = found
 
     @staticmethod
-    def _with_reason(host: _Host, status: HostStatus, job_id: str, attempt: int) -> HostStatus:
-        """A failed host's status with why tpufleet ended it (a limit), asked once of its runner."""
-        if host.last is not None and host.last.state is HostState.EXITED:
-            return replace(status, detail=host.last.detail)
-        try:
-            why = ray.get(host.runner.ended_reason.remote(job_id, attempt), timeout=_CALL_TIMEOUT_S)
-        except (RayError, GetTimeoutError):
-            return status
-        return replace(status, detail=str(why)[:500]) if why else status
-
-    @staticmethod
     def _host_status(host: _Host, ref: Any, was_started: bool) -> HostStatus | None:
+        """A host's state from its runner's ``report`` (with why the runner ended the run, and the
+        tenant directory's size, which are kept on the host's record)."""
+        reason: str | None = None
+
         def make(state: HostState, code: int | None = None) -> HostStatus:
-            return HostStatus(host.slice, host.worker_id, state, code)
+            return HostStatus(host.slice, host.worker_id, state, code, reason)
 
         if ref is None:
             return None
         try:
-            state, code = ray.get(ref)
+            answer = ray.get(ref)
+            if isinstance(answer, dict):
+                state, code = answer["state"], answer["code"]
+                reason = str(answer["reason"])[:2000] if answer.get("reason") else None
+                host.disk = DiskUsage.from_dict(answer.get("disk")) or host.disk
+            else:  # a runner started by an older tpufleet: (state, code) from ``status``
+                state, code = answer
         except RayActorError:
             return make(HostState.LOST)
         except (RuntimeEnvSetupError, ActorUnschedulableError) as err:
@@ -389,6 +399,31 @@ class RayExecutor:
             raise NotFoundError(f"host {slice_name}/{worker_id} is gone, and its log with it")
         task = read_log_task(node, self._pool.log_root)
         return ray.get(task.remote(job_id, attempt, slice_name, worker_id, offset), timeout=60)
+
+    # -- files ------------------------------------------------------------------------------------
+    def remove_job_files(self, job_root: str, tenant: str, job_ids: Sequence[str]) -> FilesRemoved:
+        """Through a pool runner of any slice (every host sees the same job root on real clusters
+        and on the emulator), else a one-off task on a live host."""
+        with self._lock:
+            reservations = [self._pool.get(name) for name in self._pool.names()]
+            runners = [r for res in reservations if res is not None for r in res.runners]
+            nodes = [h.node_id for s in self._slices.values() for h in s.hosts if h.alive and h.node_id]
+        args = (job_root, tenant, list(job_ids))
+        for target in [*runners[:3], *nodes[:1]]:
+            try:
+                if isinstance(target, str):
+                    ref = remove_files_task(target).remote(*args)
+                else:
+                    ref = target.remove_job_files.remote(*args)
+                out: dict[str, Any] = ray.get(ref, timeout=120)
+            except (RayActorError, AttributeError):  # a dead runner, or one of an older tpufleet
+                continue
+            except (RayError, GetTimeoutError) as exc:
+                why = f"cannot remove job files of tenant {tenant}: {exc}"
+                raise ClusterError(why, retry_after=60) from exc
+            removed = {str(k): int(v) for k, v in dict(out["removed"]).items()}
+            return FilesRemoved(removed, DiskUsage.from_dict(out.get("disk")))
+        raise ClusterError("no host can remove job files now (no live runner or host)", retry_after=60)
 
     # -- stop and recovery --------------------------------------------------------------------
     def stop(self, job_id: str, attempt: int, grace_s: float = 10.0) -> None:
@@ -533,6 +568,15 @@ class RayExecutor:
             self._held[name] = key
 
 
+def _ask_report(runner: Any, job_id: str, attempt: int) -> Any:
+    """``runner.report``; ``status`` of a runner an older tpufleet started (adopted after an upgrade)."""
+    try:
+        method = runner.report
+    except AttributeError:
+        method = runner.status
+    return method.remote(job_id, attempt)
+
+
 def _stopped(host: _Host, ref: Any) -> HostStatus:
     """A host's final state from the answer to its stop (the exit code), or LOST without one."""
     lost = HostStatus(host.slice, host.worker_id, HostState.LOST)
@@ -585,6 +629,8 @@ def _requests(spec: AttemptSpec, infos: list[SliceInfo], layout: list[tuple[str,
             env=attempt_env,
             hide=tuple(spec.hide),
             limits=spec.limits,
+            checkpoint_quota=spec.checkpoint_quota,
+            checkpoint_check_s=spec.checkpoint_check_s,
         )
         for host_contract, attempt_env in envs
     ]

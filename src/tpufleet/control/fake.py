@@ -9,12 +9,18 @@ Time is counted in polls, never in seconds: a launched attempt's hosts follow it
 they are until a test moves them (``start``, ``exit``, ``write``, ``kill_host``). ``fault`` makes
 the next calls of one operation fail or block, as a broken cluster does. Logs are handed out in
 chunks of at most ``log_chunk`` characters, as the runner does. Thread-safe.
+
+Job files are sizes in memory (``write_files``): every poll of an SPMD attempt reports its
+tenant's total as the hosts' measurement, and an attempt whose tenant is over the spec's checkpoint
+quota is ended on every host with the runner's reason, as on real hosts; ``remove_job_files``
+forgets them (``removals`` lists the calls).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tpufleet import catalog, contract
@@ -22,12 +28,15 @@ from tpufleet.catalog import SliceType
 from tpufleet.control.cluster import (
     AttemptSpec,
     AttemptStatus,
+    DiskUsage,
+    FilesRemoved,
     HostInfo,
     HostState,
     HostStatus,
     LogChunk,
     SliceInfo,
 )
+from tpufleet.control.jobfiles import quota_problem
 from tpufleet.errors import ClusterError, NotFoundError
 from tpufleet.runtime import StepProgress
 
@@ -59,6 +68,7 @@ class FakeProcess:
     state: HostState = HostState.STARTING
     exit_code: int | None = None
     log: str = ""
+    detail: str | None = None  # why the host ended the process itself (its tenant's checkpoint quota)
     writes_log: bool = True  # a Ray job's driver output is the first host's log; the others stay empty
 
     @property
@@ -105,6 +115,9 @@ class FakeCluster:
         self.log_chunk = 1 << 20
         self.cold: set[str] = set()  # slices given back by release() (the service's DRAINING)
         self._faults: dict[tuple[str, str | None], BaseException | Callable[[], object]] = {}
+        self.files: dict[tuple[str, str], int] = {}  # (tenant, job) -> bytes of its checkpoint dir
+        self.removals: list[tuple[str, str, tuple[str, ...]]] = []
+        self.clock: Callable[[], float] = time.time  # when the hosts measure (the host's clock)
 
     def fault(
         self, op: str, what: BaseException | Callable[[], object] | None, job_id: str | None = None
@@ -198,10 +211,26 @@ class FakeCluster:
             att.polls += 1
             if att.script is not None and not att.stopped:
                 self._advance(att, att.script)
-            hosts = tuple(HostStatus(p.slice, p.worker_id, p.state, p.exit_code) for p in att.processes)
+            disk = self._measure(att)
+            hosts = tuple(
+                HostStatus(p.slice, p.worker_id, p.state, p.exit_code, p.detail) for p in att.processes
+            )
             ray_running = att.spec.kind == "ray" and any(p.state is HostState.RUNNING for p in att.processes)
             placed = att.spec.slices if ray_running else ()
-            return AttemptStatus(job_id, attempt, hosts, progress=att.progress, placed=placed)
+            return AttemptStatus(job_id, attempt, hosts, progress=att.progress, placed=placed, disk=disk)
+
+    def _measure(self, att: FakeAttempt) -> DiskUsage | None:
+        """What the hosts of an SPMD attempt measure; over the quota they end their processes."""
+        if att.spec.kind != "spmd":
+            return None
+        tenant = att.spec.tenant
+        sizes = [n for (t, _job), n in self.files.items() if t == tenant]
+        disk = DiskUsage(sum(sizes), len(sizes), True, self.clock())
+        why = quota_problem(tenant, disk, att.spec.checkpoint_quota)
+        for p in att.processes if why is not None and not att.stopped else ():
+            if p.alive:
+                p.state, p.exit_code, p.detail = HostState.EXITED, SIGTERM_EXIT, why
+        return disk
 
     def _advance(self, att: FakeAttempt, script: Script) -> None:
         if att.polls >= script.run_after:
@@ -241,6 +270,14 @@ class FakeCluster:
         with self._lock:
             return [key for key, att in self._attempts.items() if not att.stopped]
 
+    def remove_job_files(self, job_root: str, tenant: str, job_ids: Sequence[str]) -> FilesRemoved:
+        self._check("remove_job_files")
+        with self._lock:
+            self.removals.append((job_root, tenant, tuple(job_ids)))
+            removed = {job: self.files.pop((tenant, job), 0) for job in job_ids}
+            sizes = [n for (t, _job), n in self.files.items() if t == tenant]
+            return FilesRemoved(removed, DiskUsage(sum(sizes), len(sizes), True, self.clock()))
+
     # -- what tests drive ----------------------------------------------------------------------
     def processes(self, job_id: str, attempt: int | None = None) -> list[FakeProcess]:
         """The hosts' processes of an attempt (default: the job's latest), in slice/worker order."""
@@ -272,6 +309,15 @@ class FakeCluster:
             for p in self.processes(job_id):
                 if slice in (None, p.slice) and worker in (None, p.worker_id) and p.writes_log:
                     p.log += text.format_map(p.env)
+
+    def write_files(self, job_id: str, nbytes: int) -> None:
+        """The job (its latest attempt) adds ``nbytes`` to its checkpoint directory."""
+        with self._lock:
+            att = self._latest(job_id, None)
+            if att is None:
+                raise NotFoundError(f"job {job_id} has no attempt here")
+            key = (att.spec.tenant, job_id)
+            self.files[key] = self.files.get(key, 0) + nbytes
 
     def report_step(self, job_id: str, step: int, at: float, *, attempt: int | None = None) -> None:
         """Process 0 of the attempt (default: the job's latest) reports ``step`` done at ``at``, as

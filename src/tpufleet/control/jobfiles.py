@@ -15,20 +15,32 @@ tenant's directory and nothing else of the root (``contain.jail``). Paths come f
 (validated tenant names and job ids), never from the job. The uploaded package (a zip the tenant
 sent, ``POST /api/v1/packages``) is checked again before it is unpacked: no absolute names, no
 ``..``, no links or devices, at most ``max_unpacked`` bytes in all.
+
+What a tenant keeps there is measured on the hosts (:func:`measure`: a bounded walk that never
+follows a link, counting the bytes on disk as ``du`` does) and held to ``serve --checkpoint-quota-gib``
+(:func:`quota_problem`); a finished job's ``<job>`` directory is removed by a host when the
+retention rule says so (:func:`remove_job_dir`), and a run's empty ``.runs/<job>/<attempt>``
+directories go when the run ends (:func:`remove_run_dirs`).
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import lzma
 import os
+import shutil
 import stat
+import time
 import zipfile
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 MAX_UNPACKED = 1 << 30
+MAX_WALK_ENTRIES = 1_000_000  # files and directories one measurement visits at most
+QUOTA_FLAG = "serve --checkpoint-quota-gib"
 
 
 class JobFilesError(ValueError):
@@ -146,6 +158,151 @@ def entry_problem(name: str, external_attr: int) -> str | None:
     if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
         return f"entry {shown!r} is not a plain file or directory"
     return None
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    """A tenant directory's size as one host measured it: ``bytes`` on disk (allocated blocks, as
+    ``du``; a file with several hard links counted once), ``entries`` visited, ``complete`` False
+    when the walk stopped at its bound (``bytes`` is then a lower bound), ``at`` the host's clock."""
+
+    bytes: int
+    entries: int
+    complete: bool = True
+    at: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"bytes": self.bytes, "entries": self.entries, "complete": self.complete, "at": self.at}
+
+    @classmethod
+    def from_dict(cls, raw: object) -> DiskUsage | None:
+        """Read back what a host sent (checked: it crossed a boundary); None when malformed."""
+        if not isinstance(raw, dict):
+            return None
+        size, entries, complete, at = (raw.get(k) for k in ("bytes", "entries", "complete", "at"))
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (size, entries)):
+            return None
+        if not isinstance(complete, bool) or not isinstance(at, int | float):
+            return None
+        return cls(int(size), int(entries), complete, float(at))  # type: ignore[arg-type]
+
+
+def measure(
+    path: Path, max_entries: int = MAX_WALK_ENTRIES, clock: Callable[[], float] = time.time
+) -> DiskUsage:
+    """The bytes on disk under ``path`` (itself included), walking with ``os.scandir`` and never
+    following a link (a link counts as itself); stops after ``max_entries`` entries. A path that is
+    missing is empty; an entry that vanishes or cannot be read while walking is skipped."""
+    seen: set[tuple[int, int]] = set()
+    try:
+        top = os.lstat(path)
+    except OSError:
+        return DiskUsage(0, 0, True, clock())
+    if not stat.S_ISDIR(top.st_mode):
+        return DiskUsage(_on_disk(top), 1, True, clock())
+    total, entries = _on_disk(top), 1
+    stack = [os.fspath(path)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    if entries >= max_entries:
+                        return DiskUsage(total, entries, False, clock())
+                    entries += 1
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode):
+                        if (info.st_dev, info.st_ino) in seen:
+                            continue
+                        seen.add((info.st_dev, info.st_ino))
+                    total += _on_disk(info)
+                    if stat.S_ISDIR(info.st_mode):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return DiskUsage(total, entries, True, clock())
+
+
+def _on_disk(info: os.stat_result) -> int:
+    blocks = getattr(info, "st_blocks", None)
+    return int(blocks) * 512 if blocks is not None else int(info.st_size)
+
+
+def quota_problem(tenant: str, usage: DiskUsage, quota_bytes: int | None) -> str | None:
+    """Why a run of ``tenant`` must end, its checkpoint directory being over the quota; None when
+    it is within it (or there is no quota). A walk that stopped at its bound is over: the tenant
+    keeps more files than one measurement may visit."""
+    if quota_bytes is None:
+        return None
+    of = f"of its {size_text(quota_bytes)} ({QUOTA_FLAG})"
+    fix = "delete old checkpoints or ask the operator"
+    if not usage.complete:
+        return (
+            f"checkpoint quota exceeded: tenant {tenant!r} keeps more than {usage.entries:,} files and "
+            f"directories (at least {size_text(usage.bytes)} {of}); {fix}"
+        )
+    if usage.bytes > quota_bytes:
+        return f"checkpoint quota exceeded: tenant {tenant!r} uses {size_text(usage.bytes)} {of}; {fix}"
+    return None
+
+
+def size_text(n: int) -> str:
+    """``1288490189`` -> ``1.2 GiB``; MiB, KiB and bytes below."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+def remove_job_dir(root: str, tenant: str, job_id: str) -> int:
+    """Remove ``<root>/<tenant>/<job>`` (a finished job's files); returns the bytes it held on disk.
+
+    Never follows a link: a link where the directory was is removed as a link, and the tree is
+    removed through directory descriptors (``shutil.rmtree``'s fd-based walk), so a link inside it
+    is unlinked, never entered. A tenant directory that is itself a link is left alone (0)."""
+    tenant_dir = Path(root) / _name(tenant)
+    target = tenant_dir / _name(job_id)
+    try:
+        if not stat.S_ISDIR(os.lstat(tenant_dir).st_mode):
+            return 0
+        info = os.lstat(target)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISDIR(info.st_mode):
+        os.unlink(target)
+        return _on_disk(info)
+    freed = measure(target).bytes
+    fd = os.open(tenant_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        shutil.rmtree(target.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    return freed
+
+
+def remove_run_dirs(paths: RunPaths) -> None:
+    """After a run's scratch is gone: remove ``.runs/<job>/<attempt>`` and ``.runs/<job>`` when
+    they are empty (another host of the attempt that shares the root may still use them)."""
+    attempt_dir = paths.run.parent
+    for path in (attempt_dir, attempt_dir.parent):
+        try:
+            os.rmdir(path)
+        except OSError as err:
+            if err.errno != errno.ENOENT:
+                return
+
+
+def remove_jobs(root: str, tenant: str, job_ids: Iterable[str], busy: Iterable[str] = ()) -> dict[str, int]:
+    """:func:`remove_job_dir` for each job not in ``busy``; the bytes each held."""
+    skip = set(busy)
+    return {job: remove_job_dir(root, tenant, job) for job in job_ids if job not in skip}
+
+
+def check_name(part: str) -> str:
+    """``part`` when it can name one directory (no ``/``, NUL, ``.`` or ``..``); else JobFilesError."""
+    return _name(part)
 
 
 def _name(part: str) -> str:

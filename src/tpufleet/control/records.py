@@ -65,6 +65,8 @@ class Limits:
     max_env_bytes: int = 256 * KiB
     max_name: int = 128
     ray_jobs: bool = False  # serve --allow-ray-jobs: a Ray job has the Ray cluster's power (docs/ray-jobs.md)
+    # bytes a tenant's checkpoint directory may hold (serve --checkpoint-quota-gib); None: no limit
+    checkpoint_quota_bytes: int | None = None
 
 
 DEFAULT_LIMITS = Limits()
@@ -103,6 +105,18 @@ class Principal:
 
 
 @dataclass(frozen=True)
+class CheckpointUsage:
+    """A tenant's checkpoint directory: what a host last measured (``used_bytes`` None: no run has
+    reported yet; ``complete`` False: the walk stopped at its bound, ``used_bytes`` is a lower
+    bound), when (``measured_at``, the host's clock), and the quota (None: no limit)."""
+
+    used_bytes: int | None = None
+    measured_at: float | None = None
+    complete: bool = True
+    quota_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class TenantRecord:
     """A tenant. ``state``: ``active``; ``deleting`` after ``tenant delete --force`` while its
     cancelled jobs still stop; ``deleted`` (``deleted_at`` set) once none holds slices."""
@@ -114,6 +128,7 @@ class TenantRecord:
     preemption: str = PREEMPTION_MODES[0]
     deleted_at: float | None = None
     state: str = "active"
+    checkpoints: CheckpointUsage = field(default_factory=CheckpointUsage)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

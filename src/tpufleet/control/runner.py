@@ -25,6 +25,13 @@ replaced by the executor before its slice is offered again.
 The runner also carries its host's device page for the control plane, as a daemon thread: the
 emulated TPU device plugin on an emulated host (``emulator/deviceplugin.py``), or on a GCE TPU VM
 the relay of libtpu's metrics (``devicerelay.py``); on GKE it publishes the plugin's address.
+
+Files: the runner measures the run's tenant directory (``jobfiles.measure``) when the run starts
+and every ``checkpoint_check_s`` while it runs, and hands the last measurement out with the run's
+state (``report``). Over the tenant's checkpoint quota, a run does not start (exit 127) or is
+ended (SIGTERM, ``QUOTA_GRACE_S``, SIGKILL), and ``report`` says why. When a run ends its scratch
+and its empty ``.runs/<job>/<attempt>`` directories go; ``remove_job_files`` removes finished
+jobs' checkpoint directories for the control plane's retention rule.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,6 +71,7 @@ _RAY_TPU_MASKS = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BO
 _SECRET_ENV = re.compile(r"^RAY_AUTH|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 CANNOT_START = 127
 PROGRESS_FILE = "progress.json"  # in the run's scratch: what report_step writes
+QUOTA_GRACE_S = 5.0  # a run over its tenant's checkpoint quota: SIGTERM to SIGKILL
 
 
 def pool_runner_name(slice_name: str, worker_id: int) -> str:
@@ -119,6 +128,9 @@ class _Run:
     progress_file: Path | None = None  # where process 0's report_step writes (in the scratch)
     guard: runlimits.RunGuard | None = None  # its process and open-files limits
     pump: runlimits.LogPump | None = None  # copies its output into ``log``, up to the cap
+    paths: jobfiles.RunPaths | None = None
+    disk: jobfiles.DiskUsage | None = None  # the tenant directory's last measurement
+    reason: str | None = None  # why the runner itself ended the run (a limit, the checkpoint quota)
 
     def state(self) -> tuple[str, int | None]:
         """RUNNING until the main process ended and nothing of the run is left, then EXITED."""
@@ -150,6 +162,8 @@ class RunRequest:
     package_error: str | None = None
     max_unpacked: int | None = None
     limits: runlimits.RunLimits = field(default_factory=runlimits.RunLimits)
+    checkpoint_quota: int | None = None  # bytes <job_root>/<tenant> may hold (serve --checkpoint-quota-gib)
+    checkpoint_check_s: float = 5.0  # how often a running run measures its tenant directory
 
 
 class HostRunner:
@@ -181,6 +195,7 @@ class HostRunner:
                 request = replace(request, package=ray.get(request.package, timeout=300))
             except Exception as exc:
                 request = replace(request, package=None, package_error=f"{type(exc).__name__}: {exc}")
+        first = _measure_first(request)  # before the lock: a large tenant directory takes a while
         with self._lock:
             if key in self._runs:
                 return self._runs[key].state()[0]  # idempotent: a retried launch
@@ -192,6 +207,7 @@ class HostRunner:
                     f"/{self._current.attempt}; stop it before launching {key[0]}/{key[1]}"
                 )
             run = _Run(key[0], key[1], [(str(a), int(b)) for a, b in request.layout], self._log(*key), None)
+            run.disk = first
             self._remember(key, run)
             self._current = run
             try:
@@ -223,7 +239,11 @@ class HostRunner:
         host = f"{self.slice_name}-{self.worker_id}"
         paths = jobfiles.run_paths(request.job_root, request.tenant, run.job_id, run.attempt, host)
         jobfiles.prepare_tenant_dir(paths)
-        run.scratch = paths.run
+        run.scratch, run.paths = paths.run, paths
+        run.disk = run.disk or jobfiles.measure(paths.tenant)
+        run.reason = jobfiles.quota_problem(request.tenant, run.disk, request.checkpoint_quota)
+        if run.reason is not None:
+            raise jobfiles.JobFilesError(run.reason)
         env.update(HOME=str(paths.home), TMPDIR="/tmp", TPUFLEET_CHECKPOINT_DIR=str(paths.checkpoint))
         run.progress_file = paths.run / PROGRESS_FILE  # the job's report_step writes it (scratch)
         env[PROGRESS_VAR] = str(run.progress_file)
@@ -279,6 +299,28 @@ class HostRunner:
         if package is not None:
             threading.Thread(target=_feed, args=(run.proc, package), daemon=True).start()
         threading.Thread(target=self._reap, args=(run,), daemon=True).start()
+        threading.Thread(target=self._watch_files, args=(run, request), daemon=True).start()
+
+    @staticmethod
+    def _check_files(run: _Run, request: RunRequest) -> None:
+        """Measure the run's tenant directory; over the quota, say why in ``run.reason``."""
+        assert run.paths is not None
+        run.disk = jobfiles.measure(run.paths.tenant)
+        run.reason = run.reason or jobfiles.quota_problem(request.tenant, run.disk, request.checkpoint_quota)
+
+    def _watch_files(self, run: _Run, request: RunRequest) -> None:
+        """Measure every ``checkpoint_check_s`` while the run goes on; end it once over its quota."""
+        while not run.ended.wait(max(request.checkpoint_check_s, 0.05)):
+            self._check_files(run, request)
+            if run.reason is not None and run.box is not None and not run.ended.is_set():
+                with contextlib.suppress(OSError), open(run.log, "ab") as out:
+                    out.write(f"tpufleet: ending this job: {run.reason}\n".encode())
+                # SIGTERM, then SIGKILL unless the run ended meanwhile (``_reap`` then killed and
+                # closed its cgroup: nothing of it is touched again, whatever takes its name next)
+                run.box.signal(signal.SIGTERM)
+                if not run.ended.wait(QUOTA_GRACE_S):
+                    run.box.kill()
+                return
 
     def _cannot_start(self, run: _Run, why: str) -> None:
         with contextlib.suppress(OSError), open(run.log, "ab") as out:
@@ -326,6 +368,7 @@ class HostRunner:
         if run.pump is not None:
             run.pump.finish()
         if (why := run.guard.final()) is not None:
+            run.reason = run.reason or why
             with contextlib.suppress(OSError), open(run.log, "ab") as out:
                 out.write(f"tpufleet: {why}: the run was ended\n".encode())
         with self._lock:
@@ -337,14 +380,16 @@ class HostRunner:
             run.box.close()
         if run.guard is not None:
             run.guard.close()
-            if run.guard.reason is not None:  # beside the exit code, for a later runner of the host
-                with contextlib.suppress(OSError):
-                    run.log.with_suffix(".reason").write_text(run.guard.reason)
         last = read_progress(run.progress_file) if run.progress_file is not None else None
         if last is not None:  # kept beside the log: the scratch (and the job's file) goes next
             run.log.with_suffix(".progress").write_text(json.dumps(last.to_dict()))
         if run.scratch is not None:
             shutil.rmtree(run.scratch, ignore_errors=True)
+        if run.paths is not None:
+            jobfiles.remove_run_dirs(run.paths)
+        if run.reason is not None:  # before .exit: whoever sees the exit code finds the reason
+            with contextlib.suppress(OSError):  # a reason that cannot be kept never leaves it RUNNING
+                run.log.with_suffix(".reason").write_text(run.reason)
         run.log.with_suffix(".exit").write_text(str(run.exit_code))
         run.ended.set()
 
@@ -356,16 +401,30 @@ class HostRunner:
                 return self._status_from_disk(job_id, attempt)
             return run.state()
 
-    def ended_reason(self, job_id: str, attempt: int) -> str | None:
-        """Why tpufleet ended the attempt here (a limit it went past), or None."""
+    def report(self, job_id: str, attempt: int) -> dict[str, Any]:
+        """``status`` with what else the control plane needs of the run: why the runner ended it
+        (``reason``, or None) and the tenant directory's last measurement (``disk``, or None)."""
         with self._lock:
             run = self._runs.get((job_id, attempt))
-            if run is not None:
-                return run.guard.reason if run.guard is not None and run.ended.is_set() else None
-        try:
-            return self._log(job_id, attempt).with_suffix(".reason").read_text() or None
-        except OSError:
-            return None
+            state, code = run.state() if run is not None else self._status_from_disk(job_id, attempt)
+        reason = run.reason if run is not None else None
+        if run is None and state == "EXITED":
+            with contextlib.suppress(OSError):
+                reason = self._log(job_id, attempt).with_suffix(".reason").read_text()[:2000] or None
+        disk = run.disk.to_dict() if run is not None and run.disk is not None else None
+        return {"state": state, "code": code, "reason": reason, "disk": disk}
+
+    def remove_job_files(self, job_root: str, tenant: str, job_ids: list[str]) -> dict[str, Any]:
+        """Remove finished jobs' checkpoint directories (``<job_root>/<tenant>/<job>``) for the
+        control plane's retention rule, never the one of a job this host runs; returns the bytes
+        each held (``removed``) and the tenant directory's size after (``disk``)."""
+        if not os.path.isabs(job_root or ""):
+            raise ValueError(f"no absolute job root (got {job_root!r})")
+        with self._lock:
+            busy = [r.job_id for r in self._runs.values() if not r.ended.is_set()]
+        removed = jobfiles.remove_jobs(job_root, tenant, job_ids, busy)
+        disk = jobfiles.measure(jobfiles.run_paths(job_root, tenant, "-", 0, "-").tenant)
+        return {"removed": removed, "disk": disk.to_dict()}
 
     def _status_from_disk(self, job_id: str, attempt: int) -> tuple[str, int | None]:
         exit_file = self._log(job_id, attempt).with_suffix(".exit")
@@ -433,6 +492,27 @@ def read_log_task(node_id: str, log_root: str | None) -> Any:
 
     strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
     return ray.remote(read).options(num_cpus=0, scheduling_strategy=strategy)
+
+
+def _measure_first(request: RunRequest) -> jobfiles.DiskUsage | None:
+    """The run's tenant directory measured at its start; None when the request names no usable
+    one (``_launch`` then says why)."""
+    if not os.path.isabs(request.job_root or ""):
+        return None
+    try:
+        return jobfiles.measure(Path(request.job_root) / jobfiles.check_name(request.tenant))
+    except jobfiles.JobFilesError:
+        return None
+
+
+def remove_files_task(node_id: str) -> Any:
+    """A one-off task on ``node_id`` that removes finished jobs' files when no runner answers."""
+
+    def remove(job_root: str, tenant: str, job_ids: list[str]) -> dict[str, Any]:
+        return HostRunner("files", 0, None).remove_job_files(job_root, tenant, job_ids)
+
+    strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return ray.remote(remove).options(num_cpus=0, scheduling_strategy=strategy)
 
 
 def _node_id() -> str:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tpufleet import catalog, contract
 from tpufleet.control.cluster import (
     AttemptSpec,
     AttemptStatus,
+    FilesRemoved,
     HostState,
     HostStatus,
     LogChunk,
@@ -211,6 +212,10 @@ class SandboxCluster:
 
     def adopt(self) -> list[tuple[str, int]]:
         return self.running_attempts()  # in memory: nothing outlives this process to take over
+
+    def remove_job_files(self, job_root: str, tenant: str, job_ids: Sequence[str]) -> FilesRemoved:
+        """A sandbox executes nothing, so no job has files: each is removed with 0 bytes."""
+        return FilesRemoved(dict.fromkeys(job_ids, 0))
 
     def maintain(self) -> None:
         """No warm pool to keep in a sandbox."""

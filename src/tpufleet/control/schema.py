@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -104,6 +104,8 @@ class JobRow(Base):
     started_at: Mapped[float | None]
     finished_at: Mapped[float | None]
     updated_at: Mapped[float]
+    # when a host removed its checkpoint directory (serve --checkpoint-retention-days); None: kept
+    files_removed_at: Mapped[float | None]
 
 
 class SliceRow(Base):
@@ -225,3 +227,18 @@ class SliceGroupRow(Base):
     delete_requested_at: Mapped[float | None]
     force: Mapped[bool] = mapped_column(default=False)
     deleted_at: Mapped[float | None] = mapped_column(index=True)
+
+
+class CheckpointUsageRow(Base):
+    """A tenant's checkpoint directory (``<checkpoint-root>/<tenant>``) as a host last measured it:
+    ``used_bytes`` on disk, ``entries`` (files and directories), ``complete`` False when the walk
+    stopped at its bound, ``measured_at`` by the host's clock. Written by the loop from what the
+    runners report; one row per tenant that ever ran a job."""
+
+    __tablename__ = "checkpoint_usage"
+
+    tenant: Mapped[str] = mapped_column(String(63), primary_key=True)
+    used_bytes: Mapped[int] = mapped_column(BigInteger)
+    entries: Mapped[int] = mapped_column(BigInteger)
+    complete: Mapped[bool]
+    measured_at: Mapped[float]

@@ -18,6 +18,10 @@ One cycle (:meth:`Service.run_once`):
 4. **Logs.** New output of running attempts is copied into the store (within a time budget per
    cycle), so logs outlive the job. Each host's stored log is capped (``max_log_bytes``): past the
    cap it is marked truncated, never silently cut.
+5. **Files.** What the hosts measured of each tenant's checkpoint directory (with their poll
+   answers) is stored per tenant; the quota itself is enforced on the hosts. With a retention
+   (``checkpoint_retention_s``), finished jobs' checkpoint directories are removed through a host
+   every ``retention_check_s`` (``control/checkpoints.py``), off the loop's thread.
 
 One job's faults stay with that job: any error while launching, polling or stopping one attempt
 ends that attempt with the error as its reason, and launches and stops (which may take the grace
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tpufleet.control import jobfiles, runlimits
+from tpufleet.control import checkpoints, jobfiles, runlimits
 from tpufleet.control import records as r
 from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient, HostState, HostStatus
 from tpufleet.control.schedstate import SchedState
@@ -84,6 +88,11 @@ class ServiceConfig:
     progress_write_s: float = 5.0  # a running attempt's reported steps are stored at most this often
     job_process_limit: int = runlimits.DEFAULT_PROCESSES  # tasks (processes, threads) per host run
     job_open_files_limit: int = runlimits.DEFAULT_OPEN_FILES  # open files per host run, all processes
+    checkpoint_check_s: float = 5.0  # how often a host measures a running job's tenant directory
+    # a finished job's checkpoint directory is removed this long after it ended (serve
+    # --checkpoint-retention-days); None: kept until someone removes it
+    checkpoint_retention_s: float | None = None
+    retention_check_s: float = 600.0  # how often the loop looks for finished jobs' files to remove
 
 
 class Service:
@@ -121,6 +130,15 @@ class Service:
         self._progress_due: dict[Key, StepProgress] = {}
         self._last_cycle = time.monotonic()
         self._pool = ThreadPoolExecutor(self.config.stop_threads) if self.config.stop_threads else None
+        self.files = checkpoints.TenantFiles(
+            store,
+            cluster,
+            self.job_root,
+            retention_s=self.config.checkpoint_retention_s,
+            check_s=self.config.retention_check_s,
+            write_s=self.config.progress_write_s,
+            submit=self._submit,
+        )
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
@@ -146,6 +164,7 @@ class Service:
         )
         self._pull_logs(active)
         self._store_progress(active)
+        self.files.step()
         self.cycles += 1
         self._last_cycle = time.monotonic()
         self._cycle_ms.append((self._last_cycle - started) * 1000)
@@ -310,6 +329,8 @@ class Service:
                     self.config.job_process_limit, self.config.job_open_files_limit, self.config.max_log_bytes
                 ),
                 kind=job.kind,
+                checkpoint_quota=self.store.limits.checkpoint_quota_bytes,
+                checkpoint_check_s=self.config.checkpoint_check_s,
             )
         )
 
@@ -327,6 +348,8 @@ class Service:
             self._note_placed(key, status)
             if status.progress is not None:
                 self._note_progress(key, status.progress)
+            if status.disk is not None:
+                self.files.measured(job.tenant, status.disk)
         if status is not None and status.interrupted is not None:
             if self.tr.begin_stop(job.id, StopKind.INTERRUPTED, status.interrupted):
                 self._stopping(job, StopKind.INTERRUPTED)

@@ -33,6 +33,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tpufleet import catalog
+from tpufleet.control import checkpoints
 from tpufleet.control import records as r
 from tpufleet.control.schema import EventRow, JobRow, TenantRow, TokenRow
 from tpufleet.errors import AuthError, ConflictError, NotFoundError, SpecError, closest, suggest
@@ -63,6 +64,7 @@ class TenantOps:
         from tpufleet.control.store import Clock
 
         clock: Clock
+        limits: r.Limits
 
         def tx(self) -> AbstractContextManager[Session]: ...
 
@@ -245,13 +247,15 @@ class TenantOps:
         with self.tx() as s:
             rows = list(s.scalars(query))
             busy = self._busy_deleted(s) if include_deleted else set()
-            return [_tenant(t, t.name in busy) for t in rows]
+            usage = checkpoints.usage_of(s, [t.name for t in rows], self.limits.checkpoint_quota_bytes)
+            return [_tenant(t, t.name in busy, usage[t.name]) for t in rows]
 
     def tenant(self, name: str) -> r.TenantRecord:
         """A tenant, live or deleted (``state`` says which)."""
         with self.tx() as s:
             row = self._tenant_row(s, name)
-            return _tenant(row, row.deleted_at is not None and row.name in self._busy_deleted(s, name))
+            usage = checkpoints.usage_of(s, [row.name], self.limits.checkpoint_quota_bytes)[row.name]
+            return _tenant(row, row.deleted_at is not None and row.name in self._busy_deleted(s, name), usage)
 
     def _tenant_row(self, s: Session, name: str) -> TenantRow:
         row = s.get(TenantRow, name) if isinstance(name, str) and r.TENANT_NAME.fullmatch(name) else None
@@ -512,7 +516,7 @@ def _changes(
     return out
 
 
-def _tenant(t: TenantRow, busy: bool = False) -> r.TenantRecord:
+def _tenant(t: TenantRow, busy: bool = False, usage: r.CheckpointUsage | None = None) -> r.TenantRecord:
     state = "active" if t.deleted_at is None else ("deleting" if busy else "deleted")
     return r.TenantRecord(
         name=t.name,
@@ -522,6 +526,7 @@ def _tenant(t: TenantRow, busy: bool = False) -> r.TenantRecord:
         preemption=t.preemption,
         deleted_at=t.deleted_at,
         state=state,
+        checkpoints=usage or r.CheckpointUsage(),
     )
 
 
