@@ -33,12 +33,13 @@ from sqlalchemy import func, select
 
 from tpufleet import catalog
 from tpufleet.control import records as r
+from tpufleet.control.listing import job_item, lean
 from tpufleet.control.schema import JobRow, SliceRow, TenantRow
-from tpufleet.control.store import Store, job_record, slice_record
+from tpufleet.control.store import Store, slice_record
 
 QUEUE_LIMIT = 50
 RECENT_LIMIT = 10
-_HIDDEN_FIELDS = ("env", "working_dir")  # not drawn; kept out of a payload polled every second
+_HIDDEN_FIELDS = ("working_dir",)  # not drawn; kept out of a payload polled every second
 
 
 Duty = Mapping[tuple[str, int], Mapping[int, float]]  # (slice, worker id) -> chip -> duty cycle %
@@ -69,11 +70,13 @@ def fleet_view(
     with store.tx() as s:
         slice_rows = list(s.scalars(select(SliceRow).order_by(SliceRow.name)))
         active = list(
-            s.scalars(select(JobRow).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.admit_seq, JobRow.seq))
+            s.scalars(
+                lean(select(JobRow).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.admit_seq, JobRow.seq))
+            )
         )
         queue = _queue(s, scope, queue_limit)
         queued = _count(s, scope, (r.QUEUED,))
-        recent_q = select(JobRow).where(JobRow.state.in_(r.TERMINAL))
+        recent_q = lean(select(JobRow).where(JobRow.state.in_(r.TERMINAL)))
         if scope is not None:
             recent_q = recent_q.where(JobRow.tenant == scope)
         recent = list(
@@ -99,10 +102,9 @@ def fleet_view(
 
 
 def _job(row: JobRow) -> dict[str, Any]:
-    d = job_record(row).to_dict()
+    d = job_item(row)  # no env or attempts, the command cut (control/listing.py)
     for key in _HIDDEN_FIELDS:
         d.pop(key, None)
-    del d["attempts"]  # listings carry none; GET /jobs/{id} has them
     return d
 
 
@@ -112,7 +114,7 @@ def _queue(s: Any, scope: str | None, limit: int) -> list[tuple[JobRow, int]]:
     whole queue's head, so positions are counted along it; for a tenant, one windowed query ranks
     the queued jobs of the slice types its head has (``bench/fleetview.py`` times both)."""
     order = (JobRow.priority.desc(), JobRow.head_of_line.desc(), JobRow.seq)
-    query = select(JobRow).where(JobRow.state == r.QUEUED)
+    query = lean(select(JobRow).where(JobRow.state == r.QUEUED))
     if scope is not None:
         query = query.where(JobRow.tenant == scope)
     head = list(s.scalars(query.order_by(*order).limit(limit)))
