@@ -20,7 +20,10 @@ One JSON-ready dict (``GET /api/v1/fleet``)::
 A tenant's token sees every slice (as ``GET /slices`` shows it) but only its own jobs and tenant;
 a slice held by another tenant's job says ``held_by_other`` and names neither the job nor the
 tenant. Numbers that are not measured are None, never 0. Reads only; the answer's size does not
-grow with the queue (``bench/fleetview.py`` times a read at 10,000 and 100,000 queued jobs).
+grow with the queue (``bench/fleetview.py`` times a read at 10,000 and 100,000 queued jobs) nor
+with what a tenant stored: every job in it is a listed job (``control/listing.py``: no env, no
+working_dir, the command cut to 256 characters; its env is never read), at most ``queue_limit``
+queued, one per slice active and ``recent_limit`` finished, a few KiB each at most.
 """
 
 from __future__ import annotations
