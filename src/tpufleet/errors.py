@@ -73,7 +73,14 @@ class NotFoundError(TpufleetError):
 
 
 class AuthError(TpufleetError):
+    """A missing, malformed, unknown or revoked bearer token. ``reason`` names which, from the closed
+    set ``missing``, ``invalid``, ``revoked`` (the ``reason`` label of ``tpufleet_auth_failures_total``)."""
+
     http_status = 401
+
+    def __init__(self, message: str, *, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ForbiddenError(TpufleetError):

@@ -7,8 +7,14 @@ capped before they are read whole (``Limits``, 413), fields are validated by
 job gets the same 404 as for a job that does not exist. The scheduling loop is told about changes
 through ``on_change`` (it wakes up instead of waiting for its next tick). Every error is
 ``{"error": "<one line>"}`` with the status of its :class:`~tpufleet.errors.TpufleetError` (400
-bad input, 401, 403, 404, 409, 413 body too large, 415, 422 malformed body, 503 cluster or
-database trouble), and the OpenAPI schema (``/openapi.json``, docs at ``/docs``) declares them.
+bad input, 401, 403, 404, 409, 413 body too large, 415, 422 malformed body, 429 too many failed
+authentications from one address, 503 cluster or database trouble), and the OpenAPI schema
+(``/openapi.json``) declares them. There is no ``/docs`` or ``/redoc``: FastAPI's pages load
+scripts from a public CDN, on the fleet page's origin where the signed-in token lives.
+
+No answer grows with what a tenant stored: listings carry cut job bodies, a page of them is capped
+in bytes (``control/listing.py``), logs are streamed (``logstream.py``), and failed
+authentications are counted, logged and slowed (``authguard.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import text
 from sqlalchemy.exc import DataError, OperationalError
@@ -30,8 +36,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tpufleet
-from tpufleet.api import auth, page
+from tpufleet.api import auth, logstream, page
+from tpufleet.api.authguard import AuthGuard, TooManyFailures
 from tpufleet.api.limits import MAX_BATCH_BODY_BYTES, MAX_BATCH_JOBS, BodyLimit
+from tpufleet.control import listing
 from tpufleet.control.fleetview import fleet_view
 from tpufleet.control.records import (
     ACTIVE,
@@ -65,13 +73,14 @@ _WHY = {
     413: "request body over the cap",
     415: "wrong Content-Type",
     422: "malformed body or parameters",
+    429: "too many failed authentications from this address; see Retry-After",
     503: "database or cluster unavailable",
 }
 
 
 def _errs(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` for the errors a route really returns (every /api/v1 route: 401, 503)."""
-    return {c: {"model": ErrorBody, "description": _WHY[c]} for c in sorted({401, 503, *codes})}
+    """OpenAPI ``responses`` for the errors a route really returns (every /api/v1 route: 401, 429, 503)."""
+    return {c: {"model": ErrorBody, "description": _WHY[c]} for c in sorted({401, 429, 503, *codes})}
 
 
 class TenantCreate(BaseModel):
@@ -174,8 +183,21 @@ def _store(request: Request) -> Store:
 
 
 def _who(request: Request) -> Principal:
-    who = _store(request).authenticate(auth.bearer_token(request))
-    auth.check_scope(who, request.url.path)
+    """The caller, or the error: 401 for no or a wrong token (429 instead while its address is over
+    the failure limit), 403 for a token out of its scope; each failure is counted and logged
+    (``authguard.py``). A valid token always passes, whoever else shares its address."""
+    guard: AuthGuard = request.app.state.auth_guard
+    address = request.client.host if request.client else "unknown"
+    try:
+        who = _store(request).authenticate(auth.bearer_token(request))
+        auth.check_scope(who, request.url.path)
+    except AuthError as err:
+        guard.check(address)
+        guard.failed(address, err.reason, request.method, request.url.path)
+        raise
+    except ForbiddenError:
+        guard.failed(address, "scope", request.method, request.url.path)
+        raise
     return who
 
 
@@ -206,6 +228,7 @@ def create_app(
     metrics: Any = None,
     prices: Any = None,
     admin_token_path: Path | None = None,
+    auth_guard: AuthGuard | None = None,
 ) -> FastAPI:
     """The API over ``store``. ``status`` is the loop's health (``cycles``, ``stalled``,
     ``last_error``, ``cycle_ms_last``, ``cycle_ms_p50``; missing keys read as their defaults):
@@ -213,13 +236,17 @@ def create_app(
     the caps on what callers send, set on the store too (default: the store's). ``metrics``: the
     ``CollectorRegistry`` ``GET /metrics`` serves (default: the store's, ``observe.registry``);
     ``prices``: the ``pricing.PriceTable`` for cost (default: the shipped one). ``admin_token_path``:
-    the file ``POST /api/v1/tokens/rotate-admin`` writes the new admin token to (mode 0600)."""
+    the file ``POST /api/v1/tokens/rotate-admin`` writes the new admin token to (mode 0600).
+    ``auth_guard``: counts and slows failed authentications (default: 10 a minute per address)."""
     app = FastAPI(
         title="tpufleet",
         version=tpufleet.__version__,
         description="A multi-tenant queue that places SPMD jobs on whole TPU slices.",
         openapi_url="/openapi.json",
+        docs_url=None,  # FastAPI's /docs and /redoc load unpinned CDN scripts on the page's origin
+        redoc_url=None,
     )
+    app.state.auth_guard = auth_guard or AuthGuard()
     if limits is not None:
         store.limits = limits  # one set of caps for the API and the store (package checks, queued cap)
     app.state.limits = store.limits
@@ -550,7 +577,11 @@ def list_jobs(
     after: Annotated[str | None, Query(description="the `next` of the previous page")] = None,
 ) -> dict[str, Any]:
     """Jobs in submission order, a page at a time: ``{"items": [...], "next": CURSOR or null}``;
-    ``limit`` defaults to 100 and is at most 1000; pass ``next`` back as ``after`` for the next page."""
+    ``limit`` defaults to 100 and is at most 1000; pass ``next`` back as ``after`` for the next page.
+    A page also ends before its items pass 1 MiB of JSON (``next`` goes on from there). A listed
+    job has no ``env`` and no ``attempts``, its ``command`` is cut to 256 characters (ending in
+    '\u2026', ``command_cut`` true), its ``reason`` and ``working_dir`` to 512: ``GET
+    /api/v1/jobs/{id}`` has the whole job."""
     scope = auth.job_scope(me) or tenant
     if scope is not None and not TENANT_NAME.fullmatch(scope):
         raise SpecError(f"{scope[:70]!r} is not a tenant name", field="tenant")
@@ -558,10 +589,10 @@ def list_jobs(
     valid = (QUEUED, *ACTIVE, *TERMINAL)
     for bad in (s for s in states if s not in valid):
         raise SpecError(f"state={bad[:40]!r} is not a job state; valid: {', '.join(valid)}")
-    items, last = store.jobs_page(tenant=scope, states=states, limit=limit, after=decode_cursor(after))
+    items, last = listing.jobs_page(store, scope, states, limit=limit, after=decode_cursor(after))
     from tpufleet.api.metrics_routes import jobs_with_goodput
 
-    listed = jobs_with_goodput(store, [j.to_dict() for j in items])
+    listed = jobs_with_goodput(store, items)
     return {"items": listed, "next": None if last is None else encode_cursor(last)}
 
 
@@ -603,7 +634,7 @@ def job_events(job_id: str, me: Who, store: Db) -> list[dict[str, Any]]:
     return store.events(job_id)
 
 
-@router.get("/jobs/{job_id}/logs", tags=["jobs"], responses=_errs(404, 422))
+@router.get("/jobs/{job_id}/logs", tags=["jobs"], response_model=logstream.LogOut, responses=_errs(404, 422))
 def job_logs(
     job_id: str,
     me: Who,
@@ -613,9 +644,12 @@ def job_logs(
         int | None, Query(ge=0, description="host index in the attempt (slice, then worker)")
     ] = None,
     offset: Annotated[int, Query(ge=0, description="characters already read (per host)")] = 0,
-) -> dict[str, Any]:
-    logs = store.read_logs(job_id, tenant=auth.job_scope(me), attempt=attempt, host=host, offset=offset)
-    return logs.to_dict()
+) -> StreamingResponse:
+    """A job's stored output, every host or one, from ``offset``: streamed, read from the store a
+    piece at a time (a 64 MiB log is never held whole)."""
+    scope = auth.job_scope(me)
+    read, spans = store.plan_logs(job_id, tenant=scope, attempt=attempt, host=host, offset=offset)
+    return logstream.response(store, read, spans)
 
 
 @router.post("/jobs/{job_id}/cancel", tags=["jobs"], responses=_errs(404, 409, 422))
@@ -631,7 +665,7 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(TpufleetError)
     def tpufleet_error(_request: Request, err: TpufleetError) -> JSONResponse:
         headers = {}
-        if isinstance(err, ClusterError) and err.retry_after is not None:
+        if isinstance(err, ClusterError | TooManyFailures) and err.retry_after is not None:
             headers["Retry-After"] = str(max(1, round(err.retry_after)))
         if isinstance(err, AuthError):
             headers["WWW-Authenticate"] = "Bearer"

@@ -286,4 +286,7 @@ def _error(resp: httpx.Response) -> TpufleetError:
         message = resp.text.strip()[:300] or resp.reason_phrase
     if resp.status_code >= 500:
         return ClusterError(f"server error {resp.status_code}: {message}")
+    if resp.status_code == 429:  # too many failed authentications from this address: wait
+        wait = resp.headers.get("retry-after", "")
+        return ClusterError(message, retry_after=float(wait) if wait.isdigit() else None)
     return _BY_STATUS.get(resp.status_code, TpufleetError)(message)

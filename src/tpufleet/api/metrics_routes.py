@@ -59,10 +59,17 @@ def install(
     )
     def metrics(request: Request) -> Response:
         """Prometheus metrics (``tpufleet_*``; docs/observability.md), for the admin token or a
-        ``metrics`` token. Computed from the store at scrape time."""
+        ``metrics`` token. Computed from the store at scrape time; ``tpufleet_auth_failures_total``
+        (by ``reason``) from the API's own count (``authguard.py``)."""
         me: Principal = who(request)
-        auth.require_metrics_reader(me)
-        return Response(generate_latest(request.app.state.metrics), media_type=CONTENT_TYPE_LATEST)
+        guard = request.app.state.auth_guard
+        try:
+            auth.require_metrics_reader(me)
+        except ForbiddenError:
+            guard.failed(request.client.host if request.client else "unknown", "scope", "GET", "/metrics")
+            raise
+        body = generate_latest(request.app.state.metrics) + generate_latest(guard.registry())
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     router = APIRouter()
 

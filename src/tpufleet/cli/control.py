@@ -156,6 +156,15 @@ def serve_cmd(
     max_queued_per_tenant: Annotated[
         int, typer.Option("--max-queued-per-tenant", min=1, help="Queued jobs a tenant may have.")
     ] = DEFAULT_LIMITS.max_queued_per_tenant,
+    max_queued_mib_per_tenant: Annotated[
+        float,
+        typer.Option(
+            "--max-queued-mib-per-tenant",
+            min=0.001,
+            help="MiB of queued job bodies (commands, env, names) a tenant may have; past it a submit "
+            "is refused (409).",
+        ),
+    ] = DEFAULT_LIMITS.max_queued_bytes_per_tenant / (1 << 20),
     max_package_bytes: Annotated[
         int, typer.Option("--max-package-bytes", min=1, help="Largest working_dir package upload.")
     ] = DEFAULT_LIMITS.max_package_bytes,
@@ -353,6 +362,7 @@ def serve_cmd(
         checkpoint_quota_bytes=quota_bytes,
         working_dir_url_prefixes=tuple(_url_prefix(p) for p in allow_working_dir_url),
         max_queued_per_tenant=max_queued_per_tenant,
+        max_queued_bytes_per_tenant=int(max_queued_mib_per_tenant * (1 << 20)),
         max_package_bytes=max_package_bytes,
         package_quota_bytes=package_quota_mib << 20,
         ray_jobs=allow_ray_jobs,
@@ -377,7 +387,7 @@ def serve_cmd(
         ray_address=None if sandbox else ray_address,
     )
     console_err.print(f"admin token ({note}): {cp.admin_token_path} (mode 0600)", highlight=False)
-    console_err.print(f"tpufleet control plane on {url} for {where} (API /api/v1, /docs)", highlight=False)
+    console_err.print(f"tpufleet control plane on {url} for {where} (API /api/v1)", highlight=False)
     if (
         sandbox is None and started is None and ray_address
     ):  # a Ray cluster someone else runs: follow its head

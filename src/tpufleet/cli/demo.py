@@ -201,7 +201,7 @@ def demo_cmd(
         cp = stack.enter_context(ControlPlane(cluster, state_dir=root / "control", limits=limits))
         with _spinner("control plane serving"):
             url = cp.start_http()
-        console.print(f"  API {url}/api/v1 (docs at {url}/docs); admin token in {cp.admin_token_path}")
+        console.print(f"  API {url}/api/v1 (schema {url}/openapi.json); admin token in {cp.admin_token_path}")
         console.print(f"  fleet page {url}/ (sign in with that admin token)")
         admin = stack.enter_context(Client(url, cp.admin_token))
         research = admin.create_tenant("research", {"v6e": 16, "v4": 8}, weight=2)

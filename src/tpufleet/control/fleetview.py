@@ -20,7 +20,10 @@ One JSON-ready dict (``GET /api/v1/fleet``)::
 A tenant's token sees every slice (as ``GET /slices`` shows it) but only its own jobs and tenant;
 a slice held by another tenant's job says ``held_by_other`` and names neither the job nor the
 tenant. Numbers that are not measured are None, never 0. Reads only; the answer's size does not
-grow with the queue (``bench/fleetview.py`` times a read at 10,000 and 100,000 queued jobs).
+grow with the queue (``bench/fleetview.py`` times a read at 10,000 and 100,000 queued jobs) nor
+with what a tenant stored: every job in it is a listed job (``control/listing.py``: no env, no
+working_dir, the command cut to 256 characters; its env is never read), at most ``queue_limit``
+queued, one per slice active and ``recent_limit`` finished, a few KiB each at most.
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ from sqlalchemy import func, select
 
 from tpufleet import catalog
 from tpufleet.control import records as r
+from tpufleet.control.listing import job_item, lean
 from tpufleet.control.schema import JobRow, SliceRow, TenantRow
-from tpufleet.control.store import Store, job_record, slice_record
+from tpufleet.control.store import Store, slice_record
 
 QUEUE_LIMIT = 50
 RECENT_LIMIT = 10
-_HIDDEN_FIELDS = ("env", "working_dir")  # not drawn; kept out of a payload polled every second
+_HIDDEN_FIELDS = ("working_dir",)  # not drawn; kept out of a payload polled every second
 
 
 Duty = Mapping[tuple[str, int], Mapping[int, float]]  # (slice, worker id) -> chip -> duty cycle %
@@ -69,11 +73,13 @@ def fleet_view(
     with store.tx() as s:
         slice_rows = list(s.scalars(select(SliceRow).order_by(SliceRow.name)))
         active = list(
-            s.scalars(select(JobRow).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.admit_seq, JobRow.seq))
+            s.scalars(
+                lean(select(JobRow).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.admit_seq, JobRow.seq))
+            )
         )
         queue = _queue(s, scope, queue_limit)
         queued = _count(s, scope, (r.QUEUED,))
-        recent_q = select(JobRow).where(JobRow.state.in_(r.TERMINAL))
+        recent_q = lean(select(JobRow).where(JobRow.state.in_(r.TERMINAL)))
         if scope is not None:
             recent_q = recent_q.where(JobRow.tenant == scope)
         recent = list(
@@ -99,10 +105,9 @@ def fleet_view(
 
 
 def _job(row: JobRow) -> dict[str, Any]:
-    d = job_record(row).to_dict()
+    d = job_item(row)  # no env or attempts, the command cut (control/listing.py)
     for key in _HIDDEN_FIELDS:
         d.pop(key, None)
-    del d["attempts"]  # listings carry none; GET /jobs/{id} has them
     return d
 
 
@@ -112,7 +117,7 @@ def _queue(s: Any, scope: str | None, limit: int) -> list[tuple[JobRow, int]]:
     whole queue's head, so positions are counted along it; for a tenant, one windowed query ranks
     the queued jobs of the slice types its head has (``bench/fleetview.py`` times both)."""
     order = (JobRow.priority.desc(), JobRow.head_of_line.desc(), JobRow.seq)
-    query = select(JobRow).where(JobRow.state == r.QUEUED)
+    query = lean(select(JobRow).where(JobRow.state == r.QUEUED))
     if scope is not None:
         query = query.where(JobRow.tenant == scope)
     head = list(s.scalars(query.order_by(*order).limit(limit)))

@@ -4,11 +4,17 @@ The loop copies what ``ClusterClient.read_logs`` returns into ``log_chunks`` and
 host, how far it read the cluster's stream (``cluster_offset``, the executor's unit) and how many
 characters the store holds (``stored``). Readers use character offsets into the stored stream, so
 ``tpufleet logs --follow`` asks for "everything after offset N" of one host.
+
+The API streams a read (:func:`plan`, then :func:`pieces` per host): the answer's hosts and their
+``next_offset`` are fixed first, then the stored text up to there is read ``PIECE_CHARS``
+characters per query, each in its own short transaction, so a 64 MiB log never sits in memory
+whole (four readers of one held ~516 MiB when it was read into one string).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -17,6 +23,8 @@ from sqlalchemy.orm import Session
 from tpufleet.control import records as r
 from tpufleet.control.schema import JobRow, LogChunkRow, LogCursorRow
 from tpufleet.errors import NotFoundError
+
+PIECE_CHARS = 256 * 1024  # characters of a stored log read per query while a read streams
 
 
 @dataclass(frozen=True)
@@ -100,26 +108,97 @@ def close(s: Session, job_id: str, attempt: int, host: int, note: str) -> None:
         c.complete, c.note = True, note
 
 
-def read(s: Session, job: JobRow, *, attempt: int | None, host: int | None, offset: int) -> r.LogRead:
-    """Stored output of an attempt (default: the latest that ran), per host, from ``offset``."""
+@dataclass(frozen=True)
+class Span:
+    """The stored characters ``start`` to ``end`` of one host's stream: what a streamed read sends."""
+
+    job_id: str
+    attempt: int
+    host: int
+    start: int
+    end: int
+
+
+def plan(
+    s: Session, job: JobRow, *, attempt: int | None, host: int | None, offset: int
+) -> tuple[r.LogRead, tuple[Span, ...]]:
+    """A read as :func:`read` answers it but with every host's ``data`` empty, and the span of
+    stored text each host's ``data`` is (read it with :func:`pieces`)."""
+    attempt, streams = _streams(s, job, attempt, host)
+    start = max(0, offset)
+    spans = tuple(Span(c.job_id, c.attempt, c.host, start, max(start, c.stored)) for c in streams)
+    hosts = tuple(_host_log(s, c, start, with_data=False) for c in streams)
+    return r.LogRead(job_id=job.id, attempt=attempt or job.attempt, job_state=job.state, hosts=hosts), spans
+
+
+def pieces(
+    tx: Callable[[], AbstractContextManager[Session]], span: Span, size: int = PIECE_CHARS
+) -> Iterator[str]:
+    """The stored text of ``span``, at most ``size`` characters per query (one transaction each)."""
+    pos = span.start
+    while pos < span.end:
+        want = min(size, span.end - pos)
+        with tx() as s:
+            got = s.execute(
+                select(func.substr(LogChunkRow.data, pos - LogChunkRow.start + 1, want))
+                .where(
+                    LogChunkRow.job_id == span.job_id,
+                    LogChunkRow.attempt == span.attempt,
+                    LogChunkRow.host == span.host,
+                    LogChunkRow.start <= pos,
+                )
+                .order_by(LogChunkRow.start.desc())
+                .limit(1)
+            ).scalar()
+        if not got:
+            return  # a gap in the stored stream (never written so): nothing more to send
+        yield got
+        pos += len(got)
+
+
+def _streams(
+    s: Session, job: JobRow, attempt: int | None, host: int | None
+) -> tuple[int | None, list[LogCursorRow]]:
+    """The attempt read (default: the latest that ran; None: none ran) and its streams (one host's)."""
     if attempt is not None and not 1 <= attempt <= job.attempt:
         raise NotFoundError(f"job {job.id} has attempts 1 to {job.attempt}, not {attempt}")
     if attempt is None:
         attempt = s.scalar(select(func.max(LogCursorRow.attempt)).where(LogCursorRow.job_id == job.id))
-    streams = s.scalars(
-        select(LogCursorRow)
-        .where(LogCursorRow.job_id == job.id, LogCursorRow.attempt == (attempt or 0))
-        .order_by(LogCursorRow.host)
-    ).all()
+    streams = list(
+        s.scalars(
+            select(LogCursorRow)
+            .where(LogCursorRow.job_id == job.id, LogCursorRow.attempt == (attempt or 0))
+            .order_by(LogCursorRow.host)
+        )
+    )
     if host is not None:
         if streams and not 0 <= host < len(streams):
             raise NotFoundError(f"job {job.id} has hosts 0 to {len(streams) - 1}, not {host}")
         streams = [c for c in streams if c.host == host]
+    return attempt, streams
+
+
+def read(s: Session, job: JobRow, *, attempt: int | None, host: int | None, offset: int) -> r.LogRead:
+    """Stored output of an attempt (default: the latest that ran), per host, from ``offset``."""
+    attempt, streams = _streams(s, job, attempt, host)
     hosts = tuple(_host_log(s, c, max(0, offset)) for c in streams)
     return r.LogRead(job_id=job.id, attempt=attempt or job.attempt, job_state=job.state, hosts=hosts)
 
 
-def _host_log(s: Session, c: LogCursorRow, offset: int) -> r.HostLog:
+def _host_log(s: Session, c: LogCursorRow, offset: int, *, with_data: bool = True) -> r.HostLog:
+    return r.HostLog(
+        c.host,
+        c.slice,
+        c.worker_id,
+        _stored(s, c, offset) if with_data else "",
+        next_offset=max(offset, c.stored),
+        complete=c.complete,
+        truncated=bool(c.truncated),
+        note=c.note,
+    )
+
+
+def _stored(s: Session, c: LogCursorRow, offset: int) -> str:
     chunks = s.execute(
         select(LogChunkRow.start, LogChunkRow.data)
         .where(
@@ -131,15 +210,4 @@ def _host_log(s: Session, c: LogCursorRow, offset: int) -> r.HostLog:
         .order_by(LogChunkRow.start)
     ).all()
     data = "".join(chunk.data for chunk in chunks)
-    if chunks:
-        data = data[max(0, offset - chunks[0].start) :]
-    return r.HostLog(
-        c.host,
-        c.slice,
-        c.worker_id,
-        data,
-        next_offset=max(offset, c.stored),
-        complete=c.complete,
-        truncated=bool(c.truncated),
-        note=c.note,
-    )
+    return data[max(0, offset - chunks[0].start) :] if chunks else data

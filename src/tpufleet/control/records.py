@@ -38,6 +38,9 @@ DEFAULT_MAX_RETRIES = 2
 JOB_KINDS = ("spmd", "ray")  # spmd: the command on every host; ray: one Ray driver (docs/ray-jobs.md)
 PACKAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
 PAGE_DEFAULT, PAGE_MAX = 100, 1000  # GET /jobs ?limit=
+LIST_COMMAND_CHARS = 256  # a listed job's command (GET /jobs, the fleet view): cut past this many
+LIST_TEXT_CHARS = 512  # a listed job's reason and working_dir: cut past this many characters
+CUT_MARK = "\u2026"  # ends a value a listing cut ("..."): GET /jobs/{id} has the whole of it
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
 
@@ -55,6 +58,7 @@ class Limits:
     max_package_unpacked_bytes: int = 1 * GiB
     package_quota_bytes: int = 1 * GiB  # all of a tenant's stored packages (serve --package-quota-mib)
     max_queued_per_tenant: int = 100_000
+    max_queued_bytes_per_tenant: int = 256 * MiB  # JobRequest.body_bytes summed over its queued jobs
     working_dir_url_prefixes: tuple[str, ...] = ()
     max_command_args: int = 256
     max_arg_bytes: int = 8 * KiB
@@ -282,6 +286,13 @@ class JobRequest:
     working_dir: str | None = None
     kind: str = "spmd"
 
+    @property
+    def body_bytes(self) -> int:
+        """What the job stores (UTF-8 bytes of its command, env names and values, name and working_dir):
+        counted against ``Limits.max_queued_bytes_per_tenant`` while it is queued."""
+        words = (*self.command, *self.env, *self.env.values(), self.name, self.working_dir or "")
+        return sum(_utf8_len(w) for w in words)
+
     @classmethod
     def build(
         cls,
@@ -485,6 +496,31 @@ def _check_train_poll(value: str) -> None:
             "(Ray Train's controller polls from the head node, which every job shares)",
             field="env",
         )
+
+
+def cut_text(text: str | None, limit: int = LIST_TEXT_CHARS) -> str | None:
+    """``text`` whole when it has at most ``limit`` characters, else its first ``limit`` and ``CUT_MARK``."""
+    return text if text is None or len(text) <= limit else text[:limit] + CUT_MARK
+
+
+def command_line(command: Sequence[str], limit: int = LIST_COMMAND_CHARS) -> str:
+    """The command joined with spaces, cut to ``limit`` characters (and ``CUT_MARK``): for events."""
+    return cut_text(" ".join(command), limit) or ""
+
+
+def cut_command(command: Sequence[str], limit: int = LIST_COMMAND_CHARS) -> tuple[list[str], bool]:
+    """A listing's command: the arguments while their characters (and one space between each) stay
+    within ``limit``; the one that passes it cut, ending in ``CUT_MARK``, the rest left out.
+    Returns it and whether anything was cut."""
+    out: list[str] = []
+    left = limit
+    for arg in command:
+        if len(arg) > left:
+            out.append(arg[: max(0, left)] + CUT_MARK)
+            return out, True
+        out.append(arg)
+        left -= len(arg) + 1
+    return out, False
 
 
 def default_name(command: Sequence[str]) -> str:

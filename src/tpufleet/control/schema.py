@@ -69,7 +69,11 @@ class PackageRow(Base):
 
 class JobRow(Base):
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_tenant_state", "tenant", "state"),)
+    __table_args__ = (
+        Index("ix_jobs_tenant_state", "tenant", "state"),
+        # the queued-bytes cap sums body_bytes from this index alone (never a row of command and env)
+        Index("ix_jobs_tenant_state_bytes", "tenant", "state", "body_bytes"),
+    )
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(16), unique=True)
@@ -83,6 +87,7 @@ class JobRow(Base):
     env: Mapped[dict[str, Any]]
     working_dir: Mapped[str | None] = mapped_column(Text)
     kind: Mapped[str] = mapped_column(String(8), default="spmd")  # spmd | ray (docs/ray-jobs.md)
+    body_bytes: Mapped[int] = mapped_column(default=0)  # JobRequest.body_bytes: the queued-bytes cap
     state: Mapped[str] = mapped_column(String(16), index=True)
     attempt: Mapped[int] = mapped_column(default=1)
     failures: Mapped[int] = mapped_column(default=0)  # failed attempts, counted against max_retries

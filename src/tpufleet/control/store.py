@@ -237,6 +237,7 @@ class Store(TenantOps):
                 env=dict(req.env),
                 working_dir=req.working_dir,
                 kind=req.kind,
+                body_bytes=req.body_bytes,
                 state=r.QUEUED,
                 attempt=1,
                 failures=0,
@@ -251,7 +252,7 @@ class Store(TenantOps):
             s.flush()
             self.add_event(
                 s,
-                f"submitted by {tenant}: {' '.join(req.command)}",
+                f"submitted by {tenant}: {r.command_line(req.command)}",
                 job_id=job_id,
                 kind="submit",
                 tenant=tenant,
@@ -299,7 +300,7 @@ class Store(TenantOps):
                     "slice": None,
                     "at": now,
                     "kind": "submit",
-                    "message": f"submitted by {owner}: {' '.join(req.command)}",
+                    "message": f"submitted by {owner}: {r.command_line(req.command)}",
                     "tenant": owner,
                     "actor": None,
                 }
@@ -326,24 +327,21 @@ class Store(TenantOps):
         return ids
 
     def _check_batch(self, s: Session, owners: list[str], requests: Sequence[r.JobRequest]) -> None:
-        """The queued cap per tenant for the batch as a whole, and every package it names."""
+        """The queued caps (jobs, bytes) per tenant for the batch as a whole, and every package it names."""
         cap = self.limits.max_queued_per_tenant
         adding: dict[str, int] = {}
-        for owner in owners:
+        adding_bytes: dict[str, int] = {}
+        for owner, req in zip(owners, requests, strict=True):
             adding[owner] = adding.get(owner, 0) + 1
-        counted = s.execute(
-            select(JobRow.tenant, func.count())
-            .where(JobRow.tenant.in_(adding), JobRow.state == r.QUEUED)
-            .group_by(JobRow.tenant)
-        )
-        queued: dict[str, int] = {t: n for t, n in counted}
+            adding_bytes[owner] = adding_bytes.get(owner, 0) + req.body_bytes
         for owner, n in adding.items():
-            have = queued.get(owner, 0)
+            have, have_bytes = self._queued(s, owner)
             if have + n > cap:
                 raise ConflictError(
                     f"tenant {owner} has {have:,} queued jobs and the batch adds {n:,}: over the cap "
                     f"(serve --max-queued-per-tenant {cap}); submit fewer, or wait for some to start"
                 )
+            self._check_queued_bytes(owner, have_bytes, adding_bytes[owner], "the batch adds")
         named = {(o, q.working_dir) for o, q in zip(owners, requests, strict=True) if q.working_dir}
         for owner, wd in sorted(named):
             self._check_package(s, owner, wd)
@@ -351,16 +349,35 @@ class Store(TenantOps):
     def _check_can_queue(self, s: Session, tenant: str, req: r.JobRequest) -> None:
         """The per-tenant cap on queued jobs, and a working_dir package this tenant uploaded."""
         cap = self.limits.max_queued_per_tenant
-        queued = s.scalar(
-            select(func.count()).select_from(JobRow).where(JobRow.tenant == tenant, JobRow.state == r.QUEUED)
-        )
-        if (queued or 0) >= cap:
+        queued, queued_bytes = self._queued(s, tenant)
+        if queued >= cap:
             raise ConflictError(
                 f"tenant {tenant} already has {queued:,} queued jobs, the cap (serve --max-queued-per-tenant "
                 f"{cap}); wait for some to start or cancel some"
             )
+        self._check_queued_bytes(tenant, queued_bytes, req.body_bytes, "this job adds")
         if req.working_dir is not None:
             self._check_package(s, tenant, req.working_dir)
+
+    def _queued(self, s: Session, tenant: str) -> tuple[int, int]:
+        """The tenant's queued jobs and their body bytes: one read of ``ix_jobs_tenant_state_bytes``
+        alone (SQLite: a covering index; never a row, whose command and env come first)."""
+        n, size = s.execute(
+            select(func.count(), func.coalesce(func.sum(JobRow.body_bytes), 0))
+            .select_from(JobRow)
+            .where(JobRow.tenant == tenant, JobRow.state == r.QUEUED)
+        ).one()
+        return int(n or 0), int(size or 0)
+
+    def _check_queued_bytes(self, tenant: str, have: int, adding: int, what: str) -> None:
+        """The per-tenant cap on the bytes of queued job bodies (``Limits.max_queued_bytes_per_tenant``)."""
+        cap = self.limits.max_queued_bytes_per_tenant
+        if have + adding > cap:
+            raise ConflictError(
+                f"tenant {tenant} has {_mib(have)} of queued job bodies (commands, env, names) and {what} "
+                f"{_mib(adding)}: over the cap of {_mib(cap)} (serve --max-queued-mib-per-tenant); "
+                "wait for some to start, cancel some, or ship data in a package (--working-dir) instead"
+            )
 
     def _check_package(self, s: Session, tenant: str, wd: str) -> None:
         """A working_dir that is a package id must name a package ``tenant`` uploaded."""
@@ -608,6 +625,25 @@ class Store(TenantOps):
             job = self._job_row(s, job_id, tenant)
             return logs.read(s, job, attempt=attempt, host=host, offset=offset)
 
+    def plan_logs(
+        self,
+        job_id: str,
+        *,
+        tenant: str | None = None,
+        attempt: int | None = None,
+        host: int | None = None,
+        offset: int = 0,
+    ) -> tuple[r.LogRead, tuple[logs.Span, ...]]:
+        """:meth:`read_logs` to stream: the answer without the text, and where each host's text is
+        (``logs.pieces(store.tx, span)`` reads it a piece per query)."""
+        with self.tx() as s:
+            job = self._job_row(s, job_id, tenant)
+            return logs.plan(s, job, attempt=attempt, host=host, offset=offset)
+
+
+def _mib(n: int) -> str:
+    return f"{n / r.MiB:,.1f} MiB"
+
 
 def _key_like(value: str) -> bool:
     """Could ``value`` be a stored id or name? (No NUL, which PostgreSQL refuses in text, and short.)"""
@@ -666,6 +702,7 @@ def _job_values(req: r.JobRequest) -> dict[str, Any]:
         "env": dict(req.env),
         "working_dir": req.working_dir,
         "kind": req.kind,
+        "body_bytes": req.body_bytes,
         "state": r.QUEUED,
         "attempt": 1,
         "failures": 0,

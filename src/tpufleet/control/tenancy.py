@@ -126,13 +126,16 @@ class TenantOps:
 
     def authenticate(self, token: str | None) -> r.Principal:
         if not token:
-            raise AuthError("missing bearer token; pass --token or set TPUFLEET_TOKEN")
+            raise AuthError("missing bearer token; pass --token or set TPUFLEET_TOKEN", reason="missing")
         with self.tx() as s:
             row = s.get(TokenRow, token_hash(token))
             if row is None:
                 raise AuthError("unknown token; ask the admin for a tenant token (tpufleet tenant create)")
             if row.revoked_at is not None:
-                raise AuthError("this token was revoked; ask the admin for a new one (tpufleet token create)")
+                raise AuthError(
+                    "this token was revoked; ask the admin for a new one (tpufleet token create)",
+                    reason="revoked",
+                )
             now = self.clock()
             if row.last_used_at is None or now - row.last_used_at >= LAST_USE_EVERY_S:
                 row.last_used_at = now
