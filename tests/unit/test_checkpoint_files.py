@@ -4,7 +4,9 @@ and the retention rule removes only long-finished jobs' files, through the clust
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from tpufleet.control.fake import FakeClock, FakeCluster
 from tpufleet.control.records import JobRequest, Limits
 from tpufleet.control.service import Service, ServiceConfig
 from tpufleet.control.store import Store
-from tpufleet.errors import ForbiddenError, SpecError
+from tpufleet.errors import ForbiddenError, NotFoundError, SpecError
 
 MiB = 1 << 20
 DAY = 86400.0
@@ -132,6 +134,29 @@ def test_without_a_retention_nothing_is_removed(world: World) -> None:
     world.clock.advance(365 * DAY)
     world.service.run_once()
     assert world.cluster.removals == [] and ("research", job) in world.cluster.files
+
+
+def test_the_loop_deletes_packages_no_live_job_uses_for_every_tenant(world: World) -> None:
+    """Packages were deleted only at their own tenant's next upload before: one that never uploads
+    again kept its unused ones for ever."""
+    used = world.store.put_package("research", _zip("train.py"))
+    unused = world.store.put_package("other", _zip("old.py"))
+    req = JobRequest.build(command=("python", "train.py"), accelerator_type="v4-16", working_dir=used)
+    job = world.store.submit("research", req)
+    world.clock.advance(2 * 3600)
+    world.service.run_once()
+    world.service.run_once()  # the pass ran on the first cycle; this one collects its answer
+    assert world.store.package("research", used)  # a queued job names it
+    with pytest.raises(NotFoundError):
+        world.store.package("other", unused)
+    assert world.store.job(job.id).state in ("QUEUED", "ADMITTED", "STARTING")
+
+
+def _zip(name: str) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr(name, b"print(1)\n")
+    return out.getvalue()
 
 
 @pytest.fixture

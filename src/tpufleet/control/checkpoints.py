@@ -125,7 +125,8 @@ def files_removed(store: Store, tenant: str, removed: dict[str, int], disk: Disk
 class TenantFiles:
     """The scheduling loop's part (``Service.files``): store the hosts' newest measurement of each
     tenant (at most every ``write_s`` per tenant; a newer one waits for its turn), and every
-    ``check_s`` run the retention rule off the loop (``submit``: the service's thread pool)."""
+    ``check_s``, off the loop (``submit``: the service's thread pool), delete the packages no live
+    job uses and run the retention rule."""
 
     def __init__(
         self,
@@ -170,17 +171,25 @@ class TenantFiles:
             del self._due[tenant]
 
     def _retain(self) -> None:
-        if self.retention_s is None:
-            return
         if self._retention is None:
             if time.monotonic() - self._retained_at < self.check_s:
                 return
             self._retained_at = time.monotonic()
-            self._retention = self._submit(self._remove_expired, self.retention_s)
+            self._retention = self._submit(self._tidy)
         if self._retention.done():
             err, self._retention = self._retention.exception(), None
             if err is not None:
-                log.warning("removing finished jobs' checkpoint files failed (next try later): %s", err)
+                log.warning(
+                    "removing unused packages or finished jobs' files failed (next try later): %s", err
+                )
+
+    def _tidy(self) -> None:
+        """Delete every tenant's packages no live job uses (``Store.collect_packages``; an upload
+        collects its own tenant's too), then, with a retention, finished jobs' checkpoint files."""
+        if (gone := self.store.collect_packages()) > 0:
+            log.info("deleted %d package(s) no queued or running job uses", gone)
+        if self.retention_s is not None:
+            self._remove_expired(self.retention_s)
 
     def _remove_expired(self, retention_s: float) -> None:
         for tenant, jobs in expired_jobs(self.store, retention_s).items():

@@ -495,7 +495,8 @@ class Store(TenantOps):
     def collect_packages(self, tenant: str | None = None) -> int:
         """Delete the packages (of ``tenant``, or everyone's) that no queued or running job names and
         that were neither uploaded nor used by a job that ended in the last ``packages.UNUSED_KEEP_S``;
-        returns how many went. Run at every upload, for the uploading tenant."""
+        returns how many went. Run at every upload, for the uploading tenant, and by the loop for everyone
+        every ``ServiceConfig.retention_check_s`` (``checkpoints.TenantFiles``)."""
         with self.tx() as s:
             return self._collect_packages(s, tenant)
 
