@@ -60,16 +60,23 @@ def cgroup_root() -> Path | None:
 
 
 def _cgroup2_mounts() -> list[Path]:
+    return [path for path, _options in mounts("cgroup2")]
+
+
+def mounts(fstype: str) -> list[tuple[Path, list[str]]]:
+    """Where filesystems of ``fstype`` are mounted (``/proc/self/mountinfo``), each with its super
+    options (for cgroup v1, the controllers: ``["rw", "pids"]``)."""
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
         return []
-    mounts = []
+    found = []
     for line in lines:
         left, _, right = line.partition(" - ")
-        if right.split(" ", 1)[0] == "cgroup2":
-            mounts.append(Path(left.split()[4]))
-    return mounts
+        kind, _, rest = right.partition(" ")
+        if kind == fstype:
+            found.append((Path(left.split()[4]), rest.split(" ")[-1].split(",")))
+    return found
 
 
 def cgroup_name(*parts: str | int) -> str:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tpufleet.control.contain import CGROUP_DIR
+from tpufleet.control.contain import CGROUP_DIR, mounts
 
 # 8192 tasks per host: a JAX process on a large TPU host starts some hundreds of threads (XLA's and
 # Eigen's pools sized to its ~200 cores, gRPC, the TPU runtime), data loaders add tens of processes
@@ -123,17 +123,7 @@ def _v2_pids(root: Path) -> bool:
 
 
 def _v1_pids_mounts() -> list[Path]:
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        kind, _, rest = right.partition(" ")
-        if kind == "cgroup" and "pids" in rest.split(" ")[-1].split(","):
-            found.append(Path(left.split()[4]))
-    return found
+    return [path for path, options in mounts("cgroup") if "pids" in options]
 
 
 def _ready(base: PidsBase) -> PidsBase | None:
