@@ -16,6 +16,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.timeout(600)  # as long as the demo itself may take (its subprocess's limit below)
 def test_demo_with_chaos_recovers_and_trains(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "tpufleet", "demo", "--chaos", "--steps", "12", "--state-dir", str(tmp_path)],
