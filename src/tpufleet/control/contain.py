@@ -103,11 +103,7 @@ class Box:
 
         def child() -> None:
             if procs is not None:
-                fd = os.open(procs, os.O_WRONLY)
-                try:
-                    os.write(fd, b"0")
-                finally:
-                    os.close(fd)
+                join_cgroup(procs)
             os.umask(0o077)
             with contextlib.suppress(Exception):
                 ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -200,6 +196,16 @@ class Box:
                     return
                 except OSError:
                     time.sleep(0.02)  # zombies not yet reaped still count as members
+
+
+def join_cgroup(procs: str) -> None:
+    """Move the calling process into the cgroup whose ``cgroup.procs`` file is ``procs`` (v1 or v2).
+    Only system calls: callers run it between fork and exec."""
+    fd = os.open(procs, os.O_WRONLY)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
 
 
 def jail_available() -> str | None:

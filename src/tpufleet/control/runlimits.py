@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tpufleet.control.contain import CGROUP_DIR, mounts
+from tpufleet.control.contain import CGROUP_DIR, join_cgroup, mounts
 
 # 8192 tasks per host: a JAX process on a large TPU host starts some hundreds of threads (XLA's and
 # Eigen's pools sized to its ~200 cores, gRPC, the TPU runtime), data loaders add tens of processes
@@ -169,11 +169,7 @@ class RunGuard:
 
         def child() -> None:
             if procs is not None:
-                fd = os.open(procs, os.O_WRONLY)
-                try:
-                    os.write(fd, b"0")
-                finally:
-                    os.close(fd)
+                join_cgroup(procs)
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             if hard == resource.RLIM_INFINITY or hard > files:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, files), files))
