@@ -423,27 +423,6 @@ class Store(TenantOps):
         with self.tx() as s:
             return [job_record(j) for j in s.scalars(query)]
 
-    def jobs_page(
-        self,
-        tenant: str | None = None,
-        states: tuple[str, ...] = (),
-        *,
-        limit: int = r.PAGE_DEFAULT,
-        after: int = 0,
-    ) -> tuple[list[r.JobRecord], int | None]:
-        """Up to ``limit`` jobs with ``seq > after`` in submission order, and the seq to continue
-        after (None on the last page)."""
-        query = select(JobRow).where(JobRow.seq > after).order_by(JobRow.seq).limit(limit + 1)
-        if tenant is not None:
-            query = query.where(JobRow.tenant == tenant)
-        if states:
-            query = query.where(JobRow.state.in_(states))
-        with self.tx() as s:
-            rows = list(s.scalars(query))
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return [job_record(j) for j in rows], (rows[-1].seq if more else None)
-
     def counts(self) -> dict[str, Any]:
         """Queued and running jobs, and slices by state (``GET /api/v1/status``)."""
         with self.tx() as s:
