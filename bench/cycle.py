@@ -33,10 +33,10 @@ from collections.abc import Iterator
 
 from _pg import postgres_server
 
-from tpufleet.control.fake import FakeCluster, Script
-from tpufleet.control.records import JobRequest, Limits
-from tpufleet.control.service import Service, ServiceConfig
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.values import JobRequest, Limits
 from tpufleet.scheduler.model import RunDecision, Snapshot
 from tpufleet.scheduler.policy import decide_runs
 

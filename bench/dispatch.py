@@ -41,10 +41,10 @@ from typing import Any
 import ray
 from ray.util.tpu import get_num_ready_tpu_slices, run_on_slice, slice_placement_group
 
-from tpufleet.api.client import Client
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.cluster import AttemptSpec
-from tpufleet.control.executor import RayExecutor
+from tpufleet.client.http import Client
+from tpufleet.control.cluster.protocol import AttemptSpec
+from tpufleet.control.ray.client import RayExecutor
 
 COMMAND = ("sleep", "60")
 

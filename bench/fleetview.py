@@ -24,8 +24,8 @@ from cycle import FLEET, TENANTS, fill
 from fastapi.testclient import TestClient
 
 from tpufleet.api.app import create_app
-from tpufleet.control.fake import FakeCluster, Script
-from tpufleet.control.service import Service, ServiceConfig
+from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.loop.service import Service, ServiceConfig
 
 
 def timed_reads(http: TestClient, token: str, reads: int) -> tuple[float, float, int]:

@@ -29,11 +29,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import insert, update
 
 from tpufleet import pricing
-from tpufleet.control.fake import FakeClock
-from tpufleet.control.records import JobRequest
-from tpufleet.control.schema import AttemptRow, JobRow
-from tpufleet.control.store import Store
-from tpufleet.control.usage import Usage
+from tpufleet.control.cluster.fake import FakeClock
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.tables import AttemptRow, JobRow
+from tpufleet.control.store.usage import Usage
+from tpufleet.control.store.values import JobRequest
 from tpufleet.observe import cost
 from tpufleet.observe.metrics import FleetCollector
 

@@ -26,9 +26,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.sandbox import SandboxCluster
-from tpufleet.control.schema import AttemptRow
-from tpufleet.control.service import ServiceConfig
+from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.loop.service import ServiceConfig
+from tpufleet.control.store.tables import AttemptRow
 
 SHAPES = [("v4-16", 1), ("v4-32", 1), ("v4-16", 2), ("v6e-16", 1), ("v4-16", 1), ("v4-32", 2)]
 

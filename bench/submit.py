@@ -30,8 +30,8 @@ from _pg import postgres_server
 from fastapi.testclient import TestClient
 
 from tpufleet.api.app import create_app
-from tpufleet.api.client import Client
-from tpufleet.control.store import Store
+from tpufleet.client.http import Client
+from tpufleet.control.store.facade import Store
 
 SHAPES = [("v4-16", 1), ("v4-32", 1), ("v4-16", 2), ("v6e-16", 1)]
 

@@ -29,5 +29,5 @@ def __getattr__(name: str) -> Any:
     tpufleet`` (on a TPU host, in a job) does not need; and code of every layer imports this package,
     so the API layer is reached by name, not by an import statement."""
     if name == "SliceManager":
-        return importlib.import_module("tpufleet.api.slicemanager").SliceManager
+        return importlib.import_module("tpufleet.client.slicemanager").SliceManager
     raise AttributeError(f"module 'tpufleet' has no attribute {name!r}")

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tpufleet import catalog
-from tpufleet.control.raywatch import AWAIT_ENV
+from tpufleet.control.ray.headwatch import AWAIT_ENV
 from tpufleet.errors import SpecError, TpufleetError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -554,7 +554,7 @@ class Soak:
 
     def _admin(self) -> Any:
         from tpufleet.api.auth import ADMIN_TOKEN_FILE
-        from tpufleet.api.client import Client
+        from tpufleet.client.http import Client
 
         token = self.cfg.token or (self.cp_dir / ADMIN_TOKEN_FILE).read_text().strip()
         return Client(self.url, token, timeout_s=10)
@@ -752,7 +752,7 @@ class Soak:
         import ray
         from ray.util.placement_group import placement_group_table
 
-        from tpufleet.control.slices import head_pg_name, pg_name
+        from tpufleet.control.ray.warmpool import head_pg_name, pg_name
 
         self.fleet.authenticate()
         ray.init(address=self.fleet.ray_address, logging_level=logging.ERROR, log_to_driver=False)

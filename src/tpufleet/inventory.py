@@ -3,7 +3,7 @@
 Ray's ``TPUAcceleratorManager`` labels every TPU node with ``ray.io/tpu-slice-name``,
 ``ray.io/tpu-worker-id``, ``ray.io/tpu-topology`` and ``ray.io/tpu-pod-type`` and gives it the
 ``TPU`` resource (chips on that host). :func:`slices_from_nodes` turns ``ray.nodes()``-style dicts
-into :class:`~tpufleet.control.cluster.SliceInfo` values, one per slice, with the reasons a slice
+into :class:`~tpufleet.control.cluster.protocol.SliceInfo` values, one per slice, with the reasons a slice
 is not intact. It is a pure function; :func:`discover` is the thin wrapper that reads a cluster.
 
 A slice is intact when every worker id ``0 .. hosts-1`` has exactly one alive node, the hosts agree

@@ -2,7 +2,7 @@
 
 Below every layer that needs them: the control plane's sampler (``observe/``) reads them, and
 the hosts' side serves them (the emulated device plugin, ``emulator/deviceplugin.py``, and the
-GCE relay, ``devicerelay.py``, which the runner actor starts). ``observe.tpumetrics`` re-exports
+GCE relay, ``host/devicerelay.py``, which the runner actor starts). ``observe.tpumetrics`` re-exports
 the names and adds the device plugin's parser.
 
 - **libtpu's runtime metric service** (gRPC on ``localhost:8431`` of a GCE TPU VM, what

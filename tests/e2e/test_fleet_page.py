@@ -29,10 +29,10 @@ import httpx
 import pytest
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.fake import FakeCluster, Script
-from tpufleet.control.fleetview import duty_cycles
-from tpufleet.control.sandbox import SandboxCluster
-from tpufleet.control.service import ServiceConfig
+from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.loop.service import ServiceConfig
+from tpufleet.control.store.fleetview import duty_cycles
 from tpufleet.emulator import procs
 from tpufleet.observe.tpumetrics import ChipReading
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tpufleet.control.cluster import AttemptSpec, AttemptStatus, HostState, SliceInfo
-from tpufleet.control.executor import RayExecutor
-from tpufleet.control.jobfiles import run_paths
+from tpufleet.control.cluster.protocol import AttemptSpec, AttemptStatus, HostState, SliceInfo
+from tpufleet.control.ray.client import RayExecutor
+from tpufleet.host.jobfiles import run_paths
 
 T = TypeVar("T")
 _ids = itertools.count()

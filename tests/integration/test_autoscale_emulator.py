@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tpufleet.api.client import Client
+from tpufleet.client.http import Client
 from tpufleet.emulator import EmulatedFleet, procs
 
 pytestmark = pytest.mark.integration

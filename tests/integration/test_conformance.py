@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from _executor_helpers import JOB_ROOT, TENANT, wait_for
 
-from tpufleet.control.cluster import AttemptSpec, AttemptStatus, ClusterClient, HostState
-from tpufleet.control.executor import RayExecutor
-from tpufleet.control.fake import FakeCluster, Script
-from tpufleet.control.jobfiles import run_paths
+from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.protocol import AttemptSpec, AttemptStatus, ClusterClient, HostState
+from tpufleet.control.ray.client import RayExecutor
 from tpufleet.errors import NotFoundError
+from tpufleet.host.jobfiles import run_paths
 
 pytestmark = pytest.mark.integration
 _ids = itertools.count()

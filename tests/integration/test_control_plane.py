@@ -21,11 +21,11 @@ import httpx
 import pytest
 from _executor_helpers import pid_alive, procs_with, token, wait_for
 
-from tpufleet.api.client import Client
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.executor import RayExecutor
-from tpufleet.control.records import Limits
-from tpufleet.control.service import ServiceConfig
+from tpufleet.client.http import Client
+from tpufleet.control.loop.service import ServiceConfig
+from tpufleet.control.ray.client import RayExecutor
+from tpufleet.control.store.values import Limits
 from tpufleet.errors import AuthError, ConflictError, ForbiddenError, NotFoundError
 
 pytestmark = pytest.mark.integration
@@ -496,7 +496,7 @@ def test_cancel_ends_processes_that_left_the_jobs_session(plane: Plane) -> None:
 def test_a_slice_whose_runner_died_heals_before_it_is_offered_again(plane: Plane) -> None:
     import ray
 
-    from tpufleet.control.runner import NAMESPACE, pool_runner_name
+    from tpufleet.host.runner import NAMESPACE, pool_runner_name
 
     _, client = plane.tenant(v4=8)
     job = client.submit([PY, "-c", WAIT_FOR_FILE, "never"], "v4-16", max_retries=0)

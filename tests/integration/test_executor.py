@@ -21,9 +21,9 @@ from _executor_helpers import (
     wait_for,
 )
 
-from tpufleet.control.cluster import AttemptStatus, HostState
-from tpufleet.control.executor import RayExecutor
-from tpufleet.control.runlimits import PROCESS_REASON, RunLimits
+from tpufleet.control.cluster.protocol import AttemptStatus, HostState
+from tpufleet.control.ray.client import RayExecutor
+from tpufleet.host.runlimits import PROCESS_REASON, RunLimits
 
 pytestmark = pytest.mark.integration
 

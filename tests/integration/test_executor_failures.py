@@ -27,11 +27,11 @@ from _executor_helpers import (
 )
 from ray.util.placement_group import placement_group
 
-from tpufleet.control.cluster import AttemptSpec, HostState
-from tpufleet.control.executor import RayExecutor
-from tpufleet.control.rayjob import fence_name
-from tpufleet.control.runner import NAMESPACE, pool_runner_name
-from tpufleet.control.slices import SLICE_LABEL, WORKER_LABEL
+from tpufleet.control.cluster.protocol import AttemptSpec, HostState
+from tpufleet.control.ray.client import RayExecutor
+from tpufleet.control.ray.jobs import fence_name
+from tpufleet.control.ray.warmpool import SLICE_LABEL, WORKER_LABEL
+from tpufleet.host.runner import NAMESPACE, pool_runner_name
 
 pytestmark = pytest.mark.integration
 
@@ -72,8 +72,8 @@ def _launch_from_a_control_plane_that_then_exits(slice_name: str, job: str, atte
     script = textwrap.dedent(
         f"""
         import time
-        from tpufleet.control.cluster import AttemptSpec
-        from tpufleet.control.executor import RayExecutor
+        from tpufleet.control.cluster.protocol import AttemptSpec
+        from tpufleet.control.ray.client import RayExecutor
         c = RayExecutor.connect({ray.get_runtime_context().gcs_address!r})
         c.inventory()
         cmd = ({sys.executable!r}, "-c", {SLEEP!r}, {tok!r})
@@ -114,7 +114,7 @@ def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayExecut
 
 
 def test_a_restarted_control_plane_removes_the_ray_job_fence_a_killed_one_left(cluster: RayExecutor) -> None:
-    """A Ray job's fence is a detached group (control/rayjob.py), so it outlives a killed control
+    """A Ray job's fence is a detached group (control/ray/jobs.py), so it outlives a killed control
     plane; left there it holds its slice's head resource for good (found by tpufleet chaos). The
     next control plane's ``adopt`` takes it over by name and removes it: no Ray job holds the slice."""
     victim = v4_slices(cluster, 1)[0]

@@ -15,10 +15,10 @@ import pytest
 from _executor_helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from tpufleet.api.client import Client
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.executor import RayExecutor
-from tpufleet.control.service import ServiceConfig
+from tpufleet.client.http import Client
+from tpufleet.control.loop.service import ServiceConfig
+from tpufleet.control.ray.client import RayExecutor
 
 pytestmark = pytest.mark.integration
 

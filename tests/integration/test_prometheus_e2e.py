@@ -114,10 +114,10 @@ BURN = "import time\nt = time.time()\nwhile time.time() - t < 120: pass\n"
 def test_prometheus_sees_the_measured_duty_cycle_of_a_busy_emulated_host(
     ray_client: object, fleet: Any, tmp_path: Path
 ) -> None:
-    from tpufleet.api.client import Client
     from tpufleet.api.server import ControlPlane
-    from tpufleet.control.executor import RayExecutor
-    from tpufleet.control.service import ServiceConfig
+    from tpufleet.client.http import Client
+    from tpufleet.control.loop.service import ServiceConfig
+    from tpufleet.control.ray.client import RayExecutor
 
     prometheus_binary()
     cluster = RayExecutor.connect(fleet.ray_address)

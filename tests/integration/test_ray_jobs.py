@@ -26,11 +26,11 @@ import pytest
 import ray
 from _executor_helpers import wait_for
 
-from tpufleet.api.client import Client
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.executor import RayExecutor
-from tpufleet.control.records import Limits
-from tpufleet.control.service import ServiceConfig
+from tpufleet.client.http import Client
+from tpufleet.control.loop.service import ServiceConfig
+from tpufleet.control.ray.client import RayExecutor
+from tpufleet.control.store.values import Limits
 
 pytestmark = pytest.mark.integration
 
@@ -319,7 +319,7 @@ def _restored(client: Client, job_id: str, attempt: int) -> int:
 
 def test_the_fleet_is_whole_afterwards() -> None:
     """Nothing of this module holds a head resource or fence any more (later modules reserve)."""
-    from tpufleet.control.rayjob import FENCE_PREFIX
+    from tpufleet.control.ray.jobs import FENCE_PREFIX
 
     names = [
         row.get("name") or ""

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tpufleet.control.fake import FakeClock
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.fake import FakeClock
+from tpufleet.control.store.facade import Store
 from tpufleet.emulator import procs
 
 PG_HINT = "run scripts/ensure-test-services.sh as root (apt-get install postgresql)"

@@ -1,4 +1,4 @@
-"""A frozen copy of ``src/tpufleet/control/schema.py`` at commit f6094b2: the schema tpufleet
+"""A frozen copy of ``src/tpufleet/control/store/tables.py`` at commit f6094b2: the schema tpufleet
 created (``metadata.create_all``) before it had migrations. ``test_migrations.py`` builds
 pre-migration databases from it and checks the baseline revision against it. Never edit it.
 """

@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tpufleet.api.app import create_app
-from tpufleet.control.fake import FakeCluster, Script
-from tpufleet.control.service import Service, ServiceConfig
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.store.facade import Store
 
 
 class Api:

@@ -15,10 +15,10 @@ from test_api import Api
 
 from tpufleet.api.app import create_app
 from tpufleet.api.authguard import AuthGuard
-from tpufleet.control import listing, logs
-from tpufleet.control.records import LIST_COMMAND_CHARS, JobRequest, Limits
-from tpufleet.control.store import Store
-from tpufleet.control.tenancy import token_hash
+from tpufleet.control.store import listing, logs
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.tenants import token_hash
+from tpufleet.control.store.values import LIST_COMMAND_CHARS, JobRequest, Limits
 
 KiB = 1024
 BIG_COMMAND = ["python", *(["x" * (8 * KiB - 1)] * 7)]  # ~56 KiB, within the 64 KiB cap

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
 from tpufleet.api.app import create_app
-from tpufleet.control.records import JobRequest
-from tpufleet.control.schema import SliceRow
-from tpufleet.control.store import Store
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.tables import SliceRow
+from tpufleet.control.store.values import JobRequest
 
 CHECKS = [
     checks.not_a_server_error,

@@ -21,16 +21,16 @@ from pathlib import Path
 
 import httpx
 
-from tpufleet.control import logs
-from tpufleet.control.records import JobRequest
-from tpufleet.control.store import Store
+from tpufleet.control.store import logs
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.values import JobRequest
 
 MAX_GROWTH_MIB = 96
 LOG_CHARS = 16 << 20
 SERVER = """
 import sys, uvicorn
 from tpufleet.api.app import create_app
-from tpufleet.control.store import Store
+from tpufleet.control.store.facade import Store
 uvicorn.run(create_app(Store.open(sys.argv[1])), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 

@@ -20,10 +20,10 @@ from sqlalchemy import func, select
 from test_api import Api
 
 from tpufleet.api.app import create_app
-from tpufleet.api.client import Client
-from tpufleet.control.records import Limits
-from tpufleet.control.schema import JobRow, PackageRow
-from tpufleet.control.store import Store
+from tpufleet.client.http import Client
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.tables import JobRow, PackageRow
+from tpufleet.control.store.values import Limits
 from tpufleet.errors import NotFoundError
 
 JOB = {"command": ["python", "t.py"], "accelerator_type": "v4-16"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from tpufleet.api.client import Client
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.fake import FakeCluster
+from tpufleet.client.http import Client
+from tpufleet.control.cluster.fake import FakeCluster
 
 
 def test_every_api_connection_has_tcp_nodelay(tmp_path: Path) -> None:

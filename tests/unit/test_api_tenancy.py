@@ -14,8 +14,8 @@ from test_api import Api
 
 from tpufleet.api import auth
 from tpufleet.api.app import create_app
-from tpufleet.control.records import Principal
-from tpufleet.control.store import Store
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.values import Principal
 from tpufleet.errors import ForbiddenError
 
 

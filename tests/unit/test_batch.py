@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 from tpufleet.api.app import create_app
 from tpufleet.api.limits import MAX_BATCH_JOBS
 from tpufleet.cli import app
-from tpufleet.control.records import JobRequest
-from tpufleet.control.schema import EventRow, JobRow
-from tpufleet.control.store import Store
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.tables import EventRow, JobRow
+from tpufleet.control.store.values import JobRequest
 from tpufleet.errors import ConflictError, NotFoundError, SpecError, TpufleetError
 
 JOB: dict[str, Any] = {"command": ["python", "t.py"], "accelerator_type": "v4-16"}

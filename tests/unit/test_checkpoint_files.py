@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import app
-from tpufleet.control.fake import FakeClock, FakeCluster
-from tpufleet.control.records import JobRequest, Limits
-from tpufleet.control.service import Service, ServiceConfig
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.fake import FakeClock, FakeCluster
+from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.values import JobRequest, Limits
 from tpufleet.errors import ForbiddenError, NotFoundError, SpecError
 
 MiB = 1 << 20

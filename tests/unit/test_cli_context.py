@@ -23,7 +23,7 @@ from test_cli_control_server import tpufleet
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import context
-from tpufleet.control.fake import FakeCluster
+from tpufleet.control.cluster.fake import FakeCluster
 
 
 @pytest.fixture(autouse=True)

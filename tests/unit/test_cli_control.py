@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import app
-from tpufleet.control.fake import FakeCluster, Script
-from tpufleet.control.service import ServiceConfig
+from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.errors import AuthError, ForbiddenError, NotFoundError, SpecError, TpufleetError
 
 

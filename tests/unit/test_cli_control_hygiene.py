@@ -18,10 +18,10 @@ from test_cli_control import Cli
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import control
-from tpufleet.control.fake import FakeCluster, Script
-from tpufleet.control.records import Limits
-from tpufleet.control.schema import PackageRow
-from tpufleet.control.service import ServiceConfig
+from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.loop.service import ServiceConfig
+from tpufleet.control.store.tables import PackageRow
+from tpufleet.control.store.values import Limits
 from tpufleet.errors import SpecError
 
 NASTY = "\x1b]0;pwned\x07\x1b[2Jstep\r done\u202e\n\tindented\n"

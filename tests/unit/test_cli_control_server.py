@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tpufleet.api.client import Client
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import main
-from tpufleet.control.fake import FakeCluster, Script
-from tpufleet.control.service import ServiceConfig
+from tpufleet.client.http import Client
+from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.loop.service import ServiceConfig
 
 SCRIPT = Script(
     run_after=1, exit_after=4, output="attempt {TPUFLEET_ATTEMPT} on {TPU_NAME}/{TPU_WORKER_ID}\n"

@@ -13,8 +13,8 @@ from test_cli_control import Cli
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli.cost import money
-from tpufleet.control.fake import FakeClock, FakeCluster
-from tpufleet.control.service import ServiceConfig
+from tpufleet.control.cluster.fake import FakeClock, FakeCluster
+from tpufleet.control.loop.service import ServiceConfig
 
 
 @pytest.fixture

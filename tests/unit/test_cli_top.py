@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import app
 from tpufleet.cli.top import money
-from tpufleet.control.fake import FakeCluster, Script
-from tpufleet.control.records import JobRequest
-from tpufleet.control.service import ServiceConfig
+from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.loop.service import ServiceConfig
+from tpufleet.control.store.values import JobRequest
 
 MARKUP = "[red]boom[/red] [link=x]y[/]"  # 27 characters: shown whole in the 30-wide name column
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpufleet.control.cluster import HostInfo, SliceInfo
+from tpufleet.control.cluster.protocol import HostInfo, SliceInfo
 from tpufleet.doctor import Finding, Probe, Report, findings_for
 
 

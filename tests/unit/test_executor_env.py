@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from tpufleet.control.cluster import AttemptSpec, HostInfo, SliceInfo
-from tpufleet.control.executor import _requests
+from tpufleet.control.cluster.protocol import AttemptSpec, HostInfo, SliceInfo
+from tpufleet.control.ray.client import _requests
 from tpufleet.inventory import slices_from_nodes
 
 

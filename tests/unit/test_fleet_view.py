@@ -20,11 +20,11 @@ from tpufleet import catalog
 from tpufleet.api.app import create_app
 from tpufleet.api.page import FILES
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.fleetview import duty_cycles
-from tpufleet.control.records import JobRequest
-from tpufleet.control.sandbox import SandboxCluster
-from tpufleet.control.service import ServiceConfig
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.loop.service import ServiceConfig
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.fleetview import duty_cycles
+from tpufleet.control.store.values import JobRequest
 from tpufleet.observe.device import DeviceSampler, Endpoint, HostTarget
 from tpufleet.observe.tpumetrics import ChipReading
 

@@ -9,8 +9,8 @@ import unicodedata
 import pytest
 from test_api import Api
 
-from tpufleet.control import records as r
-from tpufleet.control.store import Store
+from tpufleet.control.store import values as r
+from tpufleet.control.store.facade import Store
 from tpufleet.errors import SpecError
 
 RLO, ZWJ, BOM, ESC = "\u202e", "\u200d", "\ufeff", "\x1b"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tpufleet.control import jobfiles
-from tpufleet.control.jobfiles import DiskUsage, measure, quota_problem, size_text
+from tpufleet.host import jobfiles
+from tpufleet.host.jobfiles import DiskUsage, measure, quota_problem, size_text
 
 MiB = 1 << 20
 

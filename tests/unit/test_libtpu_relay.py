@@ -1,4 +1,4 @@
-"""The GCE relay (``devicerelay.py``): a real libtpu-shaped gRPC server (tpu-info's generated types)
+"""The GCE relay (``host/devicerelay.py``): a real libtpu-shaped gRPC server (tpu-info's generated types)
 read by the relay on 127.0.0.1, its page scraped over HTTP and parsed by the control plane's own
 reader; a failed libtpu read is a 503 with the reason; a host without libtpu still gets a relay;
 the address is published under the key the control plane reads; runners of one host share a port."""
@@ -18,9 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 
-from tpufleet import devicerelay, tpudevice
-from tpufleet.devicerelay import HostFacts, Node, Relay
+from tpufleet import tpudevice
 from tpufleet.emulator import deviceplugin, procs
+from tpufleet.host import devicerelay
+from tpufleet.host.devicerelay import HostFacts, Node, Relay
 from tpufleet.observe import device, tpumetrics
 from tpufleet.observe.tpumetrics import DeviceReadError
 

@@ -11,8 +11,8 @@ from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from sqlalchemy import Engine, inspect, text
 
-from tpufleet.control import migrations
-from tpufleet.control.store import Store, make_engine, token_hash
+from tpufleet.control.store import migrations
+from tpufleet.control.store.facade import Store, make_engine, token_hash
 
 NOW = 1_700_000_000.0
 ROWS = [

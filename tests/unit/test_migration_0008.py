@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from tpufleet.control import checkpoints, migrations
-from tpufleet.control.jobfiles import DiskUsage
-from tpufleet.control.store import Store, make_engine
+from tpufleet.control.store import checkpoints, migrations
+from tpufleet.control.store.facade import Store, make_engine
+from tpufleet.host.jobfiles import DiskUsage
 
 NOW = 1_700_000_000.0
 ROWS = [

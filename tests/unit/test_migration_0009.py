@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, inspect, select, text
 
-from tpufleet.control import migrations
-from tpufleet.control.records import JobRequest, Limits
-from tpufleet.control.schema import JobRow
-from tpufleet.control.store import Store, make_engine
+from tpufleet.control.store import migrations
+from tpufleet.control.store.facade import Store, make_engine
+from tpufleet.control.store.tables import JobRow
+from tpufleet.control.store.values import JobRequest, Limits
 from tpufleet.errors import ConflictError
 
 NOW = 1_700_000_000.0

@@ -1,4 +1,4 @@
-"""Schema migrations (``control/migrations``), on SQLite and PostgreSQL: every revision, the
+"""Schema migrations (``control/store/migrations``), on SQLite and PostgreSQL: every revision, the
 upgrade of a database written before this round (with rows in it, read back through ``Store``),
 one written before migrations existed, one from a newer tpufleet, ``serve`` and ``tpufleet db``."""
 
@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import app, main
-from tpufleet.control import migrations
-from tpufleet.control.fake import FakeCluster
-from tpufleet.control.schema import Base
-from tpufleet.control.store import Store, make_engine, token_hash
+from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.store import migrations
+from tpufleet.control.store.facade import Store, make_engine, token_hash
+from tpufleet.control.store.tables import Base
 from tpufleet.errors import ClusterError
 
 HEAD = migrations.head()

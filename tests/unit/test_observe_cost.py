@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from tpufleet import pricing
-from tpufleet.control.usage import UsageAttempt
+from tpufleet.control.store.usage import UsageAttempt
 from tpufleet.errors import SpecError
 from tpufleet.observe import cost
 

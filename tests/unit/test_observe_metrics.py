@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tpufleet import pricing
 from tpufleet.api.app import create_app
-from tpufleet.control.fake import FakeClock, FakeCluster
-from tpufleet.control.records import JobRequest
-from tpufleet.control.service import Service, ServiceConfig
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.fake import FakeClock, FakeCluster
+from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.values import JobRequest
 
 CONFIG = ServiceConfig(stop_threads=0, fail_grace_s=0, progress_write_s=0)
 V4_16_CHIPS = 8
@@ -268,7 +268,7 @@ def test_an_unknown_price_leaves_dollars_unknown(store: Store, clock: FakeClock,
 
 
 def test_a_slice_of_a_spot_group_is_priced_spot(fleet: Fleet) -> None:
-    from tpufleet.control.groups import SliceGroups
+    from tpufleet.control.store.slicegroups import SliceGroups
 
     groups = SliceGroups(fleet.store)
     groups.create("cheap", "v4-16", spot=True)
@@ -297,7 +297,7 @@ def test_a_cost_report_is_fresh_after_any_change(fleet: Fleet) -> None:
 
 
 def test_lean_reads_give_the_same_cost_and_goodput(fleet: Fleet) -> None:
-    from tpufleet.control.usage import Usage
+    from tpufleet.control.store.usage import Usage
     from tpufleet.observe import cost
 
     fleet.store.create_tenant("team-a", {"v4": 16})
@@ -313,7 +313,7 @@ def test_lean_reads_give_the_same_cost_and_goodput(fleet: Fleet) -> None:
 
 
 def test_the_kept_all_time_costs_equal_a_fresh_report_as_jobs_come_and_go(fleet: Fleet) -> None:
-    from tpufleet.control.usage import Usage
+    from tpufleet.control.store.usage import Usage
     from tpufleet.observe import cost
 
     usage = Usage(fleet.store)

@@ -17,11 +17,11 @@ from fastapi.testclient import TestClient
 from test_api import Api
 
 from tpufleet.api.app import create_app
-from tpufleet.control import packages
-from tpufleet.control import records as r
-from tpufleet.control.fake import FakeClock
-from tpufleet.control.records import Limits
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.fake import FakeClock
+from tpufleet.control.store import packages
+from tpufleet.control.store import values as r
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.values import Limits
 from tpufleet.errors import ConflictError, NotFoundError, SpecError
 
 ZIP = {"Content-Type": "application/zip"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tpufleet.control.fake import FakeClock
-from tpufleet.control.sandbox import SandboxCluster
+from tpufleet.control.cluster.fake import FakeClock
+from tpufleet.control.cluster.sandbox import SandboxCluster
 from tpufleet.errors import ConflictError, SpecError
 from tpufleet.provision.base import GroupState, HostHealth, Provider, SliceRequest
 from tpufleet.provision.memory import MemoryProvider

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tpufleet.control.fake import FakeClock
-from tpufleet.control.groups import SliceGroups
-from tpufleet.control.provisioner import ProvisionConfig, Provisioner
-from tpufleet.control.records import JobRecord, JobRequest
-from tpufleet.control.sandbox import SandboxCluster
-from tpufleet.control.service import Service, ServiceConfig
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.fake import FakeClock
+from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
+from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.slicegroups import SliceGroups
+from tpufleet.control.store.values import JobRecord, JobRequest
 from tpufleet.provision.memory import MemoryProvider
 from tpufleet.scheduler.autoscale import PoolView
 from tpufleet.scheduler.policy import decide

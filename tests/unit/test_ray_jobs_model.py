@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 
 from tpufleet import catalog, contract, runtime
 from tpufleet.api.app import create_app
-from tpufleet.control.fake import FakeCluster
-from tpufleet.control.records import DEFAULT_LIMITS, JobRequest, Limits
-from tpufleet.control.service import Service, ServiceConfig
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.values import DEFAULT_LIMITS, JobRequest, Limits
 from tpufleet.emulator import plan
 from tpufleet.errors import SpecError
 

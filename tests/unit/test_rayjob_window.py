@@ -1,4 +1,4 @@
-"""The Ray-job window's fences (control/rayjob.py), with Ray's placement-group calls recorded: no Ray."""
+"""The Ray-job window's fences (control/ray/jobs.py), with Ray's placement-group calls recorded: no Ray."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tpufleet.control import rayjob
-from tpufleet.control.cluster import AttemptSpec, HostInfo, SliceInfo
-from tpufleet.control.rayjob import RayJobs, fence_name
+from tpufleet.control.cluster.protocol import AttemptSpec, HostInfo, SliceInfo
+from tpufleet.control.ray import jobs as rayjob
+from tpufleet.control.ray.jobs import RayJobs, fence_name
 
 
 def _slice(name: str) -> SliceInfo:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tpufleet.control import raywatch
+from tpufleet.control.ray import headwatch as raywatch
 from tpufleet.errors import ClusterError
 
 
@@ -82,7 +82,7 @@ def test_the_fresh_start_is_the_same_process_and_command_waiting_for_ray(tmp_pat
         textwrap.dedent(
             """
             import json, os, sys
-            from tpufleet.control import raywatch
+            from tpufleet.control.ray import headwatch as raywatch
             out = sys.argv[1]
             with open(out, "a") as f:
                 f.write(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:],
@@ -130,7 +130,7 @@ def test_a_fresh_start_that_cannot_be_made_ends_the_process_saying_why(tmp_path:
     script = tmp_path / "serve.py"
     script.write_text(
         "import sys\n"
-        "from tpufleet.control import raywatch\n"
+        "from tpufleet.control.ray import headwatch as raywatch\n"
         "sys.executable = '/nonexistent/python'\n"
         "raywatch.restart_process('10.0.0.1:6379')\n"
         "print('still serving')\n"

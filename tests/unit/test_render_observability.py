@@ -173,7 +173,7 @@ def test_dashboard_device_panels_name_metrics_the_device_collector_exports() -> 
 def exported_names(tmp_path: Path) -> set[str]:
     """Every family a control plane's registry serves, collected from its real collectors: the
     store's fleet metrics, the cycle histogram and the TPU device collector (as ``ControlPlane``)."""
-    from tpufleet.control.store import Store
+    from tpufleet.control.store.facade import Store
     from tpufleet.observe import device
     from tpufleet.observe.metrics import cycle_histogram
     from tpufleet.observe.registry import metrics_registry

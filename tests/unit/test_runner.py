@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tpufleet.control import contain
-from tpufleet.control.runner import HostRunner, RunRequest, _decode, log_path
+from tpufleet.host import contain
+from tpufleet.host.runner import HostRunner, RunRequest, _decode, log_path
 
 JOB_ROOT: Path = Path("/nonexistent")  # set per test by the runner fixture
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from test_runner import _log, _payload, _start, _wait, runner  # noqa: F401  (runner: the fixture, every mode)
 
-from tpufleet.control.runner import HostRunner
+from tpufleet.host.runner import HostRunner
 
 MiB = 1 << 20
 

@@ -18,12 +18,12 @@ import test_runner
 from test_runner import _log, _procs_with, _start, _wait, _wait_log, runner  # noqa: F401 (the fixture)
 from test_service import CONFIG, World
 
-from tpufleet.control import contain, runlimits
-from tpufleet.control.cluster import AttemptStatus, HostState, HostStatus
-from tpufleet.control.runlimits import FILES_REASON, PROCESS_REASON, RunLimits
-from tpufleet.control.runner import HostRunner, log_path
-from tpufleet.control.service import Service
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.protocol import AttemptStatus, HostState, HostStatus
+from tpufleet.control.loop.service import Service
+from tpufleet.control.store.facade import Store
+from tpufleet.host import contain, runlimits
+from tpufleet.host.runlimits import FILES_REASON, PROCESS_REASON, RunLimits
+from tpufleet.host.runner import HostRunner, log_path
 
 
 def _payload(job: str, code: str, limits: RunLimits) -> test_runner._Payload:

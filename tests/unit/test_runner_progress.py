@@ -8,7 +8,7 @@ from pathlib import Path
 
 from test_runner import _payload, _start, _wait, runner  # noqa: F401  (runner: the fixture, every mode)
 
-from tpufleet.control.runner import HostRunner
+from tpufleet.host.runner import HostRunner
 from tpufleet.runtime import PROGRESS_VAR, StepProgress
 
 REPORT = (

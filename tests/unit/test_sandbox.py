@@ -22,11 +22,11 @@ from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import app
-from tpufleet.control.cluster import AttemptSpec, HostState
-from tpufleet.control.fake import SIGTERM_EXIT, FakeClock
-from tpufleet.control.sandbox import EXIT_VAR, SECONDS_VAR, SandboxCluster, sandbox_slices
-from tpufleet.control.schema import AttemptRow
-from tpufleet.control.service import ServiceConfig
+from tpufleet.control.cluster.fake import SIGTERM_EXIT, FakeClock
+from tpufleet.control.cluster.protocol import AttemptSpec, HostState
+from tpufleet.control.cluster.sandbox import EXIT_VAR, SECONDS_VAR, SandboxCluster, sandbox_slices
+from tpufleet.control.loop.service import ServiceConfig
+from tpufleet.control.store.tables import AttemptRow
 from tpufleet.emulator import procs
 from tpufleet.errors import ClusterError, NotFoundError, SpecError
 
@@ -320,7 +320,7 @@ def test_job_seconds_goes_with_sandbox() -> None:
 def test_a_job_submitted_with_a_sandbox_exit_code_fails(sandbox_plane: ControlPlane) -> None:
     cp = sandbox_plane
     cp.store.create_tenant("team-a", {"v4": 16})
-    from tpufleet.control.records import JobRequest
+    from tpufleet.control.store.values import JobRequest
 
     req = JobRequest.build(
         command=["x"], accelerator_type="v4-16", max_retries=0, env={EXIT_VAR: "3", SECONDS_VAR: "0"}

@@ -16,13 +16,13 @@ from pathlib import Path
 from sqlalchemy import insert, update
 from tests.unit.test_queues import assert_same_split
 
-from tpufleet.control.fake import FakeCluster, Script
-from tpufleet.control.records import JobRequest
-from tpufleet.control.schedstate import SchedState
-from tpufleet.control.schema import EventRow, JobRow
-from tpufleet.control.service import Service, ServiceConfig
-from tpufleet.control.store import Store
-from tpufleet.control.transitions import Transitions
+from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.loop.schedstate import SchedState
+from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.loopwrites import Transitions
+from tpufleet.control.store.tables import EventRow, JobRow
+from tpufleet.control.store.values import JobRequest
 from tpufleet.scheduler.model import RunDecision, Snapshot, expand
 from tpufleet.scheduler.policy import decide, decide_runs
 from tpufleet.scheduler.queues import JobSet, split

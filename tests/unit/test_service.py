@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tpufleet.control.cluster import AttemptSpec, AttemptStatus, HostState
-from tpufleet.control.fake import SIGTERM_EXIT, FakeCluster
-from tpufleet.control.records import JobRecord, JobRequest
-from tpufleet.control.service import Service, ServiceConfig
-from tpufleet.control.store import Store
+from tpufleet.control.cluster.fake import SIGTERM_EXIT, FakeCluster
+from tpufleet.control.cluster.protocol import AttemptSpec, AttemptStatus, HostState
+from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.values import JobRecord, JobRequest
 
 
 class World:
@@ -173,7 +173,7 @@ def test_an_attempt_the_cluster_says_was_interrupted_is_requeued_without_using_a
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``AttemptStatus.interrupted`` (a Ray job's trainer placed on a slice that came back during its
-    window, control/rayjob.py): not the job's doing, so even with no retries left it runs again."""
+    window, control/ray/jobs.py): not the job's doing, so even with no retries left it runs again."""
     job_id = world.submit(world.tenant("a", v4=8), max_retries=0)
     run_to_running(world, job_id)
     poll = world.cluster.poll

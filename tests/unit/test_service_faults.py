@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from test_service import CONFIG, World, run_to_running
 
-from tpufleet.control.service import Service, ServiceConfig
-from tpufleet.control.store import Store
+from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.store.facade import Store
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_a_host_whose_output_cannot_be_read_is_marked_incomplete(world: World, s
 
 
 def test_a_stuck_loop_is_reported_stalled(store: Store, tmp_path: Path) -> None:
-    from tpufleet.control.fake import FakeCluster
+    from tpufleet.control.cluster.fake import FakeCluster
 
     cluster = FakeCluster.of("v4-16")
     gate = threading.Event()
@@ -171,7 +171,7 @@ def test_a_stuck_loop_is_reported_stalled(store: Store, tmp_path: Path) -> None:
 
 def test_a_slow_launch_delays_no_other_tenant(store: Store, tmp_path: Path) -> None:
     """A launch that takes long (a large package on its way to the hosts) runs off the loop."""
-    from tpufleet.control.fake import FakeCluster
+    from tpufleet.control.cluster.fake import FakeCluster
 
     cluster = FakeCluster.of("v4-16:2")
     world = World(store, tmp_path)

@@ -19,9 +19,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tpufleet import SliceManager
-from tpufleet.api.client import Client
 from tpufleet.cli import app
-from tpufleet.control.groups import slice_config
+from tpufleet.client.http import Client
+from tpufleet.control.store.slicegroups import slice_config
 from tpufleet.emulator import procs
 from tpufleet.errors import NotFoundError, SpecError
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from tpufleet.control.fake import FakeCluster
-from tpufleet.control.records import JobRequest
-from tpufleet.control.schema import JobRow, TenantRow, TokenRow
-from tpufleet.control.store import Store
-from tpufleet.control.transitions import Transitions
+from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.loopwrites import Transitions
+from tpufleet.control.store.tables import JobRow, TenantRow, TokenRow
+from tpufleet.control.store.values import JobRequest
 from tpufleet.errors import AuthError, ConflictError, NotFoundError, SpecError
 from tpufleet.scheduler.model import Admit, JobId, SliceName
 

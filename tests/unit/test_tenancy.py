@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from tpufleet.control.fake import FakeClock, FakeCluster, Script
-from tpufleet.control.records import JobRequest
-from tpufleet.control.schedstate import SchedState
-from tpufleet.control.schema import TokenRow
-from tpufleet.control.service import Service, ServiceConfig
-from tpufleet.control.store import Store
-from tpufleet.control.transitions import Transitions
+from tpufleet.control.cluster.fake import FakeClock, FakeCluster, Script
+from tpufleet.control.loop.schedstate import SchedState
+from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.loopwrites import Transitions
+from tpufleet.control.store.tables import TokenRow
+from tpufleet.control.store.values import JobRequest
 from tpufleet.errors import AuthError, ConflictError, NotFoundError, SpecError
 from tpufleet.scheduler.lifecycle import StopKind
 from tpufleet.scheduler.model import Admit, JobId, Preempt, SliceName

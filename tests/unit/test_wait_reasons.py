@@ -13,9 +13,9 @@ from contextlib import contextmanager
 
 from sqlalchemy import Connection
 
-from tpufleet.control.records import JobRequest
-from tpufleet.control.store import Store
-from tpufleet.control.transitions import Stored, Transitions
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.loopwrites import Stored, Transitions
+from tpufleet.control.store.values import JobRequest
 from tpufleet.scheduler.model import (
     JobId,
     JobState,

@@ -13,7 +13,7 @@ authentications from one address, 503 cluster or database trouble), and the Open
 scripts from a public CDN, on the fleet page's origin where the signed-in token lives.
 
 No answer grows with what a tenant stored: listings carry cut job bodies, a page of them is capped
-in bytes (``control/listing.py``), logs are streamed (``logstream.py``), and failed
+in bytes (``control/store/listing.py``), logs are streamed (``logstream.py``), and failed
 authentications are counted, logged and slowed (``authguard.py``).
 """
 
@@ -39,9 +39,10 @@ import tpufleet
 from tpufleet.api import auth, logstream, page
 from tpufleet.api.authguard import AuthGuard, TooManyFailures
 from tpufleet.api.limits import MAX_BATCH_BODY_BYTES, MAX_BATCH_JOBS, BodyLimit
-from tpufleet.control import listing
-from tpufleet.control.fleetview import fleet_view
-from tpufleet.control.records import (
+from tpufleet.control.store import listing
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.fleetview import fleet_view
+from tpufleet.control.store.values import (
     ACTIVE,
     DEFAULT_MAX_RETRIES,
     PAGE_DEFAULT,
@@ -54,7 +55,6 @@ from tpufleet.control.records import (
     Limits,
     Principal,
 )
-from tpufleet.control.store import Store
 from tpufleet.errors import AuthError, ClusterError, ForbiddenError, SpecError, TpufleetError
 
 API = "/api/v1"
@@ -448,7 +448,7 @@ def fleet(me: Who, store: Db, request: Request) -> dict[str, Any]:
     """The fleet page's (and ``tpufleet top``'s) one read: every slice with its hosts and chips,
     the queue head with positions and wait reasons, the caller's running and recent jobs, and each
     tenant's chips held against quota. A tenant's token sees every slice but only its own jobs and
-    tenant (a slice another tenant holds says ``held_by_other``); see ``control/fleetview.py``.
+    tenant (a slice another tenant holds says ``held_by_other``); see ``control/store/fleetview.py``.
     Running and recent jobs carry their ``goodput``, as every job view does."""
     from tpufleet.api.metrics_routes import jobs_with_goodput
 

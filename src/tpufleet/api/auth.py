@@ -3,7 +3,7 @@
 The admin token manages tenants, tokens and slices and sees every job; a tenant's token (scope
 ``jobs``) sees and changes only that tenant's jobs (403 otherwise); a ``metrics`` token may only
 read ``GET /metrics`` (403 everywhere else, see :func:`check_scope`); a missing, unknown or revoked
-token is 401. Tokens are stored only as SHA-256 hashes (``control/tenancy.py``); the plain token is
+token is 401. Tokens are stored only as SHA-256 hashes (``control/store/tenants.py``); the plain token is
 shown once, when it is created.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from fastapi import Request
 
-from tpufleet.control.records import ADMIN_SCOPE, METRICS_SCOPE, Principal
-from tpufleet.control.store import Store
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.values import ADMIN_SCOPE, METRICS_SCOPE, Principal
 from tpufleet.errors import AuthError, ForbiddenError, SpecError
 
 ADMIN_TOKEN_FILE = "admin-token"

@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tpufleet.control.records import Limits, MiB
+from tpufleet.control.store.values import Limits, MiB
 
 MAX_BATCH_JOBS = 10_000  # job bodies in one POST /api/v1/jobs/batch
 MAX_BATCH_BODY_BYTES = 32 * MiB  # its body: about 3 KiB a job at the full count

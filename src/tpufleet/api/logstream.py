@@ -2,8 +2,8 @@
 
 The answer is the same document as ever (``{"job_id", "attempt", "job_state", "hosts": [{"host",
 "slice", "worker_id", "data", "next_offset", "complete", "truncated", "note"}]}``), so every
-client reads it as before; only ``data`` is written a piece at a time (``control/logs.py``,
-:func:`~tpufleet.control.logs.pieces`), each piece JSON-escaped on its own. What the server holds
+client reads it as before; only ``data`` is written a piece at a time (``control/store/logs.py``,
+:func:`~tpufleet.control.store.logs.pieces`), each piece JSON-escaped on its own. What the server holds
 for one read is one piece (256 Ki characters) and its encoding, whatever the log's size.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from tpufleet.control import logs
-from tpufleet.control.records import LogRead
-from tpufleet.control.store import Store
+from tpufleet.control.store import logs
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.values import LogRead
 
 
 class HostLogOut(BaseModel):

@@ -18,9 +18,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from tpufleet import pricing
 from tpufleet.api import auth
-from tpufleet.control.records import TENANT_NAME, JobRecord, Principal
-from tpufleet.control.store import Store
-from tpufleet.control.usage import Usage
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.usage import Usage
+from tpufleet.control.store.values import TENANT_NAME, JobRecord, Principal
 from tpufleet.errors import ForbiddenError, SpecError
 from tpufleet.observe import cost, goodput
 from tpufleet.observe.registry import metrics_registry

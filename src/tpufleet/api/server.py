@@ -1,7 +1,7 @@
 """``ControlPlane``: the store, the scheduling loop, the REST API and a cluster client in one process.
 
 ``tpufleet serve`` builds one around ``RayExecutor.connect(ray_address)`` and serves it with uvicorn. The
-same class runs in-process around any :class:`~tpufleet.control.cluster.ClusterClient` (the demo,
+same class runs in-process around any :class:`~tpufleet.control.cluster.protocol.ClusterClient` (the demo,
 tests with ``FakeCluster``)::
 
     with ControlPlane(RayExecutor.connect(address), state_dir="/tmp/fleet") as cp:
@@ -28,13 +28,13 @@ import uvicorn
 from tpufleet import pricing
 from tpufleet.api.app import create_app
 from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
-from tpufleet.control.cluster import ClusterClient
-from tpufleet.control.fleetview import duty_cycles
-from tpufleet.control.raywatch import AWAIT_ENV, await_seconds, wait_for_gcs
-from tpufleet.control.records import DEFAULT_LIMITS, Limits
-from tpufleet.control.service import Decide, Service, ServiceConfig
-from tpufleet.control.store import Clock, Store, new_job_id
-from tpufleet.control.usage import Usage
+from tpufleet.control.cluster.protocol import ClusterClient
+from tpufleet.control.loop.service import Decide, Service, ServiceConfig
+from tpufleet.control.ray.headwatch import AWAIT_ENV, await_seconds, wait_for_gcs
+from tpufleet.control.store.facade import Clock, Store, new_job_id
+from tpufleet.control.store.fleetview import duty_cycles
+from tpufleet.control.store.usage import Usage
+from tpufleet.control.store.values import DEFAULT_LIMITS, Limits
 from tpufleet.errors import ClusterError
 from tpufleet.observe import device
 from tpufleet.observe.metrics import cycle_histogram
@@ -55,9 +55,9 @@ def ray_cluster(address: str, connect_timeout_s: float = 5.0) -> ClusterClient:
     ``connect_timeout_s`` when nothing listens there."""
     wait_for_gcs(address, await_seconds(connect_timeout_s))
     try:
-        executor = importlib.import_module("tpufleet.control.executor")
+        executor = importlib.import_module("tpufleet.control.ray.client")
     except ImportError as err:
-        raise ClusterError(f"the Ray executor (tpufleet.control.executor) is not available: {err}") from err
+        raise ClusterError(f"the Ray executor (tpufleet.control.ray.client) is not available: {err}") from err
     while True:
         try:
             cluster: ClusterClient = executor.RayExecutor.connect(address)

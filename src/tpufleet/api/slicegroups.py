@@ -2,7 +2,7 @@
 
 A slice group is ``num_slices`` physical slices of one TPU type asked of the provider under one
 name, shared or private to a tenant (only its jobs run there, counted against its quota). Creating
-one stores it; the provisioning loop (``control/provisioner.py``) asks the provider, and ``GET``
+one stores it; the provisioning loop (``control/loop/provisioner.py``) asks the provider, and ``GET``
 shows the provider's state and the physical slices with their scheduler state. ``DELETE`` drains
 (waits for the holder to finish, or with ``?force=true`` preempts it) and then releases the slices.
 Utilization is measured from the store's attempt records over a window.
@@ -17,9 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tpufleet.api import auth
 from tpufleet.api.app import _errs
-from tpufleet.control.groups import CONFIG_KEYS, GroupRecord, SliceGroups, parse_window, slice_config
-from tpufleet.control.records import Principal
-from tpufleet.control.store import Store
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.slicegroups import (
+    CONFIG_KEYS,
+    GroupRecord,
+    SliceGroups,
+    parse_window,
+    slice_config,
+)
+from tpufleet.control.store.values import Principal
 
 __all__ = ["router"]
 

@@ -27,12 +27,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from tpufleet.api.client import DEFAULT_SERVER, Client
 from tpufleet.cli._app import app, console, console_err, print_json
-from tpufleet.control.cluster import ClusterClient
-from tpufleet.control.records import DEFAULT_LIMITS, Limits
-from tpufleet.control.runlimits import DEFAULT_OPEN_FILES, DEFAULT_PROCESSES
+from tpufleet.client.http import DEFAULT_SERVER, Client
+from tpufleet.control.cluster.protocol import ClusterClient
+from tpufleet.control.store.values import DEFAULT_LIMITS, Limits
 from tpufleet.errors import InputError, SpecError, TpufleetError
+from tpufleet.host.runlimits import DEFAULT_OPEN_FILES, DEFAULT_PROCESSES
 from tpufleet.scheduler.lifecycle import TERMINAL_STATES
 
 ServerOpt = Annotated[
@@ -300,7 +300,7 @@ def serve_cmd(
     (`tpufleet context`), so client commands on this machine need neither --server nor --token."""
     from tpufleet.api.server import ControlPlane, default_state_dir
     from tpufleet.cli import context
-    from tpufleet.control.service import ServiceConfig
+    from tpufleet.control.loop.service import ServiceConfig
     from tpufleet.pricing import load_file as load_prices
 
     # --pricing FILE, else the --fleet spec's pricing: section, over the shipped table; a bad file: exit 2
@@ -324,7 +324,7 @@ def serve_cmd(
     check_provider(fleet, provider, sandbox is not None)
     sandboxed = None
     if sandbox is not None:
-        from tpufleet.control.sandbox import SandboxCluster, sandbox_slices
+        from tpufleet.control.cluster.sandbox import SandboxCluster, sandbox_slices
 
         empty = sandbox.strip().lower() in ("", "none")
         sandboxed = SandboxCluster([] if empty else sandbox_slices(sandbox), job_seconds=job_seconds)
@@ -338,7 +338,7 @@ def serve_cmd(
             )
         state_dir = state_dir or default_state_dir()
     else:
-        from tpufleet.control.raywatch import AWAIT_ENV
+        from tpufleet.control.ray.headwatch import AWAIT_ENV
 
         lost = os.environ.get(AWAIT_ENV)  # a fresh start after a lost head (raywatch): wait for Ray
         if lost:
@@ -391,7 +391,7 @@ def serve_cmd(
     if (
         sandbox is None and started is None and ray_address
     ):  # a Ray cluster someone else runs: follow its head
-        from tpufleet.control.raywatch import HeadWatch
+        from tpufleet.control.ray.headwatch import HeadWatch
 
         HeadWatch(ray_address).start()
     try:
@@ -410,7 +410,7 @@ def _ray(address: str | None, emulator: bool, emulator_dir: Path | None) -> tupl
     """The Ray address to serve (the local emulated fleet's unless given) and its executor."""
     from tpufleet.api.server import ray_cluster
     from tpufleet.cli.emulate import running_fleet_address
-    from tpufleet.control.raywatch import AWAIT_ENV
+    from tpufleet.control.ray.headwatch import AWAIT_ENV
 
     if not address or emulator or emulator_dir:
         _, address = running_fleet_address(emulator_dir, wait=bool(os.environ.get(AWAIT_ENV)))
@@ -524,7 +524,7 @@ def checkpoint_rules(
 def checkpoint_text(usage: dict[str, Any]) -> str:
     """``1.2/5.0 GiB``: what a host last measured of the tenant's checkpoint directory, of its quota
     (``none``: no limit; ``-`` not measured yet; ``>=`` a walk that stopped at its bound)."""
-    from tpufleet.control.jobfiles import size_text
+    from tpufleet.host.jobfiles import size_text
 
     used, quota = usage.get("used_bytes"), usage.get("quota_bytes")
     shown = "-" if not isinstance(used, int) else size_text(used)
@@ -683,7 +683,7 @@ def _upload_working_dir(client: Client, working_dir: str, tenant: str | None) ->
 
 
 def _pack(path: Path, progress: Any) -> bytes:
-    from tpufleet.control import packages
+    from tpufleet.control.store import packages
 
     return packages.pack(path, DEFAULT_LIMITS, progress=progress)
 

@@ -13,9 +13,9 @@ import typer
 from rich import box
 from rich.table import Table
 
-from tpufleet.api.client import DEFAULT_SERVER
 from tpufleet.cli._app import app, console, print_json
 from tpufleet.cli.control import ERRORS, JsonOpt, ServerOpt, TokenOpt, _cell, _client
+from tpufleet.client.http import DEFAULT_SERVER
 
 
 def money(value: float | None, unpriced_hours: float = 0.0) -> str:

@@ -41,7 +41,7 @@ def _url(db: str | None, state_dir: Path | None) -> str:
 @db_app.command("upgrade")
 def upgrade_cmd(db: DbOption = None, state_dir: StateDirOption = None, json: JsonOption = False) -> None:
     """Create the schema, or upgrade it to this tpufleet's revision; prints from and to."""
-    from tpufleet.control.store import Store
+    from tpufleet.control.store.facade import Store
 
     store = Store(_url(db, state_dir))
     try:
@@ -57,8 +57,8 @@ def upgrade_cmd(db: DbOption = None, state_dir: StateDirOption = None, json: Jso
 @db_app.command("current")
 def current_cmd(db: DbOption = None, state_dir: StateDirOption = None, json: JsonOption = False) -> None:
     """The database's schema revision and this tpufleet's newest (head); changes nothing."""
-    from tpufleet.control import migrations
-    from tpufleet.control.store import Store
+    from tpufleet.control.store import migrations
+    from tpufleet.control.store.facade import Store
 
     store = Store(_url(db, state_dir))
     try:

@@ -178,10 +178,10 @@ def demo_cmd(
         if not demo_autoscale.run(script, _package(script), steps, state_dir, timeout):
             raise typer.Exit(1)
         return
-    from tpufleet.api.client import Client
     from tpufleet.api.server import ControlPlane
-    from tpufleet.control.executor import RayExecutor
-    from tpufleet.control.records import Limits
+    from tpufleet.client.http import Client
+    from tpufleet.control.ray.client import RayExecutor
+    from tpufleet.control.store.values import Limits
     from tpufleet.emulator import EmulatedFleet
 
     script = _train_script()

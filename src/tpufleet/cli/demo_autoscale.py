@@ -35,10 +35,10 @@ NOTICE_S = 10.0
 
 def run(script: Path, package: bytes, steps: int, state_dir: Path | None, timeout: float) -> bool:
     """The demo; True when the job succeeded and the pool went back to zero slices."""
-    from tpufleet.api.client import Client
     from tpufleet.api.server import ControlPlane
-    from tpufleet.control.executor import RayExecutor
-    from tpufleet.control.provisioner import ProvisionConfig, Provisioner
+    from tpufleet.client.http import Client
+    from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
+    from tpufleet.control.ray.client import RayExecutor
     from tpufleet.emulator import EmulatedFleet
     from tpufleet.provision.emulator import EmulatorConfig, EmulatorProvider
     from tpufleet.scheduler.autoscale import PoolView

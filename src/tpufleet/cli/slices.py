@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from tpufleet.api.client import DEFAULT_SERVER
+from tpufleet.client.http import DEFAULT_SERVER
 
 if TYPE_CHECKING:
-    from tpufleet.api.slicemanager import SliceManager
+    from tpufleet.client.slicemanager import SliceManager
 
 from tpufleet.cli._app import console, console_err, print_json
 from tpufleet.cli.control import (
@@ -34,7 +34,7 @@ __all__ = ["groups_table"]
 
 
 def _manager(ctx: typer.Context, server: str, token: str | None) -> SliceManager:
-    from tpufleet.api.slicemanager import SliceManager  # the store's modules: only when used
+    from tpufleet.client.slicemanager import SliceManager  # the store's modules: only when used
 
     return SliceManager(client=_client(ctx, server, token))  # the server and token rules of every command
 
@@ -113,7 +113,7 @@ def utilization_cmd(
     token: TokenOpt = None,
 ) -> None:
     """Held fraction of a slice group over the window, and who held it (from the store's records)."""
-    from tpufleet.control.groups import parse_window
+    from tpufleet.control.store.slicegroups import parse_window
 
     parse_window(window)  # a bad window exits 2 here, before any request
     got = _manager(ctx, server, token).get_slice_utilization(name, window)
@@ -173,7 +173,7 @@ class Provisioning:
 
     def attach(self, cp: Any) -> None:
         """Wrap the control plane's policy with the provisioning loop; create the spec's tenants."""
-        from tpufleet.control.provisioner import Provisioner
+        from tpufleet.control.loop.provisioner import Provisioner
 
         self.provisioner = Provisioner(cp.store, self.provider, self.config)
         cp.service.decide = self.provisioner.wrap(cp.service.decide)
@@ -230,7 +230,7 @@ def provisioning(
     """The provisioning of ``serve --fleet SPEC --provider KIND`` (None without either) and, for
     ``--provider emulator``, the Ray address of the emulated fleet it started in ``<state-dir>/fleet``.
     ``ray_address``: the cluster the control plane serves (GCE TPU VMs join its head)."""
-    from tpufleet.control.provisioner import ProvisionConfig
+    from tpufleet.control.loop.provisioner import ProvisionConfig
     from tpufleet.errors import SpecError
     from tpufleet.scheduler.autoscale import PoolView
     from tpufleet.spec import read_spec

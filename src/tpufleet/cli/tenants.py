@@ -16,7 +16,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tpufleet.api.client import DEFAULT_SERVER
 from tpufleet.cli._app import app, console, console_err, print_json
 from tpufleet.cli.control import (
     ERRORS,
@@ -28,7 +27,8 @@ from tpufleet.cli.control import (
     safe,
     tenant_app,
 )
-from tpufleet.control.records import PREEMPTION_MODES, TOKEN_SCOPES
+from tpufleet.client.http import DEFAULT_SERVER
+from tpufleet.control.store.values import PREEMPTION_MODES, TOKEN_SCOPES
 from tpufleet.errors import SpecError
 
 token_app = typer.Typer(help="Create, revoke and rotate tokens (admin token).", no_args_is_help=True)

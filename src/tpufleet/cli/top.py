@@ -23,9 +23,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tpufleet.api.client import DEFAULT_SERVER, Client
 from tpufleet.cli._app import app, console
 from tpufleet.cli.control import ServerOpt, TokenOpt, _cell, _client
+from tpufleet.client.http import DEFAULT_SERVER, Client
 from tpufleet.errors import TpufleetError
 
 DASH = "—"

@@ -27,7 +27,7 @@ when its first one dies.
 Where the control plane finds it: every runner publishes its host's ``TPU_DEVICE_PLUGIN_ADDR`` in
 Ray's internal KV under ``tpufleet:device-plugin:<node id>`` (Ray node labels cannot hold
 ``ip:port``; :func:`publish`). Real GKE hosts do the same with the address the TPU webhook gave
-them, and GCE TPU VMs with their libtpu relay's (``devicerelay.py``), so one path serves all three.
+them, and GCE TPU VMs with their libtpu relay's (``host/devicerelay.py``), so one path serves all three.
 The page itself is rendered by ``tpudevice.render_device_plugin``, shared with the relay.
 """
 

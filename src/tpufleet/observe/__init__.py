@@ -8,5 +8,5 @@
   ones a control plane registers (add a device collector there).
 - ``tpumetrics.py``, ``device.py``: TPU device numbers from the hosts (the device-metrics work);
   the hosts' side (libtpu's reader, the page's renderer, the GCE relay) is below ``control/``, in
-  ``tpufleet/tpudevice.py`` and ``tpufleet/devicerelay.py``.
+  ``tpufleet/tpudevice.py`` and ``tpufleet/host/devicerelay.py``.
 """

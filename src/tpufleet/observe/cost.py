@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from tpufleet import catalog, pricing
-from tpufleet.control.usage import ON_DEMAND, Usage, UsageAttempt
+from tpufleet.control.store.usage import ON_DEMAND, Usage, UsageAttempt
 from tpufleet.errors import SpecError
 from tpufleet.observe import goodput
 

@@ -1,7 +1,7 @@
 """TPU device metrics per chip, joined to slice, host, job and tenant, for ``GET /metrics``.
 
 :class:`DeviceSampler` reads every host's device source (``tpumetrics.py``: the GKE device plugin
-over HTTP, the same page from a GCE host's libtpu relay (``devicerelay.py``) or the emulator's
+over HTTP, the same page from a GCE host's libtpu relay (``host/devicerelay.py``) or the emulator's
 plugin, or libtpu's gRPC service where the reader runs on the host) on a timer, each read with a
 timeout, several hosts at once. A host that fails is tried again after a growing pause (interval,
 2x, 4x ... at most ``max_backoff_s``) for as long as it is in the inventory: unlike Ray's reader,
@@ -393,7 +393,7 @@ def published_or_default(
 ) -> dict[tuple[str, int], Endpoint]:
     """Each alive host's device plugin: the ``TPU_DEVICE_PLUGIN_ADDR`` its runner published (Ray's
     internal KV, see ``emulator/deviceplugin.py``; an emulated host's, a GKE host's, or a GCE
-    host's libtpu relay, ``devicerelay.py``), else
+    host's libtpu relay, ``host/devicerelay.py``), else
     ``<host address>:<default_port>`` when given (a plugin on the Ray node's own address)."""
     hosts = [(s.name, h) for s in slices for h in s.hosts if h.alive]
     published: dict[str, str] = {}

@@ -39,7 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from tpufleet import pricing
-from tpufleet.control.usage import Usage, UsageAttempt
+from tpufleet.control.store.usage import Usage, UsageAttempt
 from tpufleet.observe import goodput
 from tpufleet.observe.cost import attempt_chip_seconds, chips_per_slice, generation_of
 

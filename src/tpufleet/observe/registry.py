@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from tpufleet import pricing
-from tpufleet.control.store import Store
-from tpufleet.control.usage import Usage
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.usage import Usage
 from tpufleet.observe.metrics import FleetCollector
 
 __all__ = ["collectors", "metrics_registry"]

@@ -14,7 +14,7 @@ Two sources, read the way the tools that already read them do:
 - **libtpu's runtime metric service** (gRPC on ``localhost:8431`` of a GCE TPU VM, what
   ``tpu-info`` reads): :func:`read_libtpu`, which lives below the control layer in
   ``tpufleet/tpudevice.py`` (with :class:`ChipReading` and :class:`DeviceReadError`) because the
-  hosts' relay (``devicerelay.py``, started by the runner actor) reads it too; re-exported here.
+  hosts' relay (``host/devicerelay.py``, started by the runner actor) reads it too; re-exported here.
   libtpu answers local callers only, so the control plane reads a GCE host through its relay,
   which serves libtpu's numbers in the device plugin's format above.
 

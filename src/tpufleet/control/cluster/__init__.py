@@ -1,0 +1,1 @@
+"""The cluster seam: the ``ClusterClient`` protocol, its value types, the in-memory clusters."""

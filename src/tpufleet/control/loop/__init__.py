@@ -1,0 +1,1 @@
+"""The loop: one scheduling cycle after another, the state it keeps, the provisioner it drives."""

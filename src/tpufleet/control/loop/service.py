@@ -1,0 +1,608 @@
+"""The scheduling loop: inventory -> snapshot -> policy -> write decisions -> act -> poll -> transitions.
+
+One cycle (:meth:`Service.run_once`):
+
+1. **Inventory.** Slices from the cluster; one that is not intact turns ``BROKEN``. An attempt
+   holding a broken slice is ended on every host and requeued while retries remain: the broken
+   slice stays quarantined and the job resumes elsewhere. Cancel requests are picked up here.
+2. **Decide and write.** ``decide(snapshot)``; admissions, preemptions and wait reasons are
+   written to the store before anything is done about them.
+   The jobs the policy sees are kept in memory between cycles (``SchedState``): only what
+   changed since the last cycle is read again.
+3. **Act.** Admitted jobs are launched (``STARTING``); running ones are polled (``RUNNING`` when
+   every host runs). Any ending (success, a failed or lost host, preemption, cancel, a launch that
+   failed or did not start in time) is first written as the job's ``stop_kind``, then ``stop`` ends
+   every process of the attempt, the final state of every host and the rest of every host's output
+   are collected, and only then the job moves on (``SUCCEEDED``, ``FAILED``, ``CANCELLED``, or
+   ``QUEUED`` with ``attempt + 1``) and its slices come free.
+4. **Logs.** New output of running attempts is copied into the store (within a time budget per
+   cycle), so logs outlive the job. Each host's stored log is capped (``max_log_bytes``): past the
+   cap it is marked truncated, never silently cut.
+5. **Files.** What the hosts measured of each tenant's checkpoint directory (with their poll
+   answers) is stored per tenant; the quota itself is enforced on the hosts. With a retention
+   (``checkpoint_retention_s``), finished jobs' checkpoint directories are removed through a host
+   every ``retention_check_s`` (``control/store/checkpoints.py``), off the loop's thread.
+
+One job's faults stay with that job: any error while launching, polling or stopping one attempt
+ends that attempt with the error as its reason, and launches and stops (which may take the grace
+period, or unpack a large package) run on a small thread pool so the loop goes on for everyone.
+``stats()`` says whether the loop is cycling (``/healthz``, ``GET /api/v1/status``).
+
+Because every decision is in the store before it is acted on, a control plane killed at any point
+restarts (:meth:`Service.reconcile`), finds its running attempts again through
+``running_attempts()``, re-issues unfinished stops, stops orphans, and loses no job.
+``stop_threads=0`` runs launches and stops inline (deterministic tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tpufleet.control.cluster.protocol import AttemptSpec, AttemptStatus, ClusterClient, HostState, HostStatus
+from tpufleet.control.loop.schedstate import SchedState
+from tpufleet.control.store import checkpoints
+from tpufleet.control.store import values as r
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.loopwrites import ActiveJob, Transitions
+from tpufleet.errors import NotFoundError, TpufleetError
+from tpufleet.host import jobfiles, runlimits
+from tpufleet.runtime import StepProgress
+from tpufleet.scheduler.lifecycle import StopKind
+from tpufleet.scheduler.model import Admit, Preempt, RunDecision, Snapshot, Wait, Waits
+
+log = logging.getLogger(__name__)
+
+Decide = Callable[[Snapshot], Sequence[RunDecision]]  # ``policy.decide_runs``, or ``decide``
+Key = tuple[str, int]
+FINAL_IDLE_READS = 20  # empty reads in a row (~1 s) after an attempt ended: its stream will not complete
+MAX_STOP_TRIES = 3  # a stop that keeps failing ends the attempt anyway: the job must not hold its slices
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    interval_s: float = 0.5  # between cycles, unless woken (submit, cancel)
+    busy_interval_s: float = 0.05  # while an attempt is starting or being stopped
+    preempt_grace_s: float = 30.0  # SIGTERM (the checkpoint signal) to SIGKILL for a preempted attempt
+    cancel_grace_s: float = 10.0
+    fail_grace_s: float = 5.0  # for the surviving hosts of a failed attempt
+    start_timeout_s: float = 600.0  # admitted to every host RUNNING; longer fails the attempt
+    stop_threads: int = 4  # 0: launch and stop inline
+    max_log_bytes: int = 64 << 20  # stored output per host and attempt; past it the log is truncated
+    log_budget_s: float = 0.2  # time per cycle for copying running attempts' output
+    final_log_s: float = 60.0  # time to collect the rest of an ended attempt's output
+    stall_after_s: float = 30.0  # no cycle finished for this long: /healthz says stalled
+    checkpoint_root: str | None = None  # job files on the hosts; default <state-dir>/checkpoints
+    hide: tuple[str, ...] = field(default_factory=tuple)  # more paths a jailed job must not see
+    incremental: bool = True  # keep the policy's view in memory (SchedState); False: read it whole
+    reason_rewrites_per_cycle: int = 2000  # wait messages whose wording alone changed, written per cycle
+    progress_write_s: float = 5.0  # a running attempt's reported steps are stored at most this often
+    job_process_limit: int = runlimits.DEFAULT_PROCESSES  # tasks (processes, threads) per host run
+    job_open_files_limit: int = runlimits.DEFAULT_OPEN_FILES  # open files per host run, all processes
+    checkpoint_check_s: float = 5.0  # how often a host measures a running job's tenant directory
+    # a finished job's checkpoint directory is removed this long after it ended (serve
+    # --checkpoint-retention-days); None: kept until someone removes it
+    checkpoint_retention_s: float | None = None
+    retention_check_s: float = 600.0  # how often the loop looks for finished jobs' files to remove
+
+
+class Service:
+    def __init__(
+        self,
+        store: Store,
+        cluster: ClusterClient,
+        *,
+        state_dir: str | Path,
+        decide: Decide | None = None,
+        config: ServiceConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.tr = Transitions(store)
+        self.state = SchedState(self.tr)  # the jobs the policy sees, kept between cycles
+        self.decide = decide or _policy()
+        self.state_dir = Path(state_dir)
+        self.config = config or ServiceConfig()
+        self.job_root = self.config.checkpoint_root or str(self.state_dir / "checkpoints")
+        self.cycles = 0
+        self.last_error: str | None = None
+        self._reconciled = False
+        self._launches: dict[Key, Future[None]] = {}
+        self._stops: dict[Key, Future[AttemptStatus | None]] = {}
+        self._stop_failures: dict[Key, int] = {}
+        self._status: dict[Key, AttemptStatus] = {}
+        self._placed: set[Key] = set()  # Ray jobs whose placement is on record
+        self._released: set[str] = set()
+        self._busy = False
+        self._log_turn = 0
+        self._cycle_ms: deque[float] = deque(maxlen=100)
+        self.cycle_observers: list[Callable[[float], None]] = []  # each cycle's seconds (metrics)
+        self._progress: dict[Key, tuple[StepProgress, float]] = {}  # stored report, when (monotonic)
+        self._progress_due: dict[Key, StepProgress] = {}
+        self._last_cycle = time.monotonic()
+        self._pool = ThreadPoolExecutor(self.config.stop_threads) if self.config.stop_threads else None
+        self.files = checkpoints.TenantFiles(
+            store,
+            cluster,
+            self.job_root,
+            retention_s=self.config.checkpoint_retention_s,
+            check_s=self.config.retention_check_s,
+            write_s=self.config.progress_write_s,
+            submit=self._submit,
+        )
+        self._wake = threading.Event()
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the cycle ----------------------------------------------------------------------------
+    def run_once(self) -> None:
+        """One cycle. Its decisions are not handed back: they are gone before the cyclic garbage
+        collector resumes, which would otherwise walk (and promote) all 100,000 of them."""
+        with _cyclic_gc_paused():
+            self._cycle()
+
+    def _cycle(self) -> None:
+        started = time.monotonic()
+        if not self._reconciled:
+            self.reconcile()
+        self._sync()
+        self._schedule()
+        active = self.tr.active_jobs()
+        for job in active:
+            self._act_safely(job)
+        self._busy = bool(self._stops or self._launches) or any(
+            j.state != r.RUNNING or j.stop_kind for j in active
+        )
+        self._pull_logs(active)
+        self._store_progress(active)
+        self.files.step()
+        self.cycles += 1
+        self._last_cycle = time.monotonic()
+        self._cycle_ms.append((self._last_cycle - started) * 1000)
+        for observe in self.cycle_observers:
+            observe(self._last_cycle - started)
+
+    def stats(self) -> dict[str, Any]:
+        """The loop's health: cycles, the last cycle's and the median cycle's milliseconds (over the
+        last 100), seconds since a cycle last finished, and whether the loop is stalled."""
+        age = time.monotonic() - self._last_cycle
+        running = self._thread is not None and self._thread.is_alive()
+        return {
+            "cycles": self.cycles,
+            "cycle_ms_last": round(self._cycle_ms[-1], 3) if self._cycle_ms else None,
+            "cycle_ms_p50": round(statistics.median(self._cycle_ms), 3) if self._cycle_ms else None,
+            "last_cycle_age_s": round(age, 3),
+            "stalled": running and age > self.config.stall_after_s,
+            "last_error": self.last_error,
+        }
+
+    def reconcile(self) -> None:
+        """After a (re)start: adopt launched attempts, fail vanished ones, stop orphans."""
+        running = set(self.cluster.adopt())
+        active = self.tr.active_jobs()
+        for job in active:
+            key = (job.id, job.attempt)
+            if job.stop_kind is not None:
+                continue  # the stop is issued again by _act
+            if job.state == r.ADMITTED and key in running:
+                self._adopt_launch(job)
+            elif job.state in (r.STARTING, r.RUNNING) and key not in running:
+                self.tr.begin_stop(
+                    job.id, StopKind.FAIL, "its processes were gone when the control plane restarted"
+                )
+        for job_id, attempt in sorted(running - {(j.id, j.attempt) for j in active}):
+            log.warning("stopping orphan attempt %s of job %s", attempt, job_id)
+            self._run_stop((job_id, attempt), self.config.cancel_grace_s)
+        self._reconciled = True
+
+    def _adopt_launch(self, job: ActiveJob) -> None:
+        """A launch the previous control plane began but never recorded: adopt it when every host
+        got it; when it was cut short (hosts missing), end it and requeue without using a retry,
+        since the job did nothing wrong."""
+        try:
+            lost = any(h.state is HostState.LOST for h in self.cluster.poll(job.id, job.attempt).hosts)
+        except NotFoundError:
+            lost = True
+        if lost:
+            message = "the control plane restarted while launching this attempt; requeued"
+            self.tr.begin_stop(job.id, StopKind.INTERRUPTED, message)
+        else:
+            self.tr.launched(job.id, job.attempt)
+
+    def _sync(self) -> None:
+        try:
+            self.cluster.maintain()
+        except TpufleetError as err:  # the pool is kept next cycle; the inventory still counts
+            log.warning("could not maintain the warm pool: %s", err)
+        self.tr.sync_slices(self.cluster.inventory())
+        slices = self.store.slices()
+        broken = {s.name: s for s in slices if s.state == r.BROKEN}
+        for job in self.tr.active_jobs():
+            if job.cancel_requested:
+                self.tr.begin_stop(job.id, StopKind.CANCEL, "cancelled by request")
+            for name in job.slices:
+                if name in broken:
+                    problems = "; ".join(broken[name].problems)
+                    self.tr.begin_stop(job.id, StopKind.FAIL, f"slice {name} is broken ({problems})")
+        self._pool_draining(slices)
+
+    def _schedule(self) -> None:
+        snapshot, reasons = self.state.snapshot() if self.config.incremental else self.tr.snapshot()
+        decisions = list(self.decide(snapshot))
+        # Most of them are waits (runs of them as one ``Waits`` each): one pass picks out the rest,
+        # and wait_reasons skips them in its own.
+        for d in [d for d in decisions if type(d) is not Wait and type(d) is not Waits]:
+            if isinstance(d, Admit):
+                if not self.tr.admit(d):
+                    log.warning("dropped admission of %s on %s: no longer applies", d.job, d.slices)
+            elif isinstance(d, Preempt):
+                self.tr.preempt(d)
+        refresh = self.config.reason_rewrites_per_cycle if self.config.incremental else None
+        self.state.reasons_written(self.tr.wait_reasons(decisions, reasons, refresh=refresh))
+
+    def _act_safely(self, job: ActiveJob) -> None:
+        """Act on one job; whatever goes wrong ends that job's attempt, never the cycle."""
+        try:
+            self._act(job)
+        except Exception as err:
+            log.exception("job %s attempt %s: acting on it failed", job.id, job.attempt)
+            why = f"the control plane could not handle this attempt ({type(err).__name__}: {err})"
+            if self.tr.begin_stop(job.id, StopKind.FAIL, why[:2000]):
+                self._stops.pop((job.id, job.attempt), None)
+
+    def _act(self, job: ActiveJob) -> None:
+        if job.stop_kind is not None:
+            self._stopping(job)
+        elif self._timed_out(job):
+            timeout = self.config.start_timeout_s
+            why = f"did not start on every host within {timeout:g} s{self._not_started(job)}"
+            if self.tr.begin_stop(job.id, StopKind.FAIL, why):
+                self._stopping(job, StopKind.FAIL)
+        elif job.state == r.ADMITTED:
+            self._launch(job)
+        else:
+            self._poll(job)
+
+    def _timed_out(self, job: ActiveJob) -> bool:
+        if job.state == r.RUNNING or job.admitted_at is None:
+            return False
+        return self.store.clock() - job.admitted_at > self.config.start_timeout_s
+
+    def _not_started(self, job: ActiveJob) -> str:
+        status = self._status.get((job.id, job.attempt))
+        hosts = (
+            [f"{h.slice}/{h.worker_id}" for h in status.hosts if h.state is HostState.STARTING]
+            if status
+            else []
+        )
+        return f" (still starting: {', '.join(hosts)})" if hosts else ""
+
+    # -- act ----------------------------------------------------------------------------------
+    def _launch(self, job: ActiveJob) -> None:
+        """Launch off the loop (a package may be large); the job turns STARTING once it returned."""
+        key = (job.id, job.attempt)
+        future = self._launches.get(key)
+        if future is None:
+            self._launches[key] = self._submit(self._do_launch, job)
+            future = self._launches[key]
+        if not future.done():
+            return
+        del self._launches[key]
+        err = future.exception()
+        if err is None:
+            self.tr.launched(job.id, job.attempt)
+            return
+        what = str(err) if isinstance(err, TpufleetError) else f"{type(err).__name__}: {err}"
+        if not isinstance(err, TpufleetError):
+            log.error("launch of %s attempt %s failed", job.id, job.attempt, exc_info=err)
+        if self.tr.begin_stop(job.id, StopKind.FAIL, f"launch failed: {what}"[:2000]):
+            self._stopping(job, StopKind.FAIL)
+
+    def _do_launch(self, job: ActiveJob) -> None:
+        wd = job.working_dir
+        package = self.store.package(job.tenant, wd) if wd and r.PACKAGE_ID.fullmatch(wd) else None
+        paths = jobfiles.run_paths(self.job_root, job.tenant, job.id, job.attempt, "-")
+        self.cluster.launch(
+            AttemptSpec(
+                job_id=job.id,
+                attempt=job.attempt,
+                slices=job.slices,
+                accelerator_type=job.accelerator_type,
+                command=job.command,
+                env=job.env,
+                tenant=job.tenant,
+                job_root=self.job_root,
+                checkpoint_dir=str(paths.checkpoint),
+                package=package,
+                working_dir_url=wd if wd and package is None else None,
+                hide=(str(self.state_dir.resolve()), *self.config.hide),
+                limits=runlimits.RunLimits(
+                    self.config.job_process_limit, self.config.job_open_files_limit, self.config.max_log_bytes
+                ),
+                kind=job.kind,
+                checkpoint_quota=self.store.limits.checkpoint_quota_bytes,
+                checkpoint_check_s=self.config.checkpoint_check_s,
+            )
+        )
+
+    def _poll(self, job: ActiveJob) -> None:
+        key = (job.id, job.attempt)
+        try:
+            status: AttemptStatus | None = self.cluster.poll(job.id, job.attempt)
+        except NotFoundError:
+            status = None
+        if status is None or not status.hosts:
+            failure: str | None = "its processes are gone (no runners found)"
+        else:
+            self._status[key] = status
+            failure = status.failure
+            self._note_placed(key, status)
+            if status.progress is not None:
+                self._note_progress(key, status.progress)
+            if status.disk is not None:
+                self.files.measured(job.tenant, status.disk)
+        if status is not None and status.interrupted is not None:
+            if self.tr.begin_stop(job.id, StopKind.INTERRUPTED, status.interrupted):
+                self._stopping(job, StopKind.INTERRUPTED)
+        elif failure is not None:
+            if self.tr.begin_stop(job.id, StopKind.FAIL, failure):
+                self._stopping(job, StopKind.FAIL)
+        elif status is not None and status.succeeded:
+            if self.tr.begin_stop(job.id, StopKind.SUCCESS, "every host exited with code 0"):
+                self._stopping(job, StopKind.SUCCESS)
+        elif status is not None and status.all_running and job.state == r.STARTING:
+            self.tr.running(job.id, job.attempt)
+
+    def _note_progress(self, key: Key, progress: StepProgress) -> None:
+        """A report to store: the first one at once (start-up ends there), later ones at most every
+        ``progress_write_s``; the attempt's end stores the last one with it (``finish``)."""
+        stored = self._progress.get(key)
+        if stored is not None and stored[0] == progress:
+            return
+        if stored is None or time.monotonic() - stored[1] >= self.config.progress_write_s:
+            self._progress_due[key] = progress
+
+    def _store_progress(self, active: list[ActiveJob]) -> None:
+        due, self._progress_due = self._progress_due, {}
+        try:
+            self.tr.record_progress([(job, attempt, p) for (job, attempt), p in due.items()])
+        except Exception:  # a record, never a reason to stop the loop: the next report is stored
+            log.exception("storing the reported steps of %d attempts failed", len(due))
+            return
+        now = time.monotonic()
+        self._progress.update({key: (p, now) for key, p in due.items()})
+        live = {(j.id, j.attempt) for j in active}
+        for key in [k for k in self._progress if k not in live]:
+            del self._progress[key]
+
+    def _note_placed(self, key: Key, status: AttemptStatus) -> None:
+        """A Ray job: say on the job (an event) where Ray placed its trainer, once it is known."""
+        if status.placed and key not in self._placed:
+            self._placed.add(key)
+            with self.store.tx() as s:
+                where = ", ".join(status.placed)
+                what = f"attempt {key[1]}: Ray Train's placement groups are on {where}, as admitted"
+                self.store.add_event(s, what, job_id=key[0], kind="placed")
+
+    def _stopping(self, job: ActiveJob, kind: StopKind | None = None) -> None:
+        """Issue the stop (once per process lifetime), and finish the attempt when it returned."""
+        key = (job.id, job.attempt)
+        kind = kind or job.stop_kind
+        if key in self._launches and not self._launches[key].done():
+            return  # stop once the launch returned, so no host starts after its stop
+        self._launches.pop(key, None)
+        future = self._stops.get(key)
+        if future is None:
+            grace = {
+                StopKind.PREEMPT: self.config.preempt_grace_s,
+                StopKind.PRIORITY: self.config.preempt_grace_s,
+                StopKind.SPOT: self.config.preempt_grace_s,  # the slice dies at the notice's deadline anyway
+                StopKind.CANCEL: self.config.cancel_grace_s,
+            }
+            wait = grace.get(kind, self.config.fail_grace_s) if kind else self.config.fail_grace_s
+            future = self._stops[key] = self._run_stop(key, wait)
+        if not future.done():
+            return
+        del self._stops[key]
+        err = future.exception()
+        if err is not None:
+            failures = self._stop_failures[key] = self._stop_failures.get(key, 0) + 1
+            if failures < MAX_STOP_TRIES:
+                log.warning("stop of %s attempt %s failed (try %s), retrying: %s", *key, failures, err)
+                return
+            log.error("stop of %s attempt %s failed %s times; ending it anyway: %s", *key, failures, err)
+        self._stop_failures.pop(key, None)
+        after = future.result() if err is None else None
+        self.tr.finish(job.id, job.attempt, _final(after, self._status.pop(key, None)))
+
+    def _run_stop(self, key: Key, grace_s: float) -> Future[AttemptStatus | None]:
+        return self._submit(self._do_stop, key, grace_s)
+
+    def _do_stop(self, key: Key, grace_s: float) -> AttemptStatus | None:
+        """End every process, then read every host's final state and the rest of its output."""
+        self.cluster.stop(key[0], key[1], grace_s)
+        try:
+            status: AttemptStatus | None = self.cluster.poll(*key)
+        except Exception as err:  # the final state is a record, not a reason to keep the slices
+            log.warning("final state of %s attempt %s unknown: %s", *key, err)
+            status = None
+        try:
+            self._read_logs(key[0], key[1], deadline=time.monotonic() + self.config.final_log_s, final=True)
+        except Exception:
+            log.exception("collecting the last output of %s attempt %s failed", *key)
+        return status
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        if self._pool is not None:
+            return self._pool.submit(fn, *args)
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as err:  # reported through the future, as on the pool
+            future.set_exception(err)
+        return future
+
+    def _pool_draining(self, slices: list[r.SliceRecord]) -> None:
+        """Tell the cluster to give drained free slices back, and to take them again when undrained."""
+        drained = {s.name for s in slices if s.draining and s.holder is None}
+        try:
+            if drained - self._released:
+                self.cluster.release(sorted(drained - self._released))
+            if self._released - drained:
+                self.cluster.warm(sorted(self._released - drained))
+            self._released = drained
+        except TpufleetError as err:
+            log.warning("could not update the warm pool for drained slices: %s", err)
+
+    # -- logs ---------------------------------------------------------------------------------
+    def _pull_logs(self, active: list[ActiveJob]) -> None:
+        """Copy new output of running attempts, a few jobs a cycle in turn, within the budget."""
+        jobs = [
+            j
+            for j in active
+            if j.state in (r.STARTING, r.RUNNING)
+            and j.stop_kind is None
+            and (j.id, j.attempt) not in self._stops
+        ]
+        if not jobs:
+            return
+        deadline = time.monotonic() + self.config.log_budget_s
+        start = self._log_turn % len(jobs)
+        streams = self.tr.cursors_of((j.id, j.attempt) for j in jobs)
+        for job in jobs[start:] + jobs[:start]:
+            if time.monotonic() > deadline:
+                break
+            self._log_turn += 1
+            try:
+                self._read_logs(
+                    job.id,
+                    job.attempt,
+                    deadline=deadline,
+                    final=False,
+                    cursors=streams.get((job.id, job.attempt)),
+                )
+            except Exception:
+                log.exception("copying the output of %s attempt %s failed", job.id, job.attempt)
+
+    def _read_logs(
+        self, job_id: str, attempt: int, *, deadline: float, final: bool, cursors: list[Any] | None = None
+    ) -> None:
+        """Copy each host's new output into the store; ``final``: until the stream is complete
+        (the processes are gone), the cap, or the deadline, and say what could not be read."""
+        cap = self.config.max_log_bytes
+        for cur in self.tr.cursors(job_id, attempt) if cursors is None else cursors:
+            offset, note, idle = cur.offset, None, 0
+            while not cur.complete and not cur.truncated:
+                if idle >= FINAL_IDLE_READS:
+                    note = (
+                        "nothing more could be read from this host (it never started, or its output is gone)"
+                    )
+                    break
+                if time.monotonic() > deadline:
+                    note = "the rest of this host's output could not be collected in time"
+                    break
+                try:
+                    chunk = self.cluster.read_logs(job_id, attempt, cur.slice, cur.worker_id, offset)
+                except TpufleetError as err:
+                    note = f"the rest of this host's output could not be read: {err}"
+                    break
+                moved = bool(chunk.data) or chunk.complete or chunk.next_offset != offset
+                if moved:
+                    cur = self.tr.append_log(
+                        job_id, attempt, cur.host, chunk.data, chunk.next_offset, chunk.complete, cap, offset
+                    )
+                offset = cur.offset if moved else chunk.next_offset
+                if not chunk.data and not final:
+                    break
+                if not moved:
+                    idle += 1
+                    time.sleep(0.05)
+                else:
+                    idle = 0
+            if final and note and not cur.complete and not cur.truncated:
+                self.tr.close_log(job_id, attempt, cur.host, note)
+
+    # -- the loop thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._last_cycle = time.monotonic()
+            self._thread = threading.Thread(target=self._loop, name="tpufleet-scheduler", daemon=True)
+            self._thread.start()
+
+    def wake(self) -> None:
+        """Run the next cycle now (after a submit or cancel)."""
+        self._wake.set()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; waits at most ``timeout_s`` for a cycle that is under way (a cycle stuck in
+        a call to a cluster that went away is left behind: the thread is a daemon)."""
+        self._halt.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _loop(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self.run_once()
+                self.last_error = None
+            except Exception as err:  # the loop must survive a bad cycle; the next one retries
+                self.last_error = f"{type(err).__name__}: {err}"
+                log.exception("scheduling cycle failed")
+            self._wake.wait(self.config.busy_interval_s if self._busy else self.config.interval_s)
+            self._wake.clear()
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for a cycle.
+
+    A cycle over 100,000 queued jobs allocates several hundred thousand short-lived objects (keys,
+    decisions, rows), none of them in reference cycles; each collection they set off also walks
+    the kept state's 100,000 long-lived job views, which made up a third of the cycle
+    (bench/cycle.py). Resumed while a cycle's 100,000 decisions were still alive (the rest of the
+    cycle acts on them), it promoted them to the old generations, which soon set off a full
+    collection. Reference counting still frees everything as it goes; collection resumes after
+    the cycle, when the decisions are gone.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _final(after_stop: AttemptStatus | None, last: AttemptStatus | None) -> AttemptStatus | None:
+    """Each host's end as recorded: what the cluster said after the stop, where it still knew the
+    host, else the last state seen running (a host that vanished since is LOST)."""
+    if after_stop is None or not after_stop.hosts:
+        if last is None:
+            return None
+        lost = [h if h.state is HostState.EXITED else HostStatus(h.slice, h.worker_id, HostState.LOST)
+                for h in last.hosts]  # fmt: skip
+        return AttemptStatus(last.job_id, last.attempt, tuple(lost), last.progress)
+    if after_stop.progress is None and last is not None and last.progress is not None:
+        return replace(after_stop, progress=last.progress)
+    return after_stop
+
+
+def _policy() -> Decide:
+    from tpufleet.scheduler.policy import decide_runs
+
+    return decide_runs

@@ -1,0 +1,213 @@
+"""Job output in the store: one stream per (job, attempt, host), kept after the job ends.
+
+The loop copies what ``ClusterClient.read_logs`` returns into ``log_chunks`` and remembers, per
+host, how far it read the cluster's stream (``cluster_offset``, the executor's unit) and how many
+characters the store holds (``stored``). Readers use character offsets into the stored stream, so
+``tpufleet logs --follow`` asks for "everything after offset N" of one host.
+
+The API streams a read (:func:`plan`, then :func:`pieces` per host): the answer's hosts and their
+``next_offset`` are fixed first, then the stored text up to there is read ``PIECE_CHARS``
+characters per query, each in its own short transaction, so a 64 MiB log never sits in memory
+whole (four readers of one held ~516 MiB when it was read into one string).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tpufleet.control.store import values as r
+from tpufleet.control.store.tables import JobRow, LogChunkRow, LogCursorRow
+from tpufleet.errors import NotFoundError
+
+PIECE_CHARS = 256 * 1024  # characters of a stored log read per query while a read streams
+
+
+@dataclass(frozen=True)
+class Cursor:
+    host: int
+    slice: str
+    worker_id: int
+    offset: int  # in the cluster's stream
+    complete: bool
+    truncated: bool = False
+
+
+def open_streams(s: Session, job_id: str, attempt: int, layout: Sequence[tuple[str, int]]) -> None:
+    """One stream per host of the attempt; ``layout`` is (slice, worker id) in host order."""
+    for host, (slice_name, worker) in enumerate(layout):
+        if s.get(LogCursorRow, (job_id, attempt, host)) is None:
+            s.add(
+                LogCursorRow(
+                    job_id=job_id,
+                    attempt=attempt,
+                    host=host,
+                    slice=slice_name,
+                    worker_id=worker,
+                    cluster_offset=0,
+                    stored=0,
+                    complete=False,
+                )
+            )
+
+
+def cursors(s: Session, job_id: str, attempt: int) -> list[Cursor]:
+    rows = s.scalars(
+        select(LogCursorRow)
+        .where(LogCursorRow.job_id == job_id, LogCursorRow.attempt == attempt)
+        .order_by(LogCursorRow.host)
+    )
+    return [cursor_of(c) for c in rows]
+
+
+def cursor_of(c: LogCursorRow) -> Cursor:
+    return Cursor(c.host, c.slice, c.worker_id, c.cluster_offset, c.complete, bool(c.truncated))
+
+
+def append(
+    s: Session,
+    job_id: str,
+    attempt: int,
+    host: int,
+    data: str,
+    next_offset: int,
+    complete: bool,
+    cap: int | None = None,
+    from_offset: int | None = None,
+) -> Cursor | None:
+    """Store a chunk of one host's output read from ``from_offset`` of the cluster's stream; a chunk
+    that does not start where the store's copy ends (another reader stored it first) is ignored.
+    Past ``cap`` characters the stream is cut, marked truncated and complete, and a last line says
+    so. Returns the cursor as it is now."""
+    c = s.get(LogCursorRow, (job_id, attempt, host), with_for_update=True)
+    if c is None:
+        return None
+    if c.truncated or (from_offset is not None and c.cluster_offset != from_offset):
+        return cursor_of(c)
+    if cap is not None and c.stored + len(data) > cap:
+        kept = max(0, cap - c.stored)
+        data = data[:kept] + f"\n[tpufleet: output truncated at {cap} characters (the per-host log cap)]\n"
+        c.truncated, complete = True, True
+        c.note = f"truncated at {cap} characters: the per-host log cap (serve --max-log-mb)"
+    if data:
+        data = data.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
+        s.add(LogChunkRow(job_id=job_id, attempt=attempt, host=host, start=c.stored, data=data))
+        c.stored += len(data)
+    c.cluster_offset, c.complete = next_offset, complete
+    return cursor_of(c)
+
+
+def close(s: Session, job_id: str, attempt: int, host: int, note: str) -> None:
+    """The attempt ended and this host's stream cannot be read to its end: complete, with why."""
+    c = s.get(LogCursorRow, (job_id, attempt, host))
+    if c is not None and not c.complete:
+        c.complete, c.note = True, note
+
+
+@dataclass(frozen=True)
+class Span:
+    """The stored characters ``start`` to ``end`` of one host's stream: what a streamed read sends."""
+
+    job_id: str
+    attempt: int
+    host: int
+    start: int
+    end: int
+
+
+def plan(
+    s: Session, job: JobRow, *, attempt: int | None, host: int | None, offset: int
+) -> tuple[r.LogRead, tuple[Span, ...]]:
+    """A read as :func:`read` answers it but with every host's ``data`` empty, and the span of
+    stored text each host's ``data`` is (read it with :func:`pieces`)."""
+    attempt, streams = _streams(s, job, attempt, host)
+    start = max(0, offset)
+    spans = tuple(Span(c.job_id, c.attempt, c.host, start, max(start, c.stored)) for c in streams)
+    hosts = tuple(_host_log(s, c, start, with_data=False) for c in streams)
+    return r.LogRead(job_id=job.id, attempt=attempt or job.attempt, job_state=job.state, hosts=hosts), spans
+
+
+def pieces(
+    tx: Callable[[], AbstractContextManager[Session]], span: Span, size: int = PIECE_CHARS
+) -> Iterator[str]:
+    """The stored text of ``span``, at most ``size`` characters per query (one transaction each)."""
+    pos = span.start
+    while pos < span.end:
+        want = min(size, span.end - pos)
+        with tx() as s:
+            got = s.execute(
+                select(func.substr(LogChunkRow.data, pos - LogChunkRow.start + 1, want))
+                .where(
+                    LogChunkRow.job_id == span.job_id,
+                    LogChunkRow.attempt == span.attempt,
+                    LogChunkRow.host == span.host,
+                    LogChunkRow.start <= pos,
+                )
+                .order_by(LogChunkRow.start.desc())
+                .limit(1)
+            ).scalar()
+        if not got:
+            return  # a gap in the stored stream (never written so): nothing more to send
+        yield got
+        pos += len(got)
+
+
+def _streams(
+    s: Session, job: JobRow, attempt: int | None, host: int | None
+) -> tuple[int | None, list[LogCursorRow]]:
+    """The attempt read (default: the latest that ran; None: none ran) and its streams (one host's)."""
+    if attempt is not None and not 1 <= attempt <= job.attempt:
+        raise NotFoundError(f"job {job.id} has attempts 1 to {job.attempt}, not {attempt}")
+    if attempt is None:
+        attempt = s.scalar(select(func.max(LogCursorRow.attempt)).where(LogCursorRow.job_id == job.id))
+    streams = list(
+        s.scalars(
+            select(LogCursorRow)
+            .where(LogCursorRow.job_id == job.id, LogCursorRow.attempt == (attempt or 0))
+            .order_by(LogCursorRow.host)
+        )
+    )
+    if host is not None:
+        if streams and not 0 <= host < len(streams):
+            raise NotFoundError(f"job {job.id} has hosts 0 to {len(streams) - 1}, not {host}")
+        streams = [c for c in streams if c.host == host]
+    return attempt, streams
+
+
+def read(s: Session, job: JobRow, *, attempt: int | None, host: int | None, offset: int) -> r.LogRead:
+    """Stored output of an attempt (default: the latest that ran), per host, from ``offset``."""
+    attempt, streams = _streams(s, job, attempt, host)
+    hosts = tuple(_host_log(s, c, max(0, offset)) for c in streams)
+    return r.LogRead(job_id=job.id, attempt=attempt or job.attempt, job_state=job.state, hosts=hosts)
+
+
+def _host_log(s: Session, c: LogCursorRow, offset: int, *, with_data: bool = True) -> r.HostLog:
+    return r.HostLog(
+        c.host,
+        c.slice,
+        c.worker_id,
+        _stored(s, c, offset) if with_data else "",
+        next_offset=max(offset, c.stored),
+        complete=c.complete,
+        truncated=bool(c.truncated),
+        note=c.note,
+    )
+
+
+def _stored(s: Session, c: LogCursorRow, offset: int) -> str:
+    chunks = s.execute(
+        select(LogChunkRow.start, LogChunkRow.data)
+        .where(
+            LogChunkRow.job_id == c.job_id,
+            LogChunkRow.attempt == c.attempt,
+            LogChunkRow.host == c.host,
+            LogChunkRow.start + func.length(LogChunkRow.data) > offset,
+        )
+        .order_by(LogChunkRow.start)
+    ).all()
+    data = "".join(chunk.data for chunk in chunks)
+    return data[max(0, offset - chunks[0].start) :] if chunks else data

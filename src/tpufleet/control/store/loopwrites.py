@@ -1,0 +1,633 @@
+"""The scheduling loop's writes: slice inventory, snapshots, decisions and attempt transitions.
+
+Each method is one transaction, committed before the service acts on it (write, then act), and
+each state change is a compare-and-set on the job's state, so a change the API made meanwhile (a
+cancel) is never overwritten and a decision that no longer applies is dropped, not half-applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import groupby, repeat
+from operator import attrgetter
+from typing import Any, cast
+
+from sqlalchemy import Table, bindparam, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from tpufleet.control.cluster.protocol import AttemptStatus, SliceInfo
+from tpufleet.control.store import logs
+from tpufleet.control.store import values as r
+from tpufleet.control.store.facade import Store, columns, life_of, slice_state
+from tpufleet.control.store.tables import AttemptRow, EventRow, JobRow, LogCursorRow, SliceRow, TenantRow
+from tpufleet.errors import NotFoundError
+from tpufleet.runtime import StepProgress
+from tpufleet.scheduler import lifecycle as lc
+from tpufleet.scheduler.model import (
+    Admit,
+    JobId,
+    JobState,
+    JobView,
+    NotFit,
+    Preempt,
+    RunDecision,
+    SliceName,
+    SliceState,
+    SliceView,
+    Snapshot,
+    TenantName,
+    TenantView,
+    Wait,
+    Waits,
+)
+
+MISSING = "not in the cluster's inventory"
+Stored = tuple[str | None, str | None, bool]  # a queued job's reason code, message, head of line
+_Chunk = tuple[list[str], Stored]  # job ids that get one stored reason
+_ID = attrgetter("id")
+_IN_LIST = 500  # job ids per UPDATE of wait reasons (SQLite takes up to 32,766 parameters)
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    """A job that holds slices (ADMITTED, STARTING or RUNNING), as the loop needs it."""
+
+    id: str
+    attempt: int
+    state: str
+    slices: tuple[str, ...]
+    stop_kind: lc.StopKind | None
+    cancel_requested: bool
+    accelerator_type: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    working_dir: str | None
+    tenant: str = "default"
+    admitted_at: float | None = None  # the current attempt's admission (the start timeout counts from it)
+    kind: str = "spmd"  # spmd | ray (docs/ray-jobs.md)
+
+
+class Transitions:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.clock = store.clock
+        self._wording_turn = 0
+        # One tuple object per distinct stored reason, so that an unchanged reason is the same
+        # object as last cycle's and ``wait_reasons`` compares 100,000 of them by identity.
+        self._canonical: dict[Stored, Stored] = {}
+        # The stored tuple of each NotFit object seen (kept with it, so a reused id is not mistaken).
+        self._said: dict[tuple[int, bool], tuple[NotFit, Stored]] = {}
+
+    # -- inventory ---------------------------------------------------------------------------
+    def sync_slices(self, infos: Iterable[SliceInfo]) -> None:
+        """Make the slices table match the cluster: new slices appear FREE, a slice that is not
+        intact (or vanished) turns BROKEN and stays so until it is whole again."""
+        now = self.clock()
+        with self.store.tx() as s:
+            rows = {x.name: x for x in s.scalars(select(SliceRow))}
+            for info in infos:
+                row = rows.pop(info.name, None)
+                if row is None:
+                    row = SliceRow(name=info.name, state=r.FREE, holder=None, draining=False, updated_at=now)
+                    s.add(row)
+                    self.store.add_event(
+                        s, f"discovered {info.accelerator_type}", slice=info.name, kind="slice"
+                    )
+                row.accelerator_type, row.topology = info.accelerator_type, info.topology
+                row.expected_hosts = info.expected_hosts
+                hosts = [
+                    {"worker_id": h.worker_id, "node_id": h.node_id, "address": h.address, "alive": h.alive}
+                    for h in info.hosts
+                ]
+                if row.hosts != hosts:
+                    row.hosts = hosts
+                self._set_problems(s, row, list(info.problems), now)
+            for row in rows.values():
+                self._set_problems(s, row, [MISSING], now)
+
+    def _set_problems(self, s: Session, row: SliceRow, problems: list[str], now: float) -> None:
+        if row.problems != problems:
+            row.problems = problems
+            row.updated_at = now
+            what = "broken: " + "; ".join(problems) if problems else "intact again"
+            self.store.add_event(s, what, slice=row.name, job_id=row.holder, kind="slice")
+        row.state = slice_state(row)
+
+    # -- snapshot and decisions --------------------------------------------------------------
+    def snapshot(self) -> tuple[Snapshot, dict[str, Stored]]:
+        """The policy's view read whole from the store, and each queued job's stored wait reason
+        and head-of-line flag (the first cycle, and the reference ``SchedState`` is checked against)."""
+        views, reasons = self.job_views()
+        return Snapshot(self.tenant_views(), self.slice_views(), views), reasons
+
+    def tenant_views(self) -> list[TenantView]:
+        """Every live tenant, read whole each cycle: a change (``tenant update``) counts from the
+        next cycle; a deleted tenant is gone (its cancelled jobs still stopping hold their slices)."""
+        query = select(TenantRow).where(TenantRow.deleted_at.is_(None))
+        with self.store.tx() as s:
+            rows = s.scalars(query)
+            return [TenantView(TenantName(t.name), dict(t.quota), t.weight, t.preemption) for t in rows]
+
+    def slice_views(self) -> list[SliceView]:
+        with self.store.tx() as s:
+            return [
+                SliceView(SliceName(x.name), x.accelerator_type, SliceState(x.state), _jid(x.holder))
+                for x in s.scalars(select(SliceRow).order_by(SliceRow.name))
+            ]
+
+    def job_views(self, ids: Iterable[str] | None = None) -> tuple[list[JobView], dict[str, Stored]]:
+        """Every job that is queued or holds slices (only those of ``ids`` when given), in
+        submission order, as the policy sees it; and the queued ones' stored reasons."""
+        query = select(*_VIEW_COLUMNS).where(JobRow.state.in_((r.QUEUED, *r.ACTIVE)))
+        jobs: list[JobView] = []
+        reasons: dict[str, Stored] = {}
+        chunks = [None] if ids is None else _chunks(sorted(set(ids)), 2000)
+        with self.store.tx() as s:
+            for chunk in chunks:
+                q = query if chunk is None else query.where(JobRow.id.in_(chunk))
+                for j in s.execute(q.order_by(JobRow.seq)):
+                    jobs.append(_view(j))
+                    if j.state == r.QUEUED:
+                        reasons[j.id] = self._canon((j.reason_code, j.reason_message, bool(j.head_of_line)))
+        if ids is not None:
+            jobs.sort(key=lambda v: v.seq)
+        return jobs, reasons
+
+    def last_event(self) -> int:
+        with self.store.tx() as s:
+            return int(s.scalar(select(func.max(EventRow.id))) or 0)
+
+    def events_since(self, after: int, also: Iterable[int] = ()) -> list[tuple[int, str | None]]:
+        """(event id, job id) of every event after ``after`` (and of the ids in ``also``)."""
+        cond = EventRow.id > after
+        extra = sorted(set(also))
+        if extra:
+            cond = or_(cond, EventRow.id.in_(extra))
+        with self.store.tx() as s:
+            return [
+                (int(e.id), e.job_id) for e in s.execute(select(EventRow.id, EventRow.job_id).where(cond))
+            ]
+
+    def admit(self, d: Admit) -> bool:
+        """QUEUED -> ADMITTED with the slices HELD; all or nothing. False when it no longer applies."""
+        try:
+            return self._admit(d)
+        except _Abort:
+            return False
+
+    def _admit(self, d: Admit) -> bool:
+        now = self.clock()
+        with self.store.tx() as s:
+            admit_seq = (s.scalar(select(func.max(JobRow.admit_seq))) or 0) + 1
+            job = s.scalar(select(JobRow).where(JobRow.id == d.job))
+            if job is None:
+                return False
+            try:
+                life = lc.admit(life_of(job))
+            except lc.IllegalTransition:
+                return False
+            taken = _rowcount(
+                s.execute(
+                    update(SliceRow)
+                    .where(SliceRow.name.in_(d.slices), SliceRow.state == r.FREE, SliceRow.holder.is_(None))
+                    .values(holder=d.job, state=r.HELD, updated_at=now)
+                    .execution_options(synchronize_session=False)
+                )
+            )
+            moved = _cas(
+                s,
+                job.seq,
+                (r.QUEUED,),
+                **columns(life),
+                slices=list(d.slices),
+                borrowing=d.borrowing,
+                admit_seq=admit_seq,
+                head_of_line=False,
+                admitted_at=now,
+                exit_code=None,
+                updated_at=now,
+            )
+            if taken != len(set(d.slices)) or not moved:
+                raise _Abort  # rolls the whole admission back
+            s.add(
+                AttemptRow(
+                    job_id=d.job,
+                    attempt=job.attempt,
+                    slices=list(d.slices),
+                    state=lc.AttemptState.ADMITTED,
+                    exit_codes=[],
+                    admitted_at=now,
+                )
+            )
+            lend = " (borrowing)" if d.borrowing else ""
+            self.store.add_event(
+                s,
+                f"attempt {job.attempt} admitted on {', '.join(d.slices)}{lend}",
+                job_id=d.job,
+                kind="admit",
+            )
+            return True
+
+    def wait_reasons(
+        self, decisions: Sequence[RunDecision], stored: dict[str, Stored], *, refresh: int | None = None
+    ) -> list[tuple[str, Stored]]:
+        """Store why each waiting job waits (the ``Wait`` and ``Waits`` among ``decisions``); only
+        reasons that changed are written (and returned).
+
+        A job's first reason and any head-of-line flag (the policy reads it back next cycle) are
+        always written at once. With ``refresh`` set, other changes are bounded: at most that many
+        per call, new codes before new wordings of the same code (the numbers in a message move as
+        the fleet does); half of the budget goes to the front of the queue (``decisions`` come in the
+        policy's order), the other half in turn over the rest, so a long queue costs a bounded write
+        and every stored reason catches up within a few calls.
+
+        A run of waits (``Waits``) is compared a stretch at a time: its jobs' stored reasons are
+        canonical tuples, mostly alike along the run, so one verdict covers each stretch of equal
+        ones and no Python code runs per job.
+        """
+        now: list[_Chunk] = []
+        codes: list[_Chunk] = []
+        wordings: list[_Chunk] = []
+        get = stored.get
+        for d in decisions:
+            if isinstance(d, Waits):
+                ids: list[str] = list(map(_ID, d.jobs))
+                new = self._stored_of(d.reason, False)
+            elif isinstance(d, Wait):
+                ids = [d.job]
+                new = self._stored_of(d.reason, d.head_of_line)
+            else:
+                continue
+            olds = list(map(get, ids))
+            if olds.count(new) == len(olds):  # `is` first, then ==: all stored as they are now
+                continue
+            at = 0
+            for old, stretch in groupby(olds):  # consecutive equal stored reasons: one verdict each
+                size = _length(stretch)
+                if old is not None and old != new:
+                    if refresh is None or old[0] is None or old[2] != new[2]:
+                        into = now
+                    else:
+                        into = codes if old[0] != new[0] else wordings
+                    into.append((ids[at : at + size], new))
+                at += size
+        changes = _take(now, 0, None)
+        if refresh is not None:  # the front of the rest, then a window over the others, in turn
+            rest = codes + wordings
+            total = sum(len(ids) for ids, _ in rest)
+            front = min(refresh // 2, total)
+            changes += _take(rest, 0, front)
+            others = total - front
+            if others:
+                budget, start = refresh - front, self._wording_turn % others
+                first = _take(rest, front + start, min(budget, others - start))
+                changes += first + _take(rest, front, min(budget - len(first), start))
+                self._wording_turn += budget
+        if changes:
+            self._write_reasons(changes)
+        return changes
+
+    def _write_reasons(self, changes: list[tuple[str, Stored]]) -> None:
+        """One transaction, one statement per reason (most jobs share theirs with many others) and
+        per ``_IN_LIST`` of its jobs, sent straight to the driver: per row, SQLAlchemy's parameter
+        processing, and PostgreSQL's work on a statement per row, cost more than the rows do."""
+        jobs: dict[Stored, list[str]] = {}
+        for job, stored in changes:
+            jobs.setdefault(stored, []).append(job)
+        with self.store.tx_unsynced() as conn:  # the loop writes them again if they are lost
+            mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+            queued = str(r.QUEUED)
+            for (code, message, head), ids in jobs.items():
+                for first in range(0, len(ids), _IN_LIST):
+                    some = ids[first : first + _IN_LIST]
+                    # ``state || ''``: a test no index serves, so that SQLite finds the rows by id
+                    # (it would otherwise read every queued job through the index on state).
+                    statement = (
+                        f"UPDATE jobs SET reason_code = {mark}, reason_message = {mark}, "
+                        f"head_of_line = {mark} WHERE id IN ({', '.join([mark] * len(some))}) "
+                        f"AND state || '' = {mark}"
+                    )
+                    conn.exec_driver_sql(statement, (code, message, head, *some, queued))
+
+    def _stored_of(self, reason: NotFit, head_of_line: bool) -> Stored:
+        """The canonical stored tuple of a reason (one object per reason and flag, so that most
+        comparisons with what is stored are ``is``)."""
+        found = self._said.get((id(reason), head_of_line))
+        if found is None or found[0] is not reason:
+            stored = self._canon((reason.code.value, reason.message, head_of_line))
+            found = self._said[(id(reason), head_of_line)] = (reason, stored)
+        return found[1]
+
+    def _canon(self, stored: Stored) -> Stored:
+        """The one tuple kept for this reason (the table is emptied once it holds 100,000)."""
+        found = self._canonical.get(stored)
+        if found is None:
+            if len(self._canonical) >= 100_000:  # old wordings; equal tuples still compare equal
+                self._canonical.clear()
+                self._said.clear()
+            found = self._canonical[stored] = stored
+        return found
+
+    def preempt(self, d: Preempt) -> bool:
+        kind = lc.StopKind.PRIORITY if d.within_tenant else lc.StopKind.PREEMPT
+        return self.begin_stop(d.job, kind, f"preempted for job {d.for_job}: {d.reason}")
+
+    def begin_stop(self, job_id: str, kind: lc.StopKind, message: str) -> bool:
+        """Decide to end the current attempt (``lifecycle.request_stop``: the first decision stands,
+        a cancel overrides a preemption or failure under way). False when it changes nothing."""
+        with self.store.tx() as s:
+            job = s.scalar(select(JobRow).where(JobRow.id == job_id))
+            if job is None:
+                return False
+            try:
+                life = lc.request_stop(life_of(job), kind, message)
+            except lc.IllegalTransition:
+                return False
+            if life is None or not _cas(s, job.seq, r.ACTIVE, **columns(life), updated_at=self.clock()):
+                return False
+            self.store.add_event(
+                s,
+                f"attempt {job.attempt}: {message}",
+                job_id=job_id,
+                kind=str(kind),
+                tenant=job.tenant,
+                actor="scheduler" if kind in (lc.StopKind.PREEMPT, lc.StopKind.PRIORITY) else None,  # audited
+            )
+            return True
+
+    # -- attempt transitions -----------------------------------------------------------------
+    def active_jobs(self) -> list[ActiveJob]:
+        with self.store.tx() as s:
+            rows = s.scalars(select(JobRow).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.seq)).all()
+            return [
+                ActiveJob(
+                    j.id,
+                    j.attempt,
+                    j.state,
+                    tuple(j.slices or ()),
+                    lc.StopKind(j.stop_kind) if j.stop_kind else None,
+                    j.cancel_requested,
+                    j.accelerator_type,
+                    tuple(j.command),
+                    dict(j.env or {}),
+                    j.working_dir,
+                    j.tenant,
+                    j.admitted_at,
+                    j.kind or "spmd",
+                )
+                for j in rows
+            ]
+
+    def launched(self, job_id: str, attempt: int) -> None:
+        """ADMITTED -> STARTING; opens one log stream per host (slice order, then worker id)."""
+        now = self.clock()
+        with self.store.tx() as s:
+            job = s.scalar(select(JobRow).where(JobRow.id == job_id))
+            if job is None or not _cas(s, job.seq, (r.ADMITTED,), state=r.STARTING, updated_at=now):
+                return
+            sizes = {
+                x.name: x.expected_hosts
+                for x in s.scalars(select(SliceRow).where(SliceRow.name.in_(job.slices)))
+            }
+            layout = [(name, worker) for name in job.slices for worker in range(sizes.get(name, 1))]
+            logs.open_streams(s, job_id, attempt, layout)
+            _attempt_row(s, job_id, attempt, state=r.STARTING)
+            self.store.add_event(
+                s, f"attempt {attempt} launched on {len(layout)} hosts", job_id=job_id, kind="launch"
+            )
+
+    def running(self, job_id: str, attempt: int) -> None:
+        now = self.clock()
+        with self.store.tx() as s:
+            seq = s.scalar(select(JobRow.seq).where(JobRow.id == job_id, JobRow.attempt == attempt))
+            if seq is not None and _cas(
+                s, seq, (r.STARTING,), state=r.RUNNING, started_at=now, updated_at=now
+            ):
+                _attempt_row(s, job_id, attempt, state=r.RUNNING, started_at=now)
+                self.store.add_event(
+                    s, f"attempt {attempt}: every host is running", job_id=job_id, kind="run"
+                )
+
+    def finish(self, job_id: str, attempt: int, status: AttemptStatus | None) -> str | None:
+        """End the current attempt after its processes ended (``lifecycle.end_attempt``: SUCCEEDED,
+        or what its stop kind says). Frees the job's slices. Returns the job's new state."""
+        now = self.clock()
+        with self.store.tx() as s:
+            job = s.scalar(select(JobRow).where(JobRow.id == job_id, JobRow.attempt == attempt))
+            if job is None:
+                return None
+            message = job.stop_message
+            try:
+                life, recorded = lc.end_attempt(life_of(job))
+            except lc.IllegalTransition:
+                return None
+            _cas(
+                s,
+                job.seq,
+                r.ACTIVE,
+                **columns(life),
+                slices=[] if life.state == r.QUEUED else job.slices,
+                borrowing=job.borrowing and life.terminal,  # a finished job keeps its last attempt's facts
+                finished_at=now if life.terminal else None,
+                exit_code=_exit_code(status),
+                updated_at=now,
+            )
+            for row in s.scalars(select(SliceRow).where(SliceRow.holder == job_id)):
+                row.holder, row.updated_at = None, now
+                row.state = slice_state(row)
+            _attempt_row(
+                s,
+                job_id,
+                attempt,
+                state=recorded,
+                message=message,
+                ended_at=now,
+                exit_codes=_host_codes(status),
+                **progress_columns(status.progress if status else None),
+            )
+            self.store.add_event(
+                s, f"attempt {attempt} {recorded.lower()}; job {life.state}", job_id=job_id, kind="end"
+            )
+            return str(life.state)
+
+    def record_progress(self, reports: Sequence[tuple[str, int, StepProgress]]) -> None:
+        """Store the steps process 0 of each attempt reported (one statement for all of them)."""
+        if not reports:
+            return
+        table = cast(Table, AttemptRow.__table__)
+        statement = (
+            update(table)
+            .where(table.c.job_id == bindparam("jid"), table.c.attempt == bindparam("att"))
+            .values(
+                first_step=bindparam("fs"),
+                first_step_at=bindparam("fa"),
+                last_step=bindparam("ls"),
+                last_step_at=bindparam("la"),
+            )
+        )
+        rows = [
+            {"jid": j, "att": a, "fs": p.first_step, "fa": p.first_at, "ls": p.step, "la": p.at}
+            for j, a, p in reports
+        ]
+        with self.store.tx() as s:
+            s.connection().execute(statement, rows)
+
+    # -- logs ----------------------------------------------------------------------------------
+    def cursors(self, job_id: str, attempt: int) -> list[logs.Cursor]:
+        with self.store.tx() as s:
+            return logs.cursors(s, job_id, attempt)
+
+    def cursors_of(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], list[logs.Cursor]]:
+        """The log streams of many attempts, in one query."""
+        wanted = set(keys)
+        out: dict[tuple[str, int], list[logs.Cursor]] = {key: [] for key in wanted}
+        with self.store.tx() as s:
+            for row in s.scalars(
+                select(LogCursorRow)
+                .where(LogCursorRow.job_id.in_({job for job, _ in wanted}))
+                .order_by(LogCursorRow.job_id, LogCursorRow.attempt, LogCursorRow.host)
+            ):
+                if (row.job_id, row.attempt) in wanted:
+                    out[(row.job_id, row.attempt)].append(logs.cursor_of(row))
+        return out
+
+    def append_log(
+        self,
+        job_id: str,
+        attempt: int,
+        host: int,
+        data: str,
+        offset: int,
+        complete: bool,
+        cap: int | None = None,
+        from_offset: int | None = None,
+    ) -> logs.Cursor:
+        with self.store.tx() as s:
+            cur = logs.append(s, job_id, attempt, host, data, offset, complete, cap, from_offset)
+        if cur is None:
+            raise NotFoundError(f"job {job_id} attempt {attempt} has no log stream {host}")
+        return cur
+
+    def close_log(self, job_id: str, attempt: int, host: int, note: str) -> None:
+        with self.store.tx() as s:
+            logs.close(s, job_id, attempt, host, note)
+
+
+class _Abort(Exception):
+    """Raised inside a transaction to roll it back."""
+
+
+_VIEW_COLUMNS = (
+    JobRow.id,
+    JobRow.tenant,
+    JobRow.accelerator_type,
+    JobRow.num_slices,
+    JobRow.priority,
+    JobRow.seq,
+    JobRow.state,
+    JobRow.slices,
+    JobRow.borrowing,
+    JobRow.stop_kind,
+    JobRow.admit_seq,
+    JobRow.reason_code,
+    JobRow.reason_message,
+    JobRow.head_of_line,
+)
+
+
+def _view(j: Any) -> JobView:
+    """A job row (the ``_VIEW_COLUMNS``) as the policy sees it."""
+    return JobView(
+        JobId(j.id),
+        TenantName(j.tenant),
+        j.accelerator_type,
+        j.num_slices,
+        j.priority,
+        j.seq,
+        JobState(j.state),
+        tuple(SliceName(n) for n in j.slices or ()),
+        j.borrowing,
+        j.stop_kind is not None,
+        j.admit_seq,
+        bool(j.head_of_line),
+        j.stop_kind == lc.StopKind.PRIORITY,
+    )
+
+
+def _length(items: Iterator[object]) -> int:
+    """How many items an iterator yields (consumes it, in C)."""
+    return len(list(items))
+
+
+def _take(chunks: list[_Chunk], start: int, count: int | None) -> list[tuple[str, Stored]]:
+    """(job id, stored reason) for the jobs ``[start, start + count)`` of the chunks, in order
+    (to the end when ``count`` is None); the chunks before ``start`` are skipped whole."""
+    out: list[tuple[str, Stored]] = []
+    for ids, new in chunks:
+        if count is not None and count <= 0:
+            break
+        if start >= len(ids):
+            start -= len(ids)
+            continue
+        part = ids[start:] if count is None else ids[start : start + count]
+        out += zip(part, repeat(new))
+        start = 0
+        if count is not None:
+            count -= len(part)
+    return out
+
+
+def _chunks(items: list[str], size: int) -> list[list[str]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _jid(holder: str | None) -> JobId | None:
+    return JobId(holder) if holder else None
+
+
+def _cas(s: Session, seq: int, states: Sequence[str], **values: Any) -> bool:
+    """Compare-and-set: update the job only while it is in one of ``states``."""
+    result = s.execute(
+        update(JobRow)
+        .where(JobRow.seq == seq, JobRow.state.in_(states))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(_rowcount(result))
+
+
+def _rowcount(result: Any) -> int:
+    return int(result.rowcount)
+
+
+def _attempt_row(s: Session, job_id: str, attempt: int, **values: Any) -> None:
+    row = s.get(AttemptRow, (job_id, attempt))
+    if row is not None:
+        for key, value in values.items():
+            setattr(row, key, value)
+
+
+def _exit_code(status: AttemptStatus | None) -> int | None:
+    codes = [h.exit_code for h in (status.hosts if status else ()) if h.exit_code is not None]
+    bad = [c for c in codes if c != 0]
+    return bad[0] if bad else (0 if codes else None)
+
+
+def progress_columns(progress: StepProgress | None) -> dict[str, Any]:
+    """An attempt's progress columns; nothing when there is no report (the stored one stays)."""
+    if progress is None:
+        return {}
+    return {
+        "first_step": progress.first_step,
+        "first_step_at": progress.first_at,
+        "last_step": progress.step,
+        "last_step_at": progress.at,
+    }
+
+
+def _host_codes(status: AttemptStatus | None) -> list[dict[str, Any]]:
+    return [
+        {"slice": h.slice, "worker_id": h.worker_id, "state": str(h.state), "exit_code": h.exit_code}
+        for h in (status.hosts if status else ())
+    ]

@@ -1,0 +1,1 @@
+"""What runs on a TPU host, not in the control plane: runner, job start, containment, job files, relay."""
