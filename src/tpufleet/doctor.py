@@ -24,7 +24,7 @@ from tpufleet.errors import ClusterError
 from tpufleet.fleet import SliceInfo
 from tpufleet.inventory import discover, resolve_address
 
-__all__ = ["Finding", "Probe", "Report", "check", "findings_for"]
+__all__ = ["HealthFinding", "Probe", "Report", "check", "findings_for"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Probe:
 
 
 @dataclass(frozen=True)
-class Finding:
+class HealthFinding:
     slice: str
     message: str
 
@@ -51,7 +51,7 @@ class Report:
     ray_address: str | None
     slices: tuple[SliceInfo, ...]
     probes: tuple[Probe, ...]
-    findings: tuple[Finding, ...]
+    findings: tuple[HealthFinding, ...]
 
     @property
     def healthy(self) -> bool:
@@ -106,13 +106,13 @@ def _probe_findings(info: SliceInfo, probe: Probe) -> list[str]:
     return out
 
 
-def findings_for(slices: Sequence[SliceInfo], probes: Sequence[Probe]) -> list[Finding]:
+def findings_for(slices: Sequence[SliceInfo], probes: Sequence[Probe]) -> list[HealthFinding]:
     """Every reason a slice is not healthy: node-table problems first, then probe results."""
-    out = [Finding(s.name, p) for s in slices for p in s.problems]
+    out = [HealthFinding(s.name, p) for s in slices for p in s.problems]
     info = {s.name: s for s in slices}
     for probe in probes:
         if probe.slice in info:
-            out += [Finding(probe.slice, m) for m in _probe_findings(info[probe.slice], probe)]
+            out += [HealthFinding(probe.slice, m) for m in _probe_findings(info[probe.slice], probe)]
     return out
 
 

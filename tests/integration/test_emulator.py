@@ -16,7 +16,7 @@ from ray.util import tpu
 from tpufleet import doctor, inventory
 from tpufleet.emulator import EmulatedFleet, procs
 from tpufleet.emulator import state as store
-from tpufleet.emulator.state import FleetState, HostRecord, SliceRecord
+from tpufleet.emulator.state import EmulatedSlice, FleetState, HostRecord
 
 pytestmark = pytest.mark.integration
 
@@ -184,7 +184,7 @@ def test_context_manager_ends_the_survivors_of_a_stale_fleet_and_its_own(tmp_pat
         [sys.executable, "-c", "import time; time.sleep(120)"], {}, tmp_path / "log"
     )
     stale = FleetState("old", "127.0.0.1", 1, 2, str(tmp_path / "gone"), 0, 1 << 27, False, head=None)
-    stale.slices.append(SliceRecord("tpu-v5litepod-1-0", "v5litepod-1", [HostRecord(0, session)]))
+    stale.slices.append(EmulatedSlice("tpu-v5litepod-1-0", "v5litepod-1", [HostRecord(0, session)]))
     store.save(state_dir, stale)
     try:
         with EmulatedFleet("", state_dir=state_dir) as f:  # a head alone: the cheapest fleet

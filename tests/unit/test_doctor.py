@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tpufleet.control.cluster.protocol import HostInfo, SliceInfo
-from tpufleet.doctor import Finding, Probe, Report, findings_for
+from tpufleet.doctor import HealthFinding, Probe, Report, findings_for
 
 
 def v4(name: str = "s", problems: tuple[str, ...] = ()) -> SliceInfo:
@@ -32,7 +32,7 @@ def probe(worker: int = 0, **kw: object) -> Probe:
     ],
 )
 def test_probe_findings(p: Probe, message: str) -> None:
-    assert findings_for([v4()], [p]) == [Finding("s", f"worker {p.worker_id}: {message}")]
+    assert findings_for([v4()], [p]) == [HealthFinding("s", f"worker {p.worker_id}: {message}")]
 
 
 def test_a_healthy_slice_and_probe_have_no_findings() -> None:
@@ -43,7 +43,7 @@ def test_a_healthy_slice_and_probe_have_no_findings() -> None:
 def test_node_table_problems_come_first_and_count_per_type() -> None:
     broken = v4("b", ("worker 1 is dead",))
     report = Report("x:1", (v4("a"), broken), (), tuple(findings_for([v4("a"), broken], [])))
-    assert report.findings == (Finding("b", "worker 1 is dead"),)
+    assert report.findings == (HealthFinding("b", "worker 1 is dead"),)
     assert not report.healthy
     assert report.by_type() == {"v4-16": {"slices": 2, "intact": 1}}
     assert report.to_dict()["slices"][1]["problems"] == ["worker 1 is dead"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tpufleet.emulator import procs
 from tpufleet.emulator import state as store
-from tpufleet.emulator.state import FleetState, HostRecord, SliceRecord
+from tpufleet.emulator.state import EmulatedSlice, FleetState, HostRecord
 
 # A launcher with a plain child and a child that starts its own session (as `setsid` would).
 LAUNCHER = """
@@ -53,7 +53,7 @@ def test_free_ports_are_distinct() -> None:
 def test_state_round_trips_through_the_file(tmp_path: Path) -> None:
     st = FleetState("id", "10.0.0.1", 6379, 8265, "/tmp/tpf-x", 2, 1 << 27, True, procs.Session(10, 20))
     st.slices.append(
-        SliceRecord(
+        EmulatedSlice(
             "tpu-v4-16-0", "v4-16", [HostRecord(0, procs.Session(11, 21), "/t/h0"), HostRecord(1, None)]
         )
     )

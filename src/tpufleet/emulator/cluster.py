@@ -43,7 +43,7 @@ from tpufleet.contract import RAY_TRAIN_POLL_MIN_S, RAY_TRAIN_POLL_VAR
 from tpufleet.emulator import auth, deviceplugin, plan, procs, raynodes
 from tpufleet.emulator import state as store
 from tpufleet.emulator.raynodes import read_nodes
-from tpufleet.emulator.state import FleetState, HostRecord, SliceRecord
+from tpufleet.emulator.state import EmulatedSlice, FleetState, HostRecord
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecError, closest, suggest
 
 SLICE_LABEL = "ray.io/tpu-slice-name"
@@ -152,7 +152,7 @@ class EmulatedFleet:
     def slice_names(self) -> list[str]:
         return [s.name for s in self._load().slices]
 
-    def _slice(self, st: FleetState, name: str) -> SliceRecord:
+    def _slice(self, st: FleetState, name: str) -> EmulatedSlice:
         rec = st.slice(name)
         if rec is None:
             names = [s.name for s in st.slices]
@@ -220,7 +220,7 @@ class EmulatedFleet:
         return plan.clean_base_env(os.environ) | auth.server_env(self.auth_token_path) | lean
 
     def _host_start(
-        self, st: FleetState, rec: SliceRecord, worker: int
+        self, st: FleetState, rec: EmulatedSlice, worker: int
     ) -> tuple[HostRecord, list[str], dict[str, str], Path]:
         """One host's launch: its record (given a new temp dir), command line, whole environment, log."""
         stype = catalog.slice_type(rec.accelerator_type)
@@ -246,7 +246,7 @@ class EmulatedFleet:
         return host, argv, env, self.state_dir / "logs" / f"{rec.name}-w{worker}.log"
 
     def _launch_hosts(
-        self, st: FleetState, hosts: Sequence[tuple[SliceRecord, int]]
+        self, st: FleetState, hosts: Sequence[tuple[EmulatedSlice, int]]
     ) -> list[tuple[Popen[bytes], Path]]:
         """Start ``hosts`` and record each one's session; returns the launchers to await.
 
@@ -269,8 +269,8 @@ class EmulatedFleet:
         return [(group, group_log)]
 
     @staticmethod
-    def _new_slice(st: FleetState, stype: SliceType, name: str) -> SliceRecord:
-        rec = SliceRecord(name, stype.accelerator_type, [HostRecord(w, None) for w in range(stype.hosts)])
+    def _new_slice(st: FleetState, stype: SliceType, name: str) -> EmulatedSlice:
+        rec = EmulatedSlice(name, stype.accelerator_type, [HostRecord(w, None) for w in range(stype.hosts)])
         st.slices.append(rec)
         return rec
 

@@ -31,7 +31,7 @@ class HostRecord:
 
 
 @dataclass
-class SliceRecord:
+class EmulatedSlice:
     name: str
     accelerator_type: str
     hosts: list[HostRecord] = field(default_factory=list)
@@ -48,7 +48,7 @@ class FleetState:
     object_store_bytes: int
     log_monitor: bool
     head: Session | None = None
-    slices: list[SliceRecord] = field(default_factory=list)
+    slices: list[EmulatedSlice] = field(default_factory=list)
     next_host_seq: int = 0
     lean: bool = False  # hosts started by rayhost.py (see plan.lean_host_argv); False: plain `ray start`
 
@@ -56,7 +56,7 @@ class FleetState:
     def ray_address(self) -> str:
         return f"{self.address}:{self.gcs_port}"
 
-    def slice(self, name: str) -> SliceRecord | None:
+    def slice(self, name: str) -> EmulatedSlice | None:
         return next((s for s in self.slices if s.name == name), None)
 
     def sessions(self) -> list[Session]:
@@ -89,7 +89,7 @@ class FleetState:
         state = cls(**plain)
         state.head = Session.from_dict(data["head"]) if data.get("head") else None
         state.slices = [
-            SliceRecord(
+            EmulatedSlice(
                 s["name"],
                 s["accelerator_type"],
                 [

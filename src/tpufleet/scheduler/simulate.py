@@ -44,7 +44,7 @@ from tpufleet.scheduler.model import (
 )
 from tpufleet.scheduler.policy import decide
 
-__all__ = ["JobRecord", "SimJob", "SimResult", "Simulation", "make_fleet"]
+__all__ = ["SimJob", "SimRecord", "SimResult", "Simulation", "make_fleet"]
 
 
 def make_fleet(spec: str) -> tuple[SliceView, ...]:
@@ -71,7 +71,7 @@ class SimJob:
 
 
 @dataclass
-class JobRecord:
+class SimRecord:
     """What happened to one job; ``view`` is its current state as the policy sees it."""
 
     job: SimJob
@@ -94,10 +94,10 @@ class JobRecord:
 class SimResult:
     now: int
     cycles: int
-    records: dict[str, JobRecord]
+    records: dict[str, SimRecord]
     chip_ticks: dict[str, int]  # tenant -> chips x ticks held over the whole run
 
-    def record(self, job_id: str) -> JobRecord:
+    def record(self, job_id: str) -> SimRecord:
         return self.records[job_id]
 
     def unfinished(self) -> list[str]:
@@ -123,13 +123,13 @@ class Simulation:
         self.grace = grace
         self.policy = policy
         self.max_cycles = max_cycles
-        self.records: dict[str, JobRecord] = {}
+        self.records: dict[str, SimRecord] = {}
         self.chip_ticks: dict[str, int] = {t.name: 0 for t in tenants}
         self.now = 0
         self.cycles = 0
         self._admissions = 0
-        self._live: dict[str, JobRecord] = {}
-        self._future: list[JobRecord] = []
+        self._live: dict[str, SimRecord] = {}
+        self._future: list[SimRecord] = []
         self._next_arrival = 0
 
     def run(self, jobs: Iterable[SimJob], *, until: int | None = None) -> SimResult:
@@ -145,7 +145,7 @@ class Simulation:
                 seq=len(self.records) + 1,
                 state=JobState.QUEUED,
             )
-            self.records[job.id] = JobRecord(job, view, job.duration)
+            self.records[job.id] = SimRecord(job, view, job.duration)
         later = self._future[self._next_arrival :] + [self.records[j.id] for j in arrivals]
         self._future = sorted(later, key=lambda r: (r.job.arrival, r.view.seq))
         self._next_arrival = 0
@@ -176,10 +176,10 @@ class Simulation:
                 self._release(rec)  # every host exited 0: succeeded
                 del self._live[rec.job.id]
 
-    def _done(self, rec: JobRecord) -> bool:
+    def _done(self, rec: SimRecord) -> bool:
         return not rec.view.preempting and rec.started is not None and rec.started + rec.remaining <= self.now
 
-    def _release(self, rec: JobRecord) -> None:
+    def _release(self, rec: SimRecord) -> None:
         for name in rec.view.slices:
             self.slices[name] = replace(self.slices[name], state=SliceState.FREE, holder=None)
         rec.life, _ = lifecycle.end_attempt(rec.life)
@@ -210,7 +210,7 @@ class Simulation:
                 rec.reasons.append(decision.reason)
                 rec.view = replace(rec.view, head_of_line=decision.head_of_line)
 
-    def _admit(self, rec: JobRecord, decision: Admit) -> None:
+    def _admit(self, rec: SimRecord, decision: Admit) -> None:
         self._admissions += 1
         for name in decision.slices:
             self.slices[name] = replace(self.slices[name], state=SliceState.HELD, holder=rec.view.id)
@@ -226,7 +226,7 @@ class Simulation:
         rec.started = self.now
         rec.admitted.append(self.now)
 
-    def _preempt(self, rec: JobRecord, decision: Preempt) -> None:
+    def _preempt(self, rec: SimRecord, decision: Preempt) -> None:
         assert rec.started is not None, f"{rec.view.id} is preempted but not running"
         rec.remaining -= self.now - rec.started
         rec.started = self.now  # not counted as progress: the job checkpointed at the signal
