@@ -55,8 +55,8 @@ services:
 test:
 	@$(MAKE) --no-print-directory -j2 lint services bytecode
 	@# The unit tests on both cores (pytest-xdist), but for those that start, scan or kill the host's
-	@# processes, which run alone next; then the tests that share one emulated Ray fleet, one after
-	@# another, beside those that start a fleet of their own (scripts/side-by-side-tests.sh).
+	@# processes, which run alone next; then the tests that share an emulated Ray fleet beside those
+	@# that start a fleet of their own, each on two workers a file at a time (scripts/side-by-side-tests.sh).
 	$(REQUIRE) $(BIN)/python -m pytest tests/unit -n 2 --dist worksteal --durations=10 $(addprefix --ignore=,$(HOST_TESTS))
 	$(REQUIRE) $(BIN)/python -m pytest $(HOST_TESTS) -q
 	$(REQUIRE) ./scripts/side-by-side-tests.sh $(BIN)/python
