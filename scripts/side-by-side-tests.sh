@@ -3,11 +3,13 @@
 #
 #   scripts/side-by-side-tests.sh PYTHON [PYTEST ARGS...]
 #
-# One process runs the tests that share the session's emulated fleet (tests/integration/conftest.py),
-# one after another as they must; the other, at the same time, the tests that start a fleet or a
-# control plane of their own (SOLO below: the demo, the chaos soak, the README tour, ...). Alone,
-# one process kept the two cores 59 % busy over its 18 minutes (much of the suite waits: on grace
-# periods, on a soak's minute, on a slice being made); side by side the two fill the gaps. Nothing
+# One process runs the tests that share the session's emulated fleet (tests/conftest.py): those of
+# tests/integration and the conformance suites' Ray cases (marked integration; their in-memory cases
+# run with the unit tests), one after another as they must; the other, at the same time, the tests
+# that start a fleet or a control plane of their own (SOLO below: the demo, the chaos soak, the
+# README tour, ...). Alone, one process kept the two cores 59 % busy over its 18 minutes (much of
+# the suite waits: on grace periods, on a soak's minute, on a slice being made); side by side the
+# two fill the gaps. Nothing
 # either runs looks at processes it did not start (leak checks go by PID or by the fleet's own
 # temp dir), and each fleet picks free ports. The second process's output is shown when it ends.
 set -uo pipefail
@@ -34,7 +36,7 @@ solo=$!
 # An interrupted run (Ctrl-C, a CI timeout) stops the second process too, by its PID.
 trap 'kill "$solo" 2>/dev/null; rm -f "$log"' EXIT
 
-"$py" -m pytest tests/integration "${ignore[@]}" --durations=25 "$@"
+"$py" -m pytest tests/integration tests/conformance -m integration "${ignore[@]}" --durations=25 "$@"
 shared=$?
 wait "$solo"
 own=$?

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cli_inproc import tpufleet
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import main
 from tpufleet.client.http import Client
 from tpufleet.control.cluster.fake import FakeCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
@@ -33,18 +33,6 @@ def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPl
     cp.start_http()
     yield cp
     cp.close()
-
-
-def tpufleet(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """Run the CLI's entry point in-process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    code = 0
-    try:
-        main(list(args))
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_cli_control_server import tpufleet
+from cli_inproc import tpufleet
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import context
