@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import planes
 import pytest
 from cli_inproc import tpufleet
 
@@ -29,10 +30,8 @@ def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPl
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("TPUFLEET_TOKEN", raising=False)
     cluster = FakeCluster.of("v4-16:2", script=lambda spec: SCRIPT)
-    cp = ControlPlane(cluster, state_dir=tmp_path / "state", config=ServiceConfig(interval_s=0.05))
-    cp.start_http()
-    yield cp
-    cp.close()
+    with planes.running(cluster, tmp_path / "state", http=True, config=ServiceConfig(interval_s=0.05)) as cp:
+        yield cp
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
