@@ -8,22 +8,31 @@
   by the test, and at the end every job cancelled and every slice warm reservation given back (the
   Ray tests of the shared fleet run one module after another on the same slices).
 - ``wait_state``: a job once it is in one of some states, failing at once if it ended otherwise.
+- ``ServeProcess``: ``tpufleet serve ...`` as a process of its own (``--sandbox``, ``--provider``:
+  what an operator runs), with its own CLI context and state dir, once it answers ``/healthz``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 from _executor_helpers import wait_for
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.client.http import Client
 from tpufleet.control.cluster.protocol import ClusterClient
+from tpufleet.emulator import procs
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 _names = itertools.count()
@@ -125,3 +134,51 @@ def wait_state(
         return None
 
     return wait_for(f"job {job_id} to be {'/'.join(states)}", probe, timeout_s, every_s=every_s)
+
+
+class ServeProcess:
+    """``tpufleet serve ARGS --port P`` on a free port, its output in ``tmp/serve.log``, with
+    ``TPUFLEET_CONFIG`` and ``TPUFLEET_STATE_DIR`` in ``tmp`` (over ``env``, or this process's),
+    started once it answers ``/healthz``; ``stop()`` ends it with SIGTERM and returns its output."""
+
+    def __init__(
+        self, tmp: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 60
+    ) -> None:
+        self.env = (os.environ if env is None else env) | {
+            "TPUFLEET_CONFIG": str(tmp / "config.yaml"),
+            "TPUFLEET_STATE_DIR": str(tmp / "home"),
+        }
+        port = procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = tmp / "serve.log"
+        self.log = self.log_path.open("w")
+        cmd = [sys.executable, "-m", "tpufleet", "serve", *args, "--port", str(port)]
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while not self._healthy():
+            assert time.monotonic() < deadline, (
+                f"serve did not listen within {timeout_s:g} s: {self.output()}"
+            )
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        assert self.proc.poll() is None, f"serve exited: {self.output()}"
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def output(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text()[-3000:]
+
+    def stop(self) -> str:
+        """SIGTERM, then SIGKILL if it has not ended in 30 s; everything it wrote."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.log.close()
+        return self.log_path.read_text()
