@@ -7,12 +7,7 @@ UV_PIN := uv==0.13.8
 UV     := $(BIN)/uv pip install --python $(BIN)/python
 # make test fails, never skips, when a service the tests start is missing
 REQUIRE := TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1
-# unit tests that start, scan or kill the host's processes: never two at once
-HOST_TESTS := tests/unit/test_runner.py tests/unit/test_runner_progress.py tests/unit/test_runner_limits.py \
-              tests/unit/test_runner_files.py \
-              tests/unit/test_emulator_deviceplugin.py tests/unit/test_emulator_lean.py
-
-.PHONY: venv bytecode test lint services unit integration demo bench clean help
+.PHONY: venv bytecode test lint services unit host integration demo bench clean help
 
 help:
 	@echo "make demo   - start an emulated TPU fleet and run the main job end to end"
@@ -54,18 +49,23 @@ services:
 
 test:
 	@$(MAKE) --no-print-directory -j2 lint services bytecode
-	@# The unit tests on both cores (pytest-xdist), but for those that start, scan or kill the host's
-	@# processes, which run alone next; then the tests that share an emulated Ray fleet beside those
-	@# that start a fleet of their own, each on two workers a file at a time (scripts/side-by-side-tests.sh).
-	$(REQUIRE) $(BIN)/python -m pytest tests/unit -n 2 --dist worksteal --durations=10 $(addprefix --ignore=,$(HOST_TESTS))
-	$(REQUIRE) $(BIN)/python -m pytest $(HOST_TESTS) -q
+	@# The tests by kind (tests/unit/test_test_layout.py keeps them in place): on both cores, the pure
+	@# unit tests, the conformance suites' in-memory cases and the host tests, which start, scan or kill
+	@# the host's processes (tests/host/conftest.py lets no two of them that sweep or scan overlap);
+	@# then the tests that share an emulated Ray fleet (with the conformance suites' Ray cases) beside
+	@# those that start a fleet of their own, each on two workers a file at a time (side-by-side-tests.sh).
+	$(REQUIRE) $(BIN)/python -m pytest tests/unit tests/host tests/conformance -m "not integration" \
+		-n 2 --dist worksteal --durations=10
 	$(REQUIRE) ./scripts/side-by-side-tests.sh $(BIN)/python
 
 unit: venv
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit tests/conformance -m "not integration" -q
+
+host: venv
+	$(BIN)/python -m pytest tests/host -q
 
 integration: venv
-	$(BIN)/python -m pytest tests/integration -q
+	$(BIN)/python -m pytest tests/integration tests/conformance -m integration -q
 
 demo: bytecode
 	$(BIN)/tpufleet demo

@@ -8,20 +8,20 @@ gives every warm reservation back to Ray (later modules use ``ray.util.tpu`` on 
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import planes
 import pytest
 from _executor_helpers import pid_alive, procs_with, token, wait_for
+from planes import wait_state
 
-from tpufleet.api.server import ControlPlane
 from tpufleet.client.http import Client
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.ray.client import RayExecutor
@@ -32,7 +32,6 @@ pytestmark = pytest.mark.integration
 
 
 PY = sys.executable
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 CONFIG = ServiceConfig(
     interval_s=0.2,
     preempt_grace_s=3.0,
@@ -61,22 +60,12 @@ WAIT_FOR_FILE = (
     "while not os.path.exists(flag): time.sleep(0.05)\n"
 )
 LOWER = "LOWER_PRIORITY_THAN_HEAD"
-_names = itertools.count()
 
 
 @dataclass
-class Plane:
-    cp: ControlPlane
-    cluster: RayExecutor
-    url: str
-    admin: Client
-    clients: list[Client] = field(default_factory=list)
-
+class Plane(planes.Served):
     def tenant(self, preemption: str | None = None, **quota: int) -> tuple[str, Client]:
-        name = f"team-{next(_names)}"
-        client = Client(self.url, self.admin.create_tenant(name, quota, preemption=preemption)["token"])
-        self.clients.append(client)
-        return name, client
+        return self.tenant_client("team", preemption, **quota)
 
     def slices(self, names: list[str]) -> list[dict[str, Any]]:
         return [s for s in self.admin.slices() if s["name"] in names]
@@ -89,49 +78,17 @@ class Plane:
 @pytest.fixture(scope="module")
 def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     cluster = RayExecutor.connect(fleet.ray_address)
-    cp = ControlPlane(
-        cluster, state_dir=tmp_path_factory.mktemp("control-plane"), config=CONFIG, limits=LIMITS
-    )
-    try:
-        cluster.wait_warm([s.name for s in cluster.inventory() if s.intact], timeout_s=120)
-        url = cp.start_http()
-        with Client(url, cp.admin_token) as admin:
-            p = Plane(cp, cluster, url, admin)
-            yield p
-            _cancel_all(admin)
-            for c in p.clients:
-                c.close()
-    finally:
-        cp.close()
-        cluster.release_all()  # the later modules reserve slices with ray.util.tpu themselves
+    state_dir = tmp_path_factory.mktemp("control-plane")
+    warm = [s.name for s in cluster.inventory() if s.intact]
+    with planes.served(cluster, state_dir, kind=Plane, warm=warm, config=CONFIG, limits=LIMITS) as p:
+        yield p
 
 
 @pytest.fixture(autouse=True)
 def _no_job_left_behind(plane: Plane) -> Iterator[None]:
     """A test that failed half-way must not leave the next one without free slices."""
     yield
-    _cancel_all(plane.admin)
-
-
-def _cancel_all(admin: Client) -> None:
-    for j in admin.jobs():
-        if j["state"] not in TERMINAL:
-            admin.cancel(j["id"])
-    wait_for("every job to end", lambda: all(j["state"] in TERMINAL for j in admin.jobs()), 60)
-
-
-def wait_state(client: Client, job_id: str, *states: str, timeout_s: float = 60.0) -> dict[str, Any]:
-    """The job once it is in one of ``states``; fails at once if it ended in another state."""
-
-    def probe() -> dict[str, Any] | None:
-        job = client.job(job_id)
-        if job["state"] in states:
-            return job
-        if job["state"] in TERMINAL:
-            raise AssertionError(f"job {job_id} ended {job['state']}, expected {states}: {job}")
-        return None
-
-    return wait_for(f"job {job_id} to be {'/'.join(states)}", probe, timeout_s)
+    plane.cancel_all()
 
 
 def logged(client: Client, job_id: str, text: str, attempt: int | None = None) -> list[dict[str, Any]]:

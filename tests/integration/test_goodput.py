@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import planes
 import pytest
 from _executor_helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,14 +30,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
 @pytest.fixture(scope="module")
 def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     cluster = RayExecutor.connect(fleet.ray_address)
-    cp = ControlPlane(cluster, state_dir=tmp_path_factory.mktemp("goodput-plane"), config=CONFIG)
-    try:
-        cluster.wait_warm([s.name for s in cluster.inventory() if s.intact], timeout_s=120)
-        cp.start_http()
-        yield cp
-    finally:
-        cp.close()
-        cluster.release_all()  # later modules reserve slices with ray.util.tpu themselves
+    warm = [s.name for s in cluster.inventory() if s.intact]
+    with planes.served(cluster, tmp_path_factory.mktemp("goodput-plane"), warm=warm, config=CONFIG) as p:
+        yield p.cp
 
 
 def metrics(cp: ControlPlane) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

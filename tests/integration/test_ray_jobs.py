@@ -13,20 +13,19 @@ Where each Train worker runs is read from inside it: the example prints
 
 from __future__ import annotations
 
-import itertools
 import re
 import shutil
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import planes
 import pytest
 import ray
 from _executor_helpers import wait_for
 
-from tpufleet.api.server import ControlPlane
 from tpufleet.client.http import Client
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.ray.client import RayExecutor
@@ -36,29 +35,20 @@ pytestmark = pytest.mark.integration
 
 PY = sys.executable
 EXAMPLE = Path(__file__).parents[2] / "examples" / "train_jaxtrainer.py"
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 CONFIG = ServiceConfig(
     interval_s=0.2, preempt_grace_s=3.0, cancel_grace_s=1.0, fail_grace_s=1.0, start_timeout_s=300.0
 )
 WORKER = re.compile(r"worker (\d+) on ([\w-]+)/(\d+)")
 MEMORY = ("--data", "memory")  # no Ray Data pipeline: see the module docstring
-_names = itertools.count()
 
 
 @dataclass
-class Plane:
-    cp: ControlPlane
-    cluster: RayExecutor
-    url: str
-    admin: Client
-    package_dir: Path
-    ray_address: str  # the shared fleet's: Ray's state API asks for it when another cluster runs here
-    clients: list[Client] = field(default_factory=list)
+class Plane(planes.Served):
+    package_dir: Path = Path()  # examples/train_jaxtrainer.py, as the tenants' package
+    ray_address: str = ""  # the shared fleet's: Ray's state API asks for it when another cluster runs here
 
     def tenant(self, **quota: int) -> Client:
-        client = Client(self.url, self.admin.create_tenant(f"ray-{next(_names)}", quota)["token"])
-        self.clients.append(client)
-        return client
+        return self.tenant_client("ray", **quota)[1]
 
     def ray_job(self, client: Client, *args: str, **kw: Any) -> str:
         package = client.upload_package(self.package_dir)
@@ -72,51 +62,26 @@ def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFacto
     package_dir = tmp_path_factory.mktemp("package")
     shutil.copy(EXAMPLE, package_dir)
     cluster = RayExecutor.connect(fleet.ray_address)
-    cp = ControlPlane(
-        cluster,
-        state_dir=tmp_path_factory.mktemp("control-plane"),
-        config=CONFIG,
-        limits=Limits(ray_jobs=True),
-    )
-    try:
-        v4 = [s.name for s in cluster.inventory() if s.intact and s.accelerator_type == "v4-16"]
-        cluster.wait_warm(v4, timeout_s=120)
-        url = cp.start_http()
-        with Client(url, cp.admin_token) as admin:
-            p = Plane(cp, cluster, url, admin, package_dir, fleet.ray_address)
-            yield p
-            _cancel_all(admin)
-            for c in p.clients:
-                c.close()
-    finally:
-        cp.close()
-        cluster.release_all()
+    state_dir = tmp_path_factory.mktemp("control-plane")
+    v4 = [s.name for s in cluster.inventory() if s.intact and s.accelerator_type == "v4-16"]
+    limits = Limits(ray_jobs=True)
+    with planes.served(
+        cluster, state_dir, kind=Plane, warm=v4, cancel_timeout_s=120, config=CONFIG, limits=limits
+    ) as p:
+        p.package_dir, p.ray_address = package_dir, fleet.ray_address
+        yield p
 
 
 @pytest.fixture(autouse=True)
 def _no_job_left_behind(plane: Plane) -> Iterator[None]:
     yield
-    _cancel_all(plane.admin)
-
-
-def _cancel_all(admin: Client) -> None:
-    for j in admin.jobs():
-        if j["state"] not in TERMINAL:
-            admin.cancel(j["id"])
-    wait_for("every job to end", lambda: all(j["state"] in TERMINAL for j in admin.jobs()), 120)
+    plane.cancel_all(120)
 
 
 def wait_state(client: Client, job_id: str, *states: str, timeout_s: float = 300.0) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        job = client.job(job_id)
-        if job["state"] in states:
-            return job
-        if job["state"] in TERMINAL:
-            log = _driver_log(client, job_id)
-            raise AssertionError(f"job {job_id} ended {job['state']}, expected {states}: {job}\n{log}")
-        return None
-
-    return wait_for(f"job {job_id} to be {'/'.join(states)}", probe, timeout_s, every_s=0.5)
+    return planes.wait_state(
+        client, job_id, *states, timeout_s=timeout_s, every_s=0.5, explain=lambda: _driver_log(client, job_id)
+    )
 
 
 def _driver_log(client: Client, job_id: str, attempt: int | None = None) -> str:

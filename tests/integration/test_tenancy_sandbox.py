@@ -9,8 +9,6 @@ No Ray: the sandbox runs every host of a job for --job-seconds."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import stat
 import subprocess
 import sys
@@ -20,39 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import planes
 import pytest
 
-from tpufleet.emulator import procs
 
-
-def _free_port() -> int:
-    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
-
-
-class Plane:
+class Plane(planes.ServeProcess):
     """A `serve --sandbox` process and the CLI pointed at it."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.env = os.environ | {
-            "TPUFLEET_CONFIG": str(tmp_path / "config.yaml"),
-            "TPUFLEET_STATE_DIR": str(tmp_path / "home"),
-        }
+        super().__init__(tmp_path, "--sandbox", "v4-16:2", "--job-seconds", "600")
         self.token_file = tmp_path / "home" / "sandbox" / "admin-token"
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16:2", "--job-seconds", "600"]
-        self.log = open(tmp_path / "serve.log", "w")  # noqa: SIM115  closed in stop()
-        self.proc = subprocess.Popen(
-            [*cmd, "--port", str(port)], env=self.env, stdout=self.log, stderr=subprocess.STDOUT
-        )
-        self.wait_for(self._healthy, "serve --sandbox to listen", 60)
-
-    def _healthy(self) -> bool:
-        assert self.proc.poll() is None, "serve exited"
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
 
     @property
     def admin(self) -> str:
@@ -98,16 +73,6 @@ class Plane:
         while not check():
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             time.sleep(0.2)
-
-    def stop(self) -> str:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self.log.close()
-        return Path(self.log.name).read_text()
 
 
 @pytest.fixture

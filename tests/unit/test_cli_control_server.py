@@ -11,10 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import planes
 import pytest
+from cli_inproc import tpufleet
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import main
 from tpufleet.client.http import Client
 from tpufleet.control.cluster.fake import FakeCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
@@ -29,22 +30,8 @@ def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPl
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("TPUFLEET_TOKEN", raising=False)
     cluster = FakeCluster.of("v4-16:2", script=lambda spec: SCRIPT)
-    cp = ControlPlane(cluster, state_dir=tmp_path / "state", config=ServiceConfig(interval_s=0.05))
-    cp.start_http()
-    yield cp
-    cp.close()
-
-
-def tpufleet(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """Run the CLI's entry point in-process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    code = 0
-    try:
-        main(list(args))
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    with planes.running(cluster, tmp_path / "state", http=True, config=ServiceConfig(interval_s=0.05)) as cp:
+        yield cp
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import planes
 import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
@@ -26,9 +27,8 @@ MARKUP = "[red]boom[/red] [link=x]y[/]"  # 27 characters: shown whole in the 30-
 def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))  # no local admin-token fallback
     cluster = FakeCluster.of("v4-16:2,v6e-8", script=lambda spec: Script(run_after=1, exit_after=None))
-    cp = ControlPlane(cluster, state_dir=tmp_path / "state", config=ServiceConfig(stop_threads=0))
-    yield cp
-    cp.close()
+    with planes.running(cluster, tmp_path / "state", config=ServiceConfig(stop_threads=0)) as cp:
+        yield cp
 
 
 def _top(cp: ControlPlane, token: str) -> str:

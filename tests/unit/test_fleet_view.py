@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import planes
 import pytest
 from fastapi.testclient import TestClient
 
@@ -126,9 +127,8 @@ def test_the_fleet_view_needs_a_token(http: TestClient) -> None:
 def plane(tmp_path: Path) -> Iterator[ControlPlane]:
     cluster = SandboxCluster.of("v4-16:2,v6e-8:1,v5litepod-16:1", job_seconds=300)
     config = ServiceConfig(interval_s=0.02, busy_interval_s=0.005, log_budget_s=0.05)
-    cp = ControlPlane(cluster, state_dir=tmp_path / "state", config=config)
-    yield cp
-    cp.close()
+    with planes.running(cluster, tmp_path / "state", config=config) as cp:
+        yield cp
 
 
 def _wait(pred: Any, what: str, timeout_s: float = 30) -> None:

@@ -6,15 +6,13 @@ recorded and asserted exactly."""
 
 from __future__ import annotations
 
-import json
 import os
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
 
+import gce_api
 import pytest
+from gce_api import ALT, PARENT, QRS, FakeTpuApi
 
 from tpufleet.provision.base import GroupState, HostHealth, SliceRequest
 from tpufleet.provision.gce import GROUP_LABEL, GceConfig, GceProvider, make_client, startup_script
@@ -22,194 +20,16 @@ from tpufleet.provision.gce import GROUP_LABEL, GceConfig, GceProvider, make_cli
 os.environ.setdefault("NO_GCE_CHECK", "True")
 os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
 
-PARENT = "projects/proj/locations/us-central2-b"
-QRS = f"/v2/{PARENT}/queuedResources"
-ALT = {"$alt": ["json;enum-encoding=int"]}  # the REST client asks for enums as numbers
-
-# Enum numbers of the API (QueuedResourceState.State, Node.State, Node.Health in
-# https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.queuedResources and
-# .../projects.locations.nodes), used when a request asks for enum-encoding=int as the client does.
-QR_STATE = {
-    "CREATING": 1,
-    "ACCEPTED": 2,
-    "PROVISIONING": 3,
-    "FAILED": 4,
-    "DELETING": 5,
-    "ACTIVE": 6,
-    "SUSPENDING": 7,
-    "SUSPENDED": 8,
-    "WAITING_FOR_RESOURCES": 9,
-}
-NODE_STATE = {
-    "CREATING": 1,
-    "READY": 2,
-    "RESTARTING": 3,
-    "REIMAGING": 4,
-    "DELETING": 5,
-    "REPAIRING": 6,
-    "STOPPED": 8,
-    "STOPPING": 9,
-    "STARTING": 10,
-    "PREEMPTED": 11,
-    "TERMINATED": 12,
-}
-HEALTH = {
-    "HEALTH_UNSPECIFIED": 0,
-    "HEALTHY": 1,
-    "TIMEOUT": 3,
-    "UNHEALTHY_TENSORFLOW": 4,
-    "UNHEALTHY_MAINTENANCE": 5,
-}
-
-
-def _as_ints(obj: dict[str, Any]) -> dict[str, Any]:
-    out = json.loads(json.dumps(obj))
-    if "state" in out and isinstance(out["state"], dict):  # a QueuedResource
-        out["state"]["state"] = QR_STATE[out["state"]["state"]]
-    elif "state" in out:  # a Node
-        out["state"], out["health"] = NODE_STATE[out["state"]], HEALTH[out["health"]]
-    return out
-
-
-class FakeTpuApi(ThreadingHTTPServer):
-    """The queued-resource and node endpoints of the Cloud TPU API v2, in memory."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.requests: list[tuple[str, str, dict[str, list[str]], Any]] = []
-        self.qrs: dict[str, dict[str, Any]] = {}  # id -> QueuedResource JSON
-        self.nodes: dict[str, dict[str, Any]] = {}  # node id -> Node JSON
-        self.ops = 0
-        self.refuse = ""  # a create answered 400 INVALID_ARGUMENT with this message
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def mutations(self) -> list[tuple[str, str, dict[str, list[str]], Any]]:
-        return [r for r in self.requests if r[0] != "GET"]
-
-    def set_state(self, qr_id: str, state: str, **data: Any) -> None:
-        self.qrs[qr_id]["state"] = {"state": state, **data}
-
-    def make_nodes(self, qr_id: str, hosts: int, state: str = "READY", health: str = "HEALTHY") -> None:
-        spec = self.qrs[qr_id]["tpu"]["nodeSpec"][0]
-        if "nodeId" in spec:
-            ids = [spec["nodeId"]]
-        else:
-            ms = spec["multisliceParams"]
-            ids = [f"{ms['nodeIdPrefix']}-{i}" for i in range(ms["nodeCount"])]
-        for node_id in ids:
-            self.nodes[node_id] = {
-                **spec["node"],
-                "name": f"{PARENT}/nodes/{node_id}",
-                "state": state,
-                "health": health,
-                "queuedResource": f"{PARENT}/queuedResources/{qr_id}",
-                "networkEndpoints": [{"ipAddress": f"10.0.0.{i + 2}", "port": 8470} for i in range(hosts)],
-            }
-
-    def operation(self) -> dict[str, Any]:
-        self.ops += 1
-        return {"name": f"{PARENT}/operations/operation-{self.ops}", "done": False}
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeTpuApi
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _reply(self, code: int, body: Any) -> None:
-        if "int" in self.path and code == 200:  # $alt=json;enum-encoding=int
-            for key in ("queuedResources", "nodes"):
-                if key in body:
-                    body = {key: [_as_ints(o) for o in body[key]]}
-            if "state" in body:
-                body = _as_ints(body)
-        raw = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def _not_found(self, what: str) -> None:
-        self._reply(404, {"error": {"code": 404, "message": f"{what} not found", "status": "NOT_FOUND"}})
-
-    def _handle(self, method: str) -> None:
-        url = urlsplit(self.path)
-        query = parse_qs(url.query)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else None
-        srv = self.server
-        srv.requests.append((method, url.path, query, body))
-        path = url.path
-        if path == QRS and method == "POST":
-            qr_id = query["queuedResourceId"][0]
-            if srv.refuse:
-                self._reply(
-                    400, {"error": {"code": 400, "message": srv.refuse, "status": "INVALID_ARGUMENT"}}
-                )
-            elif qr_id in srv.qrs:
-                self._reply(
-                    409, {"error": {"code": 409, "message": "already exists", "status": "ALREADY_EXISTS"}}
-                )
-            else:
-                srv.qrs[qr_id] = {
-                    **body,
-                    "name": f"{PARENT}/queuedResources/{qr_id}",
-                    "state": {"state": "ACCEPTED"},
-                }
-                self._reply(200, srv.operation())
-        elif path == QRS and method == "GET":
-            self._reply(200, {"queuedResources": list(srv.qrs.values())})
-        elif path.startswith(QRS + "/"):
-            qr_id = path.rsplit("/", 1)[-1]
-            if qr_id not in srv.qrs:
-                self._not_found(path)
-            elif method == "GET":
-                self._reply(200, srv.qrs[qr_id])
-            elif method == "DELETE":
-                srv.set_state(qr_id, "DELETING")
-                self._reply(200, srv.operation())
-        elif path == f"/v2/{PARENT}/nodes" and method == "GET":
-            self._reply(200, {"nodes": list(srv.nodes.values())})
-        else:
-            self._not_found(path)
-
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
 
 @pytest.fixture
 def api() -> Iterator[FakeTpuApi]:
-    srv = FakeTpuApi()
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with gce_api.running() as srv:
         yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 @pytest.fixture
 def provider(api: FakeTpuApi) -> Iterator[GceProvider]:
-    config = GceConfig(project="proj", zone="us-central2-b", ray_address="10.0.0.1:6379")
-    clock = iter(float(t) for t in range(1000, 100000))
-    p = GceProvider(
-        config,
-        client=make_client(api.endpoint, anonymous=True),
-        clock=lambda: next(clock),
-        reclaim_interval_s=0,
-    )
+    p = gce_api.provider(api)
     yield p
     p.close()
 
@@ -296,22 +116,6 @@ def test_failed_queued_resource_carries_the_api_error(api: FakeTpuApi, provider:
     assert (g.state, g.message) == (GroupState.FAILED, "quota TPUV4 exceeded")
 
 
-def test_an_existing_queued_resource_is_adopted(api: FakeTpuApi, provider: GceProvider) -> None:
-    api.qrs["taken"] = {"name": f"{PARENT}/queuedResources/taken", "state": {"state": "ACTIVE"}}
-    provider.create(SliceRequest("taken", "v4-8"))  # 409 ALREADY_EXISTS: a restarted control plane
-    assert _state(provider, "taken").state is GroupState.ACTIVE
-
-
-def test_create_refused_by_the_api_is_failed_with_its_words(api: FakeTpuApi, provider: GceProvider) -> None:
-    api.refuse = "Invalid runtime version"
-    provider.create(SliceRequest("bad", "v4-8"))
-    g = _state(provider, "bad")
-    assert g.state is GroupState.FAILED and "Invalid runtime version" in g.message
-    provider.delete("bad")  # nothing was made: nothing to delete
-    assert [r[0] for r in api.mutations()] == ["POST"]
-    assert provider.poll() == []
-
-
 def test_preempted_nodes_are_deleted_and_the_group_stays_suspended(
     api: FakeTpuApi, provider: GceProvider
 ) -> None:
@@ -373,79 +177,6 @@ def test_delete_of_a_group_made_before_a_restart_reaches_the_api(
     assert api.mutations() == [("DELETE", f"{QRS}/old", {"force": ["true"], **ALT}, None)]
     provider.delete("never-made")  # 404: nothing to do
     assert provider.poll() == []
-
-
-class _Metadata(BaseHTTPRequestHandler):
-    """The TPU VM metadata server's instance attributes of worker 1 of a v4-16 slice."""
-
-    ATTRS: ClassVar[dict[str, str]] = {
-        "instance-id": "train-0",
-        "agent-worker-number": "1",
-        "accelerator-type": "v4-16",
-        "tpu-env": "ACCELERATOR_TYPE: 'v4-16'\nTOPOLOGY: '2x2x2'\nWORKER_ID: '1'\n",
-        "worker-network-endpoints": "unknown:unknown:10.0.0.2,unknown:unknown:10.0.0.3",
-    }
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        key = self.path.rsplit("/", 1)[-1]
-        ok = self.headers.get("Metadata-Flavor") == "Google" and key in self.ATTRS
-        raw = self.ATTRS[key].encode() if ok else b"forbidden or unknown"
-        self.send_response(200 if ok else 403)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-
-def test_startup_script_exports_the_host_contract_from_metadata_and_joins_ray(tmp_path: Any) -> None:
-    import subprocess
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Metadata)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in ("python3", "ray"):  # record what would be installed and started
-        shim = bin_dir / tool
-        record = f'echo "$*" >> {tmp_path}/{tool}.args\nenv | grep ^TPU_ | sort >> {tmp_path}/{tool}.env\n'
-        shim.write_text(f"#!/bin/bash\n{record}")
-        shim.chmod(0o755)
-    profile = tmp_path / "tpufleet.sh"
-    script = startup_script(
-        "10.0.0.1:6379",
-        "2.60.0",
-        metadata_url=f"http://127.0.0.1:{srv.server_address[1]}/computeMetadata/v1/instance/attributes",
-        profile=str(profile),
-    )
-    try:
-        done = subprocess.run(
-            ["bash", "-c", script],
-            env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        srv.shutdown()
-        srv.server_close()
-    assert done.returncode == 0, done.stderr
-    contract = {
-        "TPU_NAME": "train-0",
-        "TPU_WORKER_ID": "1",
-        "TPU_ACCELERATOR_TYPE": "v4-16",
-        "TPU_TOPOLOGY": "2x2x2",
-        "TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3",
-    }
-    assert (tmp_path / "ray.env").read_text().splitlines() == [
-        f"{k}={v}" for k, v in sorted(contract.items())
-    ]
-    assert (tmp_path / "ray.args").read_text() == "start --address=10.0.0.1:6379\n"
-    assert (tmp_path / "python3.args").read_text() == "-m pip install -q ray[default]==2.60.0 jax[tpu]\n"
-    exported = subprocess.run(
-        ["bash", "-c", f". {profile} && env | grep ^TPU_ | sort"], capture_output=True, text=True, env={}
-    ).stdout
-    assert exported.splitlines() == [f"{k}={v}" for k, v in sorted(contract.items())]
 
 
 def test_config_from_the_fleet_spec() -> None:

@@ -1,6 +1,6 @@
 """What one run may use of its host (``runlimits.py``): processes, open files, the runner's own copy
 of its output; and a package that lies ends as one line, exit 127. Host tests: they start processes
-(Makefile HOST_TESTS)."""
+(tests/host)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,13 @@ import os
 import subprocess
 import sys
 import zipfile
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import test_runner
 from test_runner import _log, _procs_with, _start, _wait, _wait_log, runner  # noqa: F401 (the fixture)
-from test_service import CONFIG, World
 
 from tpufleet.control.cluster.protocol import AttemptStatus, HostState, HostStatus
-from tpufleet.control.loop.service import Service
-from tpufleet.control.store.facade import Store
 from tpufleet.host import contain, runlimits
 from tpufleet.host.runlimits import FILES_REASON, PROCESS_REASON, RunLimits
 from tpufleet.host.runner import HostRunner, log_path
@@ -223,12 +219,3 @@ def test_a_hosts_reason_is_the_attempts_failure() -> None:
     why = PROCESS_REASON.format(n=50)
     status = AttemptStatus("j", 1, (HostStatus("s", 0, HostState.EXITED, -9, why),))
     assert status.failure == f"host s/0 exited with code -9: {why}"
-
-
-def test_serves_limits_reach_every_attempt(store: Store, tmp_path: Path) -> None:
-    world = World(store, tmp_path / "state")
-    config = replace(CONFIG, job_process_limit=77, job_open_files_limit=999, max_log_bytes=1234)
-    world.service = Service(world.store, world.cluster, state_dir=world.state_dir, config=config)
-    job = world.submit(world.tenant("a", v4=8))
-    world.cycle()
-    assert [(s.job_id, s.limits) for s in world.cluster.launches] == [(job, RunLimits(77, 999, 1234))]

@@ -1,11 +1,15 @@
-"""One conformance suite for the cluster seam: the same tests against the in-memory cluster
-(``FakeCluster``) and the Ray executor (``RayExecutor`` on the shared emulated fleet), so the two
+"""One conformance suite for the cluster seam: the same tests against every ``ClusterClient``: the
+in-memory cluster as tests drive it (``FakeCluster``), as ``serve --sandbox`` serves it
+(``SandboxCluster``) and the Ray executor (``RayExecutor`` on the shared emulated fleet), so they
 cannot drift apart again (launch twice, poll an unknown attempt, stop twice, reads that change
 nothing, the host contract, logs, adoption).
 
-What differs is only how a job "runs": a real command on the emulator, a ``Script`` on the fake.
-Each test asks for a behaviour (``ok``, ``fail``, ``sleep``) and the ``Cluster`` adapter turns it
-into one or the other.
+What differs is only how a job "runs": a real command on the emulator, a ``Script`` on the fake,
+the job's ``TPUFLEET_SANDBOX_*`` settings on the sandbox (which executes nothing: what a command
+would print from its host contract is read from the contract each host got). Each test asks for a
+behaviour (``ok``, ``fail``, ``sleep``) and the ``Cluster`` adapter turns it into one or the other.
+The Ray cases are marked ``integration`` (they run in the shared fleet's stream); the in-memory
+ones run with the unit tests and take milliseconds.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from _executor_helpers import JOB_ROOT, TENANT, wait_for
 
 from tpufleet.control.cluster.fake import FakeCluster, Script
 from tpufleet.control.cluster.protocol import AttemptSpec, AttemptStatus, ClusterClient, HostState
+from tpufleet.control.cluster.sandbox import EXIT_VAR, SECONDS_VAR, SandboxCluster
 from tpufleet.control.ray.client import RayExecutor
 from tpufleet.errors import NotFoundError
 from tpufleet.host.jobfiles import run_paths
 
-pytestmark = pytest.mark.integration
 _ids = itertools.count()
 
 # What each behaviour runs on a real host: print the contract, then exit 0, exit 3 on host 1, or wait.
@@ -42,6 +46,13 @@ SCRIPTS = {
     "sleep": Script(run_after=1, exit_after=None, output="hello\n"),
     "driver": Script(run_after=1, exit_after=2, output="driver of {TPUFLEET_SLICES}\n"),
 }
+# On the sandbox every host of an attempt does the same: run for some seconds, then exit.
+SANDBOX = {
+    "ok": {SECONDS_VAR: "0"},
+    "fail": {SECONDS_VAR: "0", EXIT_VAR: "3"},
+    "sleep": {SECONDS_VAR: "300"},
+    "driver": {SECONDS_VAR: "0"},
+}
 
 
 @dataclass
@@ -49,6 +60,7 @@ class Cluster:
     kind: str
     client: ClusterClient
     slice_name: str
+    failing_worker: int = 1  # the host that "fail" makes exit 3 (the sandbox's hosts all do: 0)
 
     def spec(self, behaviour: str) -> AttemptSpec:
         job = f"conf-{self.kind}-{os.getpid()}-{next(_ids)}"
@@ -62,6 +74,7 @@ class Cluster:
             tenant=TENANT,
             job_root=JOB_ROOT,
             checkpoint_dir=str(checkpoint),
+            env=SANDBOX[behaviour] if self.kind == "sandbox" else {},
         )
 
     def until(self, spec: AttemptSpec, what: str, done: Any) -> AttemptStatus:
@@ -82,6 +95,14 @@ class Cluster:
             x for x in out.splitlines(True) if "is not isolated" not in x
         )  # a host without a jail says so
 
+    def hello(self, spec: AttemptSpec, worker: int) -> str:
+        """What ``ok`` printed on ``worker``; on the sandbox, what it would print from that host's
+        contract."""
+        if isinstance(self.client, SandboxCluster):
+            env = self.client.host_envs(spec.job_id, spec.attempt)[worker]
+            return f"hello {env['TPU_NAME']} {env['TPU_WORKER_ID']}"
+        return self.log(spec, worker).strip()
+
 
 def _fake_script(spec: AttemptSpec) -> Script:
     return next(SCRIPTS[name] for name, code in CODE.items() if code == spec.command[-1])
@@ -97,10 +118,12 @@ def ray_executor(ray_client: object) -> Iterator[RayExecutor]:
     executor.release_all()
 
 
-@pytest.fixture(params=["fake", "ray"])
+@pytest.fixture(params=["fake", "sandbox", pytest.param("ray", marks=pytest.mark.integration)])
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if request.param == "fake":
         c = Cluster("fake", FakeCluster.of("v4-16:2", script=_fake_script), "tpu-v4-16-0")
+    elif request.param == "sandbox":
+        c = Cluster("sandbox", SandboxCluster.of("v4-16:2"), "tpu-v4-16-0", failing_worker=0)
     else:
         executor: RayExecutor = request.getfixturevalue("ray_executor")
         name = next(s.name for s in executor.inventory() if s.accelerator_type == "v4-16" and s.intact)
@@ -111,6 +134,13 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
             c.client.stop(job_id, attempt, grace_s=1)
 
 
+def _sandbox_differs(cluster: Cluster, request: pytest.FixtureRequest, why: str) -> None:
+    """Where ``SandboxCluster`` does not yet behave as the others do: expected to fail, strictly, so
+    the case passes the day it does."""
+    if cluster.kind == "sandbox":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"SandboxCluster {why}"))
+
+
 def test_a_job_that_exits_0_everywhere_succeeds_with_the_contract_and_its_output(cluster: Cluster) -> None:
     spec = cluster.spec("ok")
     cluster.client.launch(spec)
@@ -119,13 +149,16 @@ def test_a_job_that_exits_0_everywhere_succeeds_with_the_contract_and_its_output
         (cluster.slice_name, w, HostState.EXITED, 0) for w in (0, 1)
     ]
     for worker in (0, 1):
-        assert cluster.log(spec, worker).strip() == f"hello {cluster.slice_name} {worker}"
+        assert cluster.hello(spec, worker) == f"hello {cluster.slice_name} {worker}"
     cluster.client.stop(spec.job_id, spec.attempt)
     assert (spec.job_id, spec.attempt) not in cluster.client.running_attempts()
 
 
-def test_a_ray_job_runs_its_driver_once_and_its_output_is_host_0s_log(cluster: Cluster) -> None:
+def test_a_ray_job_runs_its_driver_once_and_its_output_is_host_0s_log(
+    cluster: Cluster, request: pytest.FixtureRequest
+) -> None:
     """kind=ray (docs/ray-jobs.md): one driver, shown as every host of its slice, which exits 0."""
+    _sandbox_differs(cluster, request, "runs every host of a kind=ray attempt, not one driver")
     spec = replace(cluster.spec("driver"), kind="ray")
     cluster.client.launch(spec)
     cluster.client.launch(spec)  # again: nothing more
@@ -144,7 +177,7 @@ def test_one_failing_host_is_the_attempts_failure(cluster: Cluster) -> None:
     spec = cluster.spec("fail")
     cluster.client.launch(spec)
     status = cluster.until(spec, "host 1 to fail", lambda st: st.failure)
-    assert status.failure == f"host {cluster.slice_name}/1 exited with code 3"
+    assert status.failure == f"host {cluster.slice_name}/{cluster.failing_worker} exited with code 3"
     cluster.client.stop(spec.job_id, spec.attempt)
 
 
@@ -187,7 +220,10 @@ def test_release_and_warm_hand_a_free_slice_back_and_take_it_again(cluster: Clus
     assert any(s.name == victim for s in cluster.client.inventory())
 
 
-def test_the_hosts_measure_the_tenants_files_and_remove_a_finished_jobs(cluster: Cluster) -> None:
+def test_the_hosts_measure_the_tenants_files_and_remove_a_finished_jobs(
+    cluster: Cluster, request: pytest.FixtureRequest
+) -> None:
+    _sandbox_differs(cluster, request, "reports no disk use (AttemptStatus.disk is None)")
     s = cluster.spec("ok")
     cluster.client.launch(s)
     status = cluster.until(s, "the job to end", lambda st: st.succeeded)

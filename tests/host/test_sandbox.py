@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import planes
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -27,7 +27,6 @@ from tpufleet.control.cluster.protocol import AttemptSpec, HostState
 from tpufleet.control.cluster.sandbox import EXIT_VAR, SECONDS_VAR, SandboxCluster, sandbox_slices
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.store.tables import AttemptRow
-from tpufleet.emulator import procs
 from tpufleet.errors import ClusterError, NotFoundError, SpecError
 
 
@@ -250,10 +249,6 @@ def test_at_scale_urgent_work_preempts_its_own_tenants_low_priority_work(tmp_pat
 
 
 # -- tpufleet serve --sandbox ------------------------------------------------------------------
-def _free_port() -> int:
-    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
-
-
 def _env(tmp_path: Path) -> dict[str, str]:
     """No Ray importable (a package named ray that refuses), a private CLI context and state dir."""
     fake = tmp_path / "noray" / "ray"
@@ -268,28 +263,15 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_serve_sandbox_answers_healthz_without_ray(tmp_path: Path) -> None:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16:2", "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    serve = planes.ServeProcess(tmp_path, "--sandbox", "v4-16:2", env=_env(tmp_path))
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.communicate()[0].decode()
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "serve --sandbox did not listen within 60 s"
-                time.sleep(0.2)
+        health = httpx.get(f"{serve.url}/healthz", timeout=2)
         assert health.status_code == 200 and health.json()["status"] == "ok"
         token = (tmp_path / "home" / "sandbox" / "admin-token").read_text().strip()
-        slices = httpx.get(
-            f"http://127.0.0.1:{port}/api/v1/slices", headers={"Authorization": f"Bearer {token}"}
-        ).json()
+        slices = httpx.get(f"{serve.url}/api/v1/slices", headers={"Authorization": f"Bearer {token}"}).json()
         assert [s["name"] for s in slices] == ["tpu-v4-16-0", "tpu-v4-16-1"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=30)[0].decode()
+        out = serve.stop()
     assert "sandbox fleet (v4-16:2" in out and "Traceback" not in out
 
 

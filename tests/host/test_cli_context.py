@@ -17,9 +17,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import planes
 import pytest
 import yaml
-from test_cli_control_server import tpufleet
+from cli_inproc import tpufleet
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import context
@@ -92,10 +93,8 @@ def test_emulate_down_forgets_the_ray_address_but_keeps_the_directory(
 
 @pytest.fixture
 def plane(tmp_path: Path) -> Iterator[ControlPlane]:
-    cp = ControlPlane(FakeCluster.of("v4-16"), state_dir=tmp_path / "serve")
-    cp.start_http()
-    yield cp
-    cp.close()
+    with planes.running(FakeCluster.of("v4-16"), tmp_path / "serve", http=True) as cp:
+        yield cp
 
 
 def test_client_commands_use_the_remembered_server_and_admin_token_path(

@@ -1,11 +1,9 @@
-"""Database fixtures: every store test runs on SQLite and on a real PostgreSQL server.
+"""A throwaway PostgreSQL server for the store tests (tests/conftest.py's ``postgres_server``).
 
 The PostgreSQL server is Debian's (``scripts/ensure-test-services.sh`` installs it; ``make test``
 runs that first). One server per pytest session on a free port, its unix socket and data in a
 temporary directory, run as the ``postgres`` user when the tests run as root (PostgreSQL refuses
-root), stopped by PID at the end. Each test gets a fresh database on it. Without PostgreSQL the
-PostgreSQL cases skip with the reason, except under ``make test`` (``TPUFLEET_REQUIRE_POSTGRES=1``),
-where they fail: CI never passes without having tested the store on PostgreSQL.
+root), stopped by PID at the end.
 """
 
 from __future__ import annotations
@@ -17,22 +15,17 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tpufleet.control.cluster.fake import FakeClock
 from tpufleet.control.store.facade import Store
 from tpufleet.emulator import procs
 
 PG_HINT = "run scripts/ensure-test-services.sh as root (apt-get install postgresql)"
 
 
-def _pg_bindir() -> Path | None:
+def pg_bindir() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
     if found:
         return Path(found[-1]).parent
@@ -142,79 +135,3 @@ class PostgresServer:
             self.proc.wait(timeout=10)
         self.log.close()
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    bindir = _pg_bindir()
-    if bindir is None and os.environ.get("TPUFLEET_REQUIRE_POSTGRES"):
-        pytest.fail(f"PostgreSQL required (TPUFLEET_REQUIRE_POSTGRES is set, as in make test); {PG_HINT}")
-    if bindir is None:
-        pytest.skip(f"PostgreSQL SKIPPED: initdb not found under /usr/lib/postgresql/*/bin; {PG_HINT}")
-    server = PostgresServer(bindir)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh database for a store: a new SQLite file, or a PostgreSQL database whose schema is at
-    head already (what ``Store.open`` makes of an empty one). Tests of the schema itself take
-    ``empty_db_url``."""
-    return _database(request, tmp_path, migrated=True)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh, empty database: a new SQLite file or PostgreSQL database."""
-    return _database(request, tmp_path, migrated=False)
-
-
-def _database(request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'tpufleet.db'}"
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    return server.new_database(migrated=migrated)
-
-
-class Ids:
-    """Readable, predictable job ids: 00000001, 00000002, ..."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __call__(self) -> str:
-        self.n += 1
-        return f"{self.n:08x}"
-
-
-@pytest.fixture
-def ids() -> Ids:
-    return Ids()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(db_url: str, clock: FakeClock, ids: Ids) -> Iterator[Store]:
-    s = Store.open(db_url, clock=clock, new_id=ids)
-    yield s
-    s.close()
-
-
-@pytest.fixture(autouse=True)
-def _no_ray_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Unit tests run without Ray: a test whose code reached a Ray API that connects on first use
-    (``placement_group_table``, ``ray.get``: Ray starts a local cluster for it) fails, naming
-    itself, and the cluster is stopped, instead of leaving it to the tests that follow in this
-    process (one such test made a later one, which checks what happens without Ray, fail)."""
-    yield
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
-        pytest.fail(f"{request.node.nodeid} started a Ray cluster; give the code a stand-in for that call")

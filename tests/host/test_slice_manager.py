@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import planes
 import pytest
 from typer.testing import CliRunner
 
@@ -22,7 +21,6 @@ from tpufleet import SliceManager
 from tpufleet.cli import app
 from tpufleet.client.http import Client
 from tpufleet.control.store.slicegroups import slice_config
-from tpufleet.emulator import procs
 from tpufleet.errors import NotFoundError, SpecError
 
 SPEC = """\
@@ -42,10 +40,6 @@ tenants:
 """
 
 
-def _free_port() -> int:
-    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
-
-
 def _until(what: Callable[[], Any], timeout_s: float = 60.0) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -60,29 +54,15 @@ def _until(what: Callable[[], Any], timeout_s: float = 60.0) -> Any:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     tmp = tmp_path_factory.mktemp("slice-manager")
     (tmp / "fleet.yaml").write_text(SPEC)
-    port = _free_port()
-    env = os.environ | {"TPUFLEET_CONFIG": str(tmp / "config.yaml"), "TPUFLEET_STATE_DIR": str(tmp / "home")}
-    cmd = [
-        sys.executable, "-m", "tpufleet", "serve", "--sandbox", "none", "--fleet", str(tmp / "fleet.yaml"),
-        "--provider", "memory", "--job-seconds", "2", "--port", str(port), "--state-dir", str(tmp / "state"),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    serve = planes.ServeProcess(
+        tmp, "--sandbox", "none", "--fleet", str(tmp / "fleet.yaml"), "--provider", "memory",
+        "--job-seconds", "2", "--state-dir", str(tmp / "state"),
+    )  # fmt: skip
     try:
-
-        def up() -> bool:
-            assert proc.poll() is None, proc.communicate()[0].decode()
-            try:
-                return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        _until(up)
         token = (tmp / "state" / "admin-token").read_text().strip()
-        yield url, token, tmp
+        yield serve.url, token, tmp
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=30)[0].decode()
+        out = serve.stop()
         assert "Traceback" not in out, out
 
 
