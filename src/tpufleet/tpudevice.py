@@ -24,35 +24,21 @@ failure; the caller decides when to try again.
 from __future__ import annotations
 
 import http.server
-import importlib
-import logging
 import math
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 __all__ = [
-    "ADDR_VAR",
     "EMULATED_INFO",
-    "HOOK_VAR",
-    "KV_PREFIX",
     "LIBTPU_ADDR",
     "LIBTPU_METRICS",
     "ChipReading",
     "DeviceReadError",
     "page_handler",
-    "publish",
-    "published_endpoints",
     "read_libtpu",
     "render_device_plugin",
-    "serve_device_page",
 ]
 
-log = logging.getLogger(__name__)
-
-ADDR_VAR = "TPU_DEVICE_PLUGIN_ADDR"  # where a host's device page is (GKE's webhook sets it; the emulator too)
-KV_PREFIX = "tpufleet:device-plugin:"  # + Ray node id -> the host's TPU_DEVICE_PLUGIN_ADDR
-HOOK_VAR = "TPUFLEET_DEVICE_PAGE_HOOK"  # "module:function" that serves this host's page (the emulator's)
 LIBTPU_ADDR = "localhost:8431"
 LIBTPU_METRICS = {  # libtpu's names, as tpu-info's MetricName has them
     "hbm_total": "tpu.runtime.hbm.memory.total.bytes",
@@ -234,65 +220,3 @@ def page_handler(page: Callable[[], tuple[int, str]]) -> type[http.server.BaseHT
             pass
 
     return Handler
-
-
-def publish(
-    address: str, node_id: str | None = None, put: Callable[[str, str], object] | None = None
-) -> bool:
-    """Tell the control plane where this host's device page is (a ``TPU_DEVICE_PLUGIN_ADDR`` or the
-    GCE relay's ``ip:port``): Ray's internal KV under ``KV_PREFIX + node id`` (Ray node labels
-    cannot hold ``ip:port``). ``node_id`` defaults to this process's Ray node and ``put`` to Ray's
-    KV (only from a process connected to Ray). Returns whether it was published; never raises."""
-    try:
-        if put is None or node_id is None:
-            import ray
-
-            if not ray.is_initialized():
-                return False
-            node_id = node_id or ray.get_runtime_context().get_node_id()
-        (put or _kv_put)(f"{KV_PREFIX}{node_id}", address)
-        return True
-    except Exception as err:  # Ray away for a moment: the next runner of the host publishes again
-        log.debug("cannot publish the device page's address %s: %s", address, err)
-        return False
-
-
-def _kv_put(key: str, value: str) -> object:
-    from ray.experimental import internal_kv
-
-    return internal_kv._internal_kv_put(key, value, overwrite=True)
-
-
-def published_endpoints(node_ids: list[str]) -> dict[str, str]:
-    """``{node id: TPU_DEVICE_PLUGIN_ADDR}`` of the given hosts that published one (from a
-    process connected to the fleet's Ray)."""
-    from ray.experimental import internal_kv
-
-    out = {}
-    for node in node_ids:
-        value = internal_kv._internal_kv_get(f"{KV_PREFIX}{node}")
-        if value:
-            out[node] = value.decode() if isinstance(value, bytes) else str(value)
-    return out
-
-
-def serve_device_page(environ: Mapping[str, str] | None = None) -> bool:
-    """What a host's runner does for its device page, whatever the host: publish the page's address
-    when the host has one (GKE's webhook sets ``TPU_DEVICE_PLUGIN_ADDR``), and call the server the
-    host's environment names in ``TPUFLEET_DEVICE_PAGE_HOOK`` (``module:function``; the emulator
-    names its device plugin there when it starts each host), so the runner imports no emulator code.
-    Returns what the hook returned (False without one); a hook that cannot be imported is logged,
-    never raised: the run goes on without a device page."""
-    env = dict(os.environ if environ is None else environ)
-    if ADDR_VAR in env:
-        publish(env[ADDR_VAR])
-    hook = env.get(HOOK_VAR, "")
-    if not hook:
-        return False
-    module, _, name = hook.partition(":")
-    try:
-        serve = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as err:
-        log.warning("%s=%r names no server: %s", HOOK_VAR, hook, err)
-        return False
-    return bool(serve(env))

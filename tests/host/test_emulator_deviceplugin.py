@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from tpufleet import tpudevice
 from tpufleet.emulator import deviceplugin
 from tpufleet.emulator.deviceplugin import HostWork, _Proc
 from tpufleet.observe import tpumetrics
@@ -95,11 +94,15 @@ def test_duty_cycle_and_memory_are_measured_from_the_job_processes(fake_host: di
     assert work.rss_bytes > 1 << 20
 
 
-def test_served_over_http_when_the_host_is_emulated(fake_host: dict[str, int]) -> None:
+def test_served_over_http_when_the_host_is_emulated(
+    fake_host: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert not deviceplugin.serve_from_env({**ENV})  # not emulated: nothing starts
     env = {**ENV, "TPUFLEET_EMULATED": "1", **deviceplugin.host_env("127.0.0.1")}
-    assert env[tpudevice.HOOK_VAR] == deviceplugin.HOOK  # what the host's runner calls
-    assert deviceplugin.serve_from_env(env, raylet=os.getpid(), tick_s=0.2, running=[])
+    monkeypatch.setattr(deviceplugin, "_raylet_of", lambda pid: os.getpid())
+    monkeypatch.setattr(deviceplugin, "_running", [])
+    monkeypatch.setattr(deviceplugin, "TICK_S", 0.2)
+    assert deviceplugin.serve_from_env(env)
     url = f"http://{env['TPU_DEVICE_PLUGIN_ADDR']}/metrics"
     chips: list[tpumetrics.ChipReading] = []
     deadline = time.monotonic() + 15

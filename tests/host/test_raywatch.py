@@ -106,37 +106,23 @@ def test_the_fresh_start_is_the_same_process_and_command_waiting_for_ray(tmp_pat
     assert (first["await"], second["await"]) == (None, "10.0.0.1:6379")
 
 
-class _ComingBack:
-    """A fleet's head that answers after ``down`` looks (what ``running_fleet_address`` asks of it)."""
-
-    ray_address = "127.0.0.1:6379"
-
-    def __init__(self, down: int) -> None:
-        self.down = down
-        self.authenticated = False
-
-    def head_alive(self) -> bool:
-        self.down -= 1
-        return self.down < 0
-
-    def authenticate(self) -> _ComingBack:
-        self.authenticated = True
-        return self
-
-
-def test_after_a_lost_head_serve_waits_for_the_emulated_fleet_to_run_again(tmp_path: Path) -> None:
+def test_after_a_lost_head_serve_waits_for_the_emulated_fleet_to_run_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """``serve --emulator-dir`` looks the address up in the fleet's state: a fresh start after a lost
     head waits for the fleet's head instead of refusing a fleet whose head is still coming back."""
     from tpufleet.cli import emulate
+    from tpufleet.emulator import EmulatedFleet
     from tpufleet.errors import NotFoundError
 
-    fleet = _ComingBack(down=3)
-    got = emulate.running_fleet_address(tmp_path, wait=True, fleet_at=lambda where: fleet, poll_s=0.01)
-    assert got == (tmp_path, "127.0.0.1:6379") and fleet.authenticated and fleet.down < 0
-    gone = _ComingBack(down=10**6)
+    alive = iter([False, False, False, True, True])
+    monkeypatch.setattr(EmulatedFleet, "head_alive", lambda self: next(alive))
+    monkeypatch.setattr(EmulatedFleet, "authenticate", lambda self: self)
+    monkeypatch.setattr(EmulatedFleet, "ray_address", property(lambda self: "127.0.0.1:6379"))
+    assert emulate.running_fleet_address(tmp_path, wait=True) == (tmp_path, "127.0.0.1:6379")
+    monkeypatch.setattr(EmulatedFleet, "head_alive", lambda self: False)
     with pytest.raises(NotFoundError, match="no emulated fleet runs from"):
-        emulate.running_fleet_address(tmp_path, fleet_at=lambda where: gone)
-    assert not gone.authenticated
+        emulate.running_fleet_address(tmp_path)
 
 
 def test_a_fresh_start_that_cannot_be_made_ends_the_process_saying_why(tmp_path: Path) -> None:

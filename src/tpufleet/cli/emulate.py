@@ -9,7 +9,6 @@ which the other commands read.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -254,29 +253,18 @@ def doctor_cmd(
         raise typer.Exit(1)
 
 
-def running_fleet_address(
-    state_dir: Path | None,
-    *,
-    wait: bool = False,
-    fleet_at: Callable[[Path], Any] | None = None,
-    poll_s: float = 0.5,
-) -> tuple[Path, str]:
+def running_fleet_address(state_dir: Path | None, *, wait: bool = False) -> tuple[Path, str]:
     """``(state dir, Ray address)`` of the emulated fleet running from ``state_dir`` (default: the
     remembered or default one), for ``tpufleet serve``; a NotFoundError naming the directory if none
-    (with ``wait``, after a lost head: wait for the fleet's head to run again, however long).
-    ``fleet_at`` (the fleet of a state dir: ``EmulatedFleet`` by default) is there for tests."""
+    (with ``wait``, after a lost head: wait for the fleet's head to run again, however long)."""
     import time
 
-    if fleet_at is None:
-        from tpufleet.emulator import EmulatedFleet
-
-        def fleet_at(where: Path) -> Any:
-            return EmulatedFleet("", state_dir=where)
+    from tpufleet.emulator import EmulatedFleet
 
     where = state_dir_of(state_dir)
-    fleet = fleet_at(where)
+    fleet = EmulatedFleet("", state_dir=where)
     while wait and not fleet.head_alive():
-        time.sleep(poll_s)
+        time.sleep(0.5)
     if not fleet.head_alive():
         raise NotFoundError(
             f"no emulated fleet runs from {where}; start one with `tpufleet emulate up` "

@@ -42,25 +42,15 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpufleet import catalog
-from tpufleet.tpudevice import (
-    ADDR_VAR,
-    EMULATED_INFO,
-    HOOK_VAR,
-    KV_PREFIX,
-    ChipReading,
-    page_handler,
-    publish,
-    published_endpoints,
-    render_device_plugin,
-)
+from tpufleet.tpudevice import EMULATED_INFO, ChipReading, page_handler, render_device_plugin
 
 __all__ = [
     "ADDR_VAR",
-    "HOOK",
     "KV_PREFIX",
     "TICK_S",
     "WINDOW_S",
@@ -75,6 +65,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+ADDR_VAR = "TPU_DEVICE_PLUGIN_ADDR"
 TICK_S = 2.0
 WINDOW_S = 10.0
 _IDLE_AFTER_S = 60.0  # no scrape for this long: stop scanning /proc until the next one
@@ -84,11 +75,10 @@ _IDLE_WORKERS = ("ray::IDLE", "ray::HostRunner", "ray::read", "ray::_")
 
 
 def host_env(address: str) -> dict[str, str]:
-    """What one new emulated host gets for its device page: ``TPU_DEVICE_PLUGIN_ADDR`` (a port free now
-    on ``address``) and the hook its runner calls to serve it (:data:`HOOK`)."""
+    """``TPU_DEVICE_PLUGIN_ADDR`` for one new emulated host: a port free now on ``address``."""
     with socket.socket() as s:
         s.bind((address, 0))
-        return {ADDR_VAR: f"{address}:{s.getsockname()[1]}", HOOK_VAR: HOOK}
+        return {ADDR_VAR: f"{address}:{s.getsockname()[1]}"}
 
 
 @dataclass(frozen=True)
@@ -226,8 +216,8 @@ def exposition(env: dict[str, str], duty: float, rss_bytes: int) -> str:
 
 
 class _Plugin:
-    def __init__(self, env: dict[str, str], work: HostWork, tick_s: float = TICK_S) -> None:
-        self.env, self.work, self.tick_s = env, work, tick_s
+    def __init__(self, env: dict[str, str], work: HostWork) -> None:
+        self.env, self.work = env, work
         self.lock = threading.Lock()
         self.last_scrape = 0.0
         self.wake = threading.Event()
@@ -247,48 +237,80 @@ class _Plugin:
                 self.wake.wait()
             with self.lock, contextlib.suppress(Exception):
                 self.work.tick(time.monotonic())
-            time.sleep(self.tick_s)
+            time.sleep(TICK_S)
 
 
-HOOK = f"{__name__}:serve_from_env"  # what an emulated host's runner calls
 _started = threading.Lock()
 _running: list[threading.Thread] = []
 
 
-def serve_from_env(
-    environ: dict[str, str] | None = None,
-    retry_s: float = 5.0,
-    *,
-    raylet: int | None = None,
-    tick_s: float = TICK_S,
-    running: list[threading.Thread] | None = None,
-) -> bool:
+def serve_from_env(environ: dict[str, str] | None = None, retry_s: float = 5.0) -> bool:
     """Publish this host's ``TPU_DEVICE_PLUGIN_ADDR`` for the control plane (any host that has one:
     on GKE the webhook sets it to the node's plugin, which the control plane then reads), and on an
     emulated host (``TPUFLEET_EMULATED=1``) start the plugin's thread in this process (once);
     returns whether it was started. Binding is retried every ``retry_s`` while another process of
-    the host holds the port. ``raylet`` (the host's raylet PID; found from this process's
-    ancestors by default), ``tick_s`` and ``running`` (the threads this process serves the plugin
-    from, which make it once per process) are there for tests."""
+    the host holds the port."""
     env = dict(os.environ if environ is None else environ)
     if ADDR_VAR in env:
         publish(env[ADDR_VAR])
     if env.get("TPUFLEET_EMULATED") != "1" or ADDR_VAR not in env or "TPU_ACCELERATOR_TYPE" not in env:
         return False
-    threads = _running if running is None else running
     with _started:
-        if threads:
+        if _running:
             return False
-        raylet = _raylet_of(os.getpid()) if raylet is None else raylet
+        raylet = _raylet_of(os.getpid())
         if raylet is None:
             return False
-        plugin = _Plugin(env, HostWork(raylet), tick_s)
+        plugin = _Plugin(env, HostWork(raylet))
         thread = threading.Thread(
             target=_bind_and_serve, args=(plugin, retry_s), name="tpu-device-plugin", daemon=True
         )
         thread.start()
-        threads.append(thread)
+        _running.append(thread)
     return True
+
+
+KV_PREFIX = "tpufleet:device-plugin:"  # + Ray node id -> the host's TPU_DEVICE_PLUGIN_ADDR
+
+
+def publish(
+    address: str, node_id: str | None = None, put: Callable[[str, str], object] | None = None
+) -> bool:
+    """Tell the control plane where this host's device page is (a ``TPU_DEVICE_PLUGIN_ADDR`` or the
+    GCE relay's ``ip:port``): Ray's internal KV under ``KV_PREFIX + node id`` (Ray node labels
+    cannot hold ``ip:port``). ``node_id`` defaults to this process's Ray node and ``put`` to Ray's
+    KV (only from a process connected to Ray). Returns whether it was published; never raises."""
+    try:
+        if put is None or node_id is None:
+            import ray
+
+            if not ray.is_initialized():
+                return False
+            node_id = node_id or ray.get_runtime_context().get_node_id()
+        (put or _kv_put)(f"{KV_PREFIX}{node_id}", address)
+        return True
+    except Exception as err:  # Ray away for a moment: the next runner of the host publishes again
+        log.debug("cannot publish the device page's address %s: %s", address, err)
+        return False
+
+
+def _kv_put(key: str, value: str) -> object:
+    from ray.experimental import internal_kv
+
+    return internal_kv._internal_kv_put(key, value, overwrite=True)
+
+
+def published_endpoints(node_ids: list[str]) -> dict[str, str]:
+    """``{node id: TPU_DEVICE_PLUGIN_ADDR}`` of the given hosts that published one (from a
+    process connected to the fleet's Ray)."""
+    from ray.experimental import internal_kv
+
+    out = {}
+    for node in node_ids:
+        value = internal_kv._internal_kv_get(f"{KV_PREFIX}{node}")
+        if value:
+            out[node] = value.decode() if isinstance(value, bytes) else str(value)
+    return out
 
 
 def _bind_and_serve(plugin: _Plugin, retry_s: float) -> None:

@@ -18,7 +18,7 @@ PyTorch/XLA workload), so between jobs the page is a 503 and the control plane c
 idle, which they are.
 
 The address is published where the control plane already looks for device plugins: Ray's internal
-KV under ``tpufleet:device-plugin:<node id>`` (``tpudevice.publish``), so nothing on the
+KV under ``tpufleet:device-plugin:<node id>`` (``emulator.deviceplugin.publish``), so nothing on the
 control plane's side tells a relay from a plugin.
 
 The port: ``$TPUFLEET_DEVICE_RELAY_PORT`` when set (a number; ``0`` for any free port; ``off`` for
@@ -50,13 +50,12 @@ from pathlib import Path
 from typing import Any
 
 from tpufleet import catalog
+from tpufleet.emulator.deviceplugin import ADDR_VAR, publish
 from tpufleet.tpudevice import (
-    ADDR_VAR,
     LIBTPU_ADDR,
     ChipReading,
     DeviceReadError,
     page_handler,
-    publish,
     read_libtpu,
     render_device_plugin,
 )
@@ -303,12 +302,10 @@ def serve_from_env(
     node: Node | None = None,
     put: Callable[[str, str], object] | None = None,
     libtpu: str = LIBTPU_ADDR,
-    running: list[Relay] | None = None,
 ) -> Relay | None:
     """On a GCE TPU host (a TPU host with no ``TPU_DEVICE_PLUGIN_ADDR``, not emulated), start the
     relay in this process (once) and publish its address; returns it, else None. ``node`` defaults
-    to this process's Ray node (None without Ray) and ``put`` to Ray's KV; ``running`` (the relays
-    this process serves, which make it once per process) is there for tests. Never raises: the
+    to this process's Ray node (None without Ray) and ``put`` to Ray's KV. Never raises: the
     runner that calls it must come up whatever the host has."""
     try:
         env = dict(os.environ if environ is None else environ)
@@ -320,10 +317,9 @@ def serve_from_env(
         if setting and not (setting.isdigit() and int(setting) < 65536):
             log.warning("%s=%r is not a port (0-65535, or off); no TPU device relay", PORT_VAR, setting)
             return None
-        relays = _running if running is None else running
         with _started:
-            if relays:
-                return relays[0]
+            if _running:
+                return _running[0]
             node = node or _ray_node()
             if node is None:
                 return None
@@ -337,7 +333,7 @@ def serve_from_env(
                 state_dir=node.state_dir,
                 libtpu=libtpu,
             )
-            relays.append(relay)
+            _running.append(relay)
         publish(relay.address, node.node_id, put)
         return relay
     except Exception as err:

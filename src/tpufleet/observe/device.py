@@ -403,7 +403,7 @@ def published_or_default(
             import ray
 
             if ray.is_initialized():
-                from tpufleet.tpudevice import published_endpoints
+                from tpufleet.emulator.deviceplugin import published_endpoints
 
                 published = published_endpoints(node_ids)
         except Exception as err:  # Ray away for a moment: next round
