@@ -16,6 +16,14 @@ the names and adds the device plugin's parser.
 - **The device plugin's page** (:func:`render_device_plugin`): the GKE TPU device plugin's
   Prometheus families for given chip readings, the format ``observe.tpumetrics`` parses, and the
   HTTP handler both host-side servers answer ``GET /metrics`` with (:func:`page_handler`).
+- **Where a host's page is** (:func:`publish`, :func:`published_endpoints`): each host's runner
+  writes its page's ``ip:port`` (the ``$TPU_DEVICE_PLUGIN_ADDR`` the GKE webhook or the emulator set,
+  or the GCE relay's) into Ray's internal KV under ``tpufleet:device-plugin:<node id>`` (Ray node
+  labels cannot hold ``ip:port``), and the control plane's sampler reads it back. Here, below the
+  hosts' code, the emulator and the control plane, so each speaks to the others only through this.
+- **The host's device-page hook** (:data:`PAGE_HOOK_VAR`): a host's environment may name a function
+  (``module:function``) that its runner calls with that environment to start the host's page; the
+  emulator names its device plugin so, and the runner never imports the emulator.
 
 Every read takes a timeout and raises :class:`DeviceReadError` (one line, what and where) on any
 failure; the caller decides when to try again.
@@ -24,20 +32,28 @@ failure; the caller decides when to try again.
 from __future__ import annotations
 
 import http.server
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 __all__ = [
+    "ADDR_VAR",
     "EMULATED_INFO",
+    "KV_PREFIX",
     "LIBTPU_ADDR",
     "LIBTPU_METRICS",
+    "PAGE_HOOK_VAR",
     "ChipReading",
     "DeviceReadError",
     "page_handler",
+    "publish",
+    "published_endpoints",
     "read_libtpu",
     "render_device_plugin",
 ]
+
+log = logging.getLogger(__name__)
 
 LIBTPU_ADDR = "localhost:8431"
 LIBTPU_METRICS = {  # libtpu's names, as tpu-info's MetricName has them
@@ -48,6 +64,9 @@ LIBTPU_METRICS = {  # libtpu's names, as tpu-info's MetricName has them
 }
 # An emulated host's device plugin says so with this info family (see emulator/deviceplugin.py).
 EMULATED_INFO = "tpufleet_emulated_device_plugin"
+ADDR_VAR = "TPU_DEVICE_PLUGIN_ADDR"  # where a host's device plugin listens (GKE webhook, emulator)
+KV_PREFIX = "tpufleet:device-plugin:"  # + Ray node id -> the host's device page's ip:port
+PAGE_HOOK_VAR = "TPUFLEET_DEVICE_PAGE_HOOK"  # module:function the host's runner calls with its environment
 
 
 class DeviceReadError(Exception):
@@ -220,3 +239,46 @@ def page_handler(page: Callable[[], tuple[int, str]]) -> type[http.server.BaseHT
             pass
 
     return Handler
+
+
+# -- where each host's page is ----------------------------------------------------------------------
+
+
+def publish(
+    address: str, node_id: str | None = None, put: Callable[[str, str], object] | None = None
+) -> bool:
+    """Tell the control plane where this host's device page is (a ``TPU_DEVICE_PLUGIN_ADDR`` or the
+    GCE relay's ``ip:port``): Ray's internal KV under ``KV_PREFIX + node id`` (Ray node labels
+    cannot hold ``ip:port``). ``node_id`` defaults to this process's Ray node and ``put`` to Ray's
+    KV (only from a process connected to Ray). Returns whether it was published; never raises."""
+    try:
+        if put is None or node_id is None:
+            import ray
+
+            if not ray.is_initialized():
+                return False
+            node_id = node_id or ray.get_runtime_context().get_node_id()
+        (put or _kv_put)(f"{KV_PREFIX}{node_id}", address)
+        return True
+    except Exception as err:  # Ray away for a moment: the next runner of the host publishes again
+        log.debug("cannot publish the device page's address %s: %s", address, err)
+        return False
+
+
+def _kv_put(key: str, value: str) -> object:
+    from ray.experimental import internal_kv
+
+    return internal_kv._internal_kv_put(key, value, overwrite=True)
+
+
+def published_endpoints(node_ids: list[str]) -> dict[str, str]:
+    """``{node id: ip:port}`` of the given hosts that published a device page (from a process
+    connected to the fleet's Ray)."""
+    from ray.experimental import internal_kv
+
+    out = {}
+    for node in node_ids:
+        value = internal_kv._internal_kv_get(f"{KV_PREFIX}{node}")
+        if value:
+            out[node] = value.decode() if isinstance(value, bytes) else str(value)
+    return out

@@ -14,8 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tpufleet import tpudevice
 from tpufleet.emulator import deviceplugin
 from tpufleet.emulator.deviceplugin import HostWork, _Proc
+from tpufleet.host import devicepage
 from tpufleet.observe import tpumetrics
 
 ENV = {
@@ -94,15 +96,10 @@ def test_duty_cycle_and_memory_are_measured_from_the_job_processes(fake_host: di
     assert work.rss_bytes > 1 << 20
 
 
-def test_served_over_http_when_the_host_is_emulated(
-    fake_host: dict[str, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_served_over_http_when_the_host_is_emulated(fake_host: dict[str, int]) -> None:
     assert not deviceplugin.serve_from_env({**ENV})  # not emulated: nothing starts
     env = {**ENV, "TPUFLEET_EMULATED": "1", **deviceplugin.host_env("127.0.0.1")}
-    monkeypatch.setattr(deviceplugin, "_raylet_of", lambda pid: os.getpid())
-    monkeypatch.setattr(deviceplugin, "_running", [])
-    monkeypatch.setattr(deviceplugin, "TICK_S", 0.2)
-    assert deviceplugin.serve_from_env(env)
+    deviceplugin.serve(env, raylet=os.getpid(), tick_s=0.2)  # this test process stands for the raylet
     url = f"http://{env['TPU_DEVICE_PLUGIN_ADDR']}/metrics"
     chips: list[tpumetrics.ChipReading] = []
     deadline = time.monotonic() + 15
@@ -118,3 +115,34 @@ def test_served_over_http_when_the_host_is_emulated(
     assert chips[0].duty_cycle_percent and chips[0].duty_cycle_percent > 0
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=2)
+
+
+def test_an_emulated_host_names_the_plugin_its_runner_starts_without_importing_the_emulator() -> None:
+    env = deviceplugin.host_env("127.0.0.1")
+    assert env[tpudevice.ADDR_VAR].startswith("127.0.0.1:")
+    assert devicepage.load_hook(env[tpudevice.PAGE_HOOK_VAR]) is deviceplugin.serve_from_env
+    for bad in ("tpufleet.emulator.deviceplugin", "tpufleet.emulator.deviceplugin:TICK_S"):
+        with pytest.raises(ValueError, match=tpudevice.PAGE_HOOK_VAR):
+            devicepage.load_hook(bad)
+
+
+def test_the_runner_publishes_the_hosts_page_and_calls_the_hook_its_environment_names() -> None:
+    """``devicepage.serve_from_env`` (what the runner calls) on a host whose environment names a
+    hook; a hook that fails or cannot be found leaves the runner running."""
+    called.clear()
+    hook = f"{__name__}:_record_hook"
+    devicepage.serve_from_env({**ENV, tpudevice.ADDR_VAR: "127.0.0.1:1", tpudevice.PAGE_HOOK_VAR: hook})
+    assert called == [{**ENV, tpudevice.ADDR_VAR: "127.0.0.1:1", tpudevice.PAGE_HOOK_VAR: hook}]
+    for broken in (f"{__name__}:_failing_hook", "tpufleet.no_such_module:serve"):
+        devicepage.serve_from_env({**ENV, tpudevice.ADDR_VAR: "127.0.0.1:1", tpudevice.PAGE_HOOK_VAR: broken})
+
+
+called: list[dict[str, str]] = []
+
+
+def _record_hook(env: dict[str, str]) -> None:
+    called.append(dict(env))
+
+
+def _failing_hook(env: dict[str, str]) -> None:
+    raise RuntimeError("no page today")

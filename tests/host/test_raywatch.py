@@ -59,17 +59,17 @@ def test_an_address_ray_resolves_itself_is_not_watched() -> None:
     assert called == []
 
 
-def test_after_a_lost_head_the_start_waits_for_the_gcs_however_long(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_after_a_lost_head_the_start_waits_for_the_gcs_however_long() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     address = f"127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening: connections are refused
     with pytest.raises(ClusterError, match="no Ray cluster at"):
-        raywatch.wait_for_gcs(address, raywatch.await_seconds(0.3))
-    monkeypatch.setenv(raywatch.AWAIT_ENV, address)
-    assert raywatch.await_seconds(0.3) == float("inf")
+        raywatch.wait_for_gcs(address, raywatch.await_seconds(0.3, {}))
+    restarted = {raywatch.AWAIT_ENV: address}  # the environment of a fresh start after a lost head
+    assert raywatch.await_seconds(0.3, restarted) == float("inf")
     threading.Timer(1.0, sock.listen).start()  # Ray comes back a second later
     try:
-        raywatch.wait_for_gcs(address, raywatch.await_seconds(0.3))
+        raywatch.wait_for_gcs(address, raywatch.await_seconds(0.3, restarted))
         assert raywatch.answers(address)
     finally:
         sock.close()
@@ -106,23 +106,31 @@ def test_the_fresh_start_is_the_same_process_and_command_waiting_for_ray(tmp_pat
     assert (first["await"], second["await"]) == (None, "10.0.0.1:6379")
 
 
-def test_after_a_lost_head_serve_waits_for_the_emulated_fleet_to_run_again(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+class _ComingBack:
+    """An emulated fleet whose head runs again after a few looks (what ``running_fleet_address`` reads)."""
+
+    ray_address = "127.0.0.1:6379"
+
+    def __init__(self, looks: list[bool]) -> None:
+        self.looks = iter(looks)
+
+    def head_alive(self) -> bool:
+        return next(self.looks)
+
+    def authenticate(self) -> _ComingBack:
+        return self
+
+
+def test_after_a_lost_head_serve_waits_for_the_emulated_fleet_to_run_again(tmp_path: Path) -> None:
     """``serve --emulator-dir`` looks the address up in the fleet's state: a fresh start after a lost
     head waits for the fleet's head instead of refusing a fleet whose head is still coming back."""
     from tpufleet.cli import emulate
-    from tpufleet.emulator import EmulatedFleet
     from tpufleet.errors import NotFoundError
 
-    alive = iter([False, False, False, True, True])
-    monkeypatch.setattr(EmulatedFleet, "head_alive", lambda self: next(alive))
-    monkeypatch.setattr(EmulatedFleet, "authenticate", lambda self: self)
-    monkeypatch.setattr(EmulatedFleet, "ray_address", property(lambda self: "127.0.0.1:6379"))
-    assert emulate.running_fleet_address(tmp_path, wait=True) == (tmp_path, "127.0.0.1:6379")
-    monkeypatch.setattr(EmulatedFleet, "head_alive", lambda self: False)
+    fleet = _ComingBack([False, False, False, True, True])
+    assert emulate.running_fleet_address(tmp_path, wait=True, fleet=fleet) == (tmp_path, "127.0.0.1:6379")
     with pytest.raises(NotFoundError, match="no emulated fleet runs from"):
-        emulate.running_fleet_address(tmp_path)
+        emulate.running_fleet_address(tmp_path)  # nothing runs from this directory
 
 
 def test_a_fresh_start_that_cannot_be_made_ends_the_process_saying_why(tmp_path: Path) -> None:

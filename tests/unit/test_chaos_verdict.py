@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import pytest
 from tpufleet.chaos import (
     FAULT_KINDS,
     HEAD_KILL,
-    JOB_CODE,
-    RAY_JOB_CODE,
+    HOSTJOB,
+    RAYDRIVER,
     ChaosConfig,
+    PlannedJob,
     double_runs,
     overlaps,
     plan_faults,
@@ -55,10 +57,37 @@ def test_a_share_of_the_jobs_are_ray_jobs_drawn_apart_from_the_rest_of_the_plan(
     assert strip[0] == strip[1] == strip[2]
 
 
-def test_the_ray_driver_carries_the_host_code_and_compiles() -> None:
-    assert repr(JOB_CODE) in RAY_JOB_CODE and "SlicePlacementGroup(" in RAY_JOB_CODE
-    compile(RAY_JOB_CODE, "ray-driver", "exec")
-    compile(JOB_CODE, "host", "exec")
+def test_a_job_runs_the_host_program_or_the_ray_driver_that_runs_it_by_path() -> None:
+    spmd = PlannedJob(0, 0.0, "v4-8", 1, "chaos-a", 0, 2.5)
+    assert spmd.command("chaos-tok")[1:] == [
+        str(HOSTJOB),
+        "chaos-tok",
+        "2.5",
+    ]  # the token marks its processes
+    assert replace(spmd, kind="ray").command("chaos-tok")[1:] == [str(RAYDRIVER), "chaos-tok", "2.5"]
+    driver = RAYDRIVER.read_text()
+    assert (
+        "SlicePlacementGroup(" in driver and HOSTJOB.name in driver
+    )  # one task per host runs the host program
+    compile(driver, str(RAYDRIVER), "exec")
+    compile(HOSTJOB.read_text(), str(HOSTJOB), "exec")
+
+
+def test_the_host_program_marks_its_start_beats_and_end_and_sees_a_running_earlier_attempt(
+    tmp_path: Path,
+) -> None:
+    from tpufleet.chaos import hostjob
+
+    beat = time.time() + 60  # attempt 1's host 0 beats on: this one starts before its last sign of life
+    (tmp_path / "chaos-1-s-0.json").write_text(json.dumps(_m(1, 0.0, beat)))
+    (tmp_path / "chaos-1-s-1.json").write_text(json.dumps(_m(1, 0.0, 1.0, end=1.0)))  # ended
+    env = {"TPUFLEET_CHECKPOINT_DIR": str(tmp_path), "TPUFLEET_ATTEMPT": "2", "TPU_NAME": "s"}
+    assert hostjob.main(["chaos-tok", "0.5"], env | {"TPU_WORKER_ID": "1"}) == 0
+    (mine,) = read_markers(tmp_path)[2]
+    assert (mine["slice"], mine["worker"]) == ("s", "1")
+    assert mine["end"] == mine["beat"] and mine["end"] - mine["start"] >= 0.5
+    assert mine["seen"] == [{"marker": "chaos-1-s-0.json", "beat": beat}]
+    assert overlaps(read_markers(tmp_path)) == [(1, 2)]  # a double run, as the verdict sees it
 
 
 def test_attempts_overlap_only_when_a_later_one_starts_before_the_earlier_ones_last_sign_of_life() -> None:

@@ -19,7 +19,7 @@ from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 
 from tpufleet import tpudevice
-from tpufleet.emulator import deviceplugin, procs
+from tpufleet.emulator import procs
 from tpufleet.host import devicerelay
 from tpufleet.host.devicerelay import HostFacts, Node, Relay
 from tpufleet.observe import device, tpumetrics
@@ -175,13 +175,13 @@ def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Relay]]:
 
 def test_publish_puts_the_address_under_the_node_key() -> None:
     puts: dict[str, str] = {}
-    assert deviceplugin.publish("10.0.0.7:8432", "node-7", puts.__setitem__)
+    assert tpudevice.publish("10.0.0.7:8432", "node-7", puts.__setitem__)
     assert puts == {"tpufleet:device-plugin:node-7": "10.0.0.7:8432"}
 
     def broken(key: str, value: str) -> None:
         raise ConnectionError("GCS away")
 
-    assert not deviceplugin.publish("10.0.0.7:8432", "node-7", broken)  # never raises
+    assert not tpudevice.publish("10.0.0.7:8432", "node-7", broken)  # never raises
 
 
 def test_a_gce_tpu_host_without_libtpu_gets_a_relay_published_under_its_node(
@@ -195,7 +195,7 @@ def test_a_gce_tpu_host_without_libtpu_gets_a_relay_published_under_its_node(
     )
     assert relay is not None and relay.port > 0
     assert relay.address == f"127.0.0.1:{relay.port}"
-    assert puts == {f"{deviceplugin.KV_PREFIX}node-1": relay.address}  # where published_or_default reads
+    assert puts == {f"{tpudevice.KV_PREFIX}node-1": relay.address}  # where published_or_default reads
     assert relay.facts == HostFacts("tpu-v4-16-0", 1, "v4-16", "2x2x2")
     assert relay.serving.wait(10)
     status, text = _scrape(relay)

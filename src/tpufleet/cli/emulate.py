@@ -253,18 +253,20 @@ def doctor_cmd(
         raise typer.Exit(1)
 
 
-def running_fleet_address(state_dir: Path | None, *, wait: bool = False) -> tuple[Path, str]:
+def running_fleet_address(
+    state_dir: Path | None, *, wait: bool = False, fleet: Any = None
+) -> tuple[Path, str]:
     """``(state dir, Ray address)`` of the emulated fleet running from ``state_dir`` (default: the
     remembered or default one), for ``tpufleet serve``; a NotFoundError naming the directory if none
-    (with ``wait``, after a lost head: wait for the fleet's head to run again, however long)."""
-    import time
-
+    (with ``wait``, after a lost head: wait for the fleet's head to run again, however long).
+    ``fleet``: the ``EmulatedFleet`` of that directory (made here by default; tests give a stand-in)."""
+    from tpufleet.control.ray.headwatch import await_head
     from tpufleet.emulator import EmulatedFleet
 
     where = state_dir_of(state_dir)
-    fleet = EmulatedFleet("", state_dir=where)
-    while wait and not fleet.head_alive():
-        time.sleep(0.5)
+    fleet = fleet or EmulatedFleet("", state_dir=where)
+    if wait:
+        await_head(fleet.head_alive)
     if not fleet.head_alive():
         raise NotFoundError(
             f"no emulated fleet runs from {where}; start one with `tpufleet emulate up` "

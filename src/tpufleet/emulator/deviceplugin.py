@@ -19,16 +19,18 @@ bandwidth utilization have no honest stand-in on a CPU and are left out, as on T
 plugin does not report them.
 
 Cheap: no process of its own. :func:`serve_from_env` starts one daemon thread (an HTTP server)
-in a process that already lives on the host (the runner actor calls it); the ``/proc`` scan runs
-every :data:`TICK_S` only while something scrapes. A second caller on the same host finds the
-port taken and tries again every few seconds, so the plugin moves to another process on the host
-when its first one dies.
+in a process that already lives on the host; the ``/proc`` scan runs every :data:`TICK_S` only
+while something scrapes. A second caller on the same host finds the port taken and tries again
+every few seconds, so the plugin moves to another process on the host when its first one dies.
+Who calls it: the host's runner actor, which does not import the emulator: :func:`host_env` names
+:func:`serve_from_env` in each emulated host's environment (``tpudevice.PAGE_HOOK_VAR``), and the
+runner calls the function its host names (``host/devicepage.py``).
 
 Where the control plane finds it: every runner publishes its host's ``TPU_DEVICE_PLUGIN_ADDR`` in
-Ray's internal KV under ``tpufleet:device-plugin:<node id>`` (Ray node labels cannot hold
-``ip:port``; :func:`publish`). Real GKE hosts do the same with the address the TPU webhook gave
-them, and GCE TPU VMs with their libtpu relay's (``host/devicerelay.py``), so one path serves all three.
-The page itself is rendered by ``tpudevice.render_device_plugin``, shared with the relay.
+Ray's internal KV (``tpudevice.publish``). Real GKE hosts do the same with the address the TPU
+webhook gave them, and GCE TPU VMs with their libtpu relay's (``host/devicerelay.py``), so one
+path serves all three. The page itself is rendered by ``tpudevice.render_device_plugin``, shared
+with the relay.
 """
 
 from __future__ import annotations
@@ -42,30 +44,35 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpufleet import catalog
-from tpufleet.tpudevice import EMULATED_INFO, ChipReading, page_handler, render_device_plugin
+from tpufleet.tpudevice import (
+    ADDR_VAR,
+    EMULATED_INFO,
+    PAGE_HOOK_VAR,
+    ChipReading,
+    page_handler,
+    render_device_plugin,
+)
 
 __all__ = [
-    "ADDR_VAR",
-    "KV_PREFIX",
+    "HOOK",
     "TICK_S",
     "WINDOW_S",
     "HostWork",
     "exposition",
     "host_env",
     "job_processes",
-    "publish",
-    "published_endpoints",
+    "serve",
     "serve_from_env",
 ]
 
 log = logging.getLogger(__name__)
 
-ADDR_VAR = "TPU_DEVICE_PLUGIN_ADDR"
+HOOK = f"{__name__}:serve_from_env"  # what an emulated host's runner calls (tpudevice.PAGE_HOOK_VAR)
 TICK_S = 2.0
 WINDOW_S = 10.0
 _IDLE_AFTER_S = 60.0  # no scrape for this long: stop scanning /proc until the next one
@@ -75,10 +82,11 @@ _IDLE_WORKERS = ("ray::IDLE", "ray::HostRunner", "ray::read", "ray::_")
 
 
 def host_env(address: str) -> dict[str, str]:
-    """``TPU_DEVICE_PLUGIN_ADDR`` for one new emulated host: a port free now on ``address``."""
+    """For one new emulated host: ``TPU_DEVICE_PLUGIN_ADDR`` (a port free now on ``address``) and
+    the hook its runner calls to serve the plugin there (:data:`HOOK`)."""
     with socket.socket() as s:
         s.bind((address, 0))
-        return {ADDR_VAR: f"{address}:{s.getsockname()[1]}"}
+        return {ADDR_VAR: f"{address}:{s.getsockname()[1]}", PAGE_HOOK_VAR: HOOK}
 
 
 @dataclass(frozen=True)
@@ -216,8 +224,8 @@ def exposition(env: dict[str, str], duty: float, rss_bytes: int) -> str:
 
 
 class _Plugin:
-    def __init__(self, env: dict[str, str], work: HostWork) -> None:
-        self.env, self.work = env, work
+    def __init__(self, env: dict[str, str], work: HostWork, tick_s: float) -> None:
+        self.env, self.work, self.tick_s = env, work, tick_s
         self.lock = threading.Lock()
         self.last_scrape = 0.0
         self.wake = threading.Event()
@@ -237,22 +245,20 @@ class _Plugin:
                 self.wake.wait()
             with self.lock, contextlib.suppress(Exception):
                 self.work.tick(time.monotonic())
-            time.sleep(TICK_S)
+            time.sleep(self.tick_s)
 
 
 _started = threading.Lock()
 _running: list[threading.Thread] = []
 
 
-def serve_from_env(environ: dict[str, str] | None = None, retry_s: float = 5.0) -> bool:
-    """Publish this host's ``TPU_DEVICE_PLUGIN_ADDR`` for the control plane (any host that has one:
-    on GKE the webhook sets it to the node's plugin, which the control plane then reads), and on an
-    emulated host (``TPUFLEET_EMULATED=1``) start the plugin's thread in this process (once);
-    returns whether it was started. Binding is retried every ``retry_s`` while another process of
-    the host holds the port."""
+def serve_from_env(environ: Mapping[str, str] | None = None, retry_s: float = 5.0) -> bool:
+    """On an emulated host (``TPUFLEET_EMULATED=1`` with a ``TPU_DEVICE_PLUGIN_ADDR``), start the
+    plugin's thread in this process (once per process) for the host whose raylet this process
+    descends from; returns whether it was started. Binding is retried every ``retry_s`` while
+    another process of the host holds the port. The runner calls this through :data:`HOOK`; the
+    address is published by the runner (``tpudevice.publish``), as on any host."""
     env = dict(os.environ if environ is None else environ)
-    if ADDR_VAR in env:
-        publish(env[ADDR_VAR])
     if env.get("TPUFLEET_EMULATED") != "1" or ADDR_VAR not in env or "TPU_ACCELERATOR_TYPE" not in env:
         return False
     with _started:
@@ -261,56 +267,23 @@ def serve_from_env(environ: dict[str, str] | None = None, retry_s: float = 5.0) 
         raylet = _raylet_of(os.getpid())
         if raylet is None:
             return False
-        plugin = _Plugin(env, HostWork(raylet))
-        thread = threading.Thread(
-            target=_bind_and_serve, args=(plugin, retry_s), name="tpu-device-plugin", daemon=True
-        )
-        thread.start()
-        _running.append(thread)
+        _running.append(serve(env, raylet, retry_s=retry_s))
     return True
 
 
-KV_PREFIX = "tpufleet:device-plugin:"  # + Ray node id -> the host's TPU_DEVICE_PLUGIN_ADDR
-
-
-def publish(
-    address: str, node_id: str | None = None, put: Callable[[str, str], object] | None = None
-) -> bool:
-    """Tell the control plane where this host's device page is (a ``TPU_DEVICE_PLUGIN_ADDR`` or the
-    GCE relay's ``ip:port``): Ray's internal KV under ``KV_PREFIX + node id`` (Ray node labels
-    cannot hold ``ip:port``). ``node_id`` defaults to this process's Ray node and ``put`` to Ray's
-    KV (only from a process connected to Ray). Returns whether it was published; never raises."""
-    try:
-        if put is None or node_id is None:
-            import ray
-
-            if not ray.is_initialized():
-                return False
-            node_id = node_id or ray.get_runtime_context().get_node_id()
-        (put or _kv_put)(f"{KV_PREFIX}{node_id}", address)
-        return True
-    except Exception as err:  # Ray away for a moment: the next runner of the host publishes again
-        log.debug("cannot publish the device page's address %s: %s", address, err)
-        return False
-
-
-def _kv_put(key: str, value: str) -> object:
-    from ray.experimental import internal_kv
-
-    return internal_kv._internal_kv_put(key, value, overwrite=True)
-
-
-def published_endpoints(node_ids: list[str]) -> dict[str, str]:
-    """``{node id: TPU_DEVICE_PLUGIN_ADDR}`` of the given hosts that published one (from a
-    process connected to the fleet's Ray)."""
-    from ray.experimental import internal_kv
-
-    out = {}
-    for node in node_ids:
-        value = internal_kv._internal_kv_get(f"{KV_PREFIX}{node}")
-        if value:
-            out[node] = value.decode() if isinstance(value, bytes) else str(value)
-    return out
+def serve(
+    env: Mapping[str, str], raylet: int, *, retry_s: float = 5.0, tick_s: float = TICK_S
+) -> threading.Thread:
+    """Serve the plugin page of the host described by ``env`` (its host contract and
+    ``TPU_DEVICE_PLUGIN_ADDR``), measuring the work under ``raylet``, from a daemon thread of this
+    process, scanning ``/proc`` every ``tick_s`` while scraped; returns the thread. No once-only
+    guard: that is :func:`serve_from_env`'s."""
+    plugin = _Plugin(dict(env), HostWork(raylet), tick_s)
+    thread = threading.Thread(
+        target=_bind_and_serve, args=(plugin, retry_s), name="tpu-device-plugin", daemon=True
+    )
+    thread.start()
+    return thread
 
 
 def _bind_and_serve(plugin: _Plugin, retry_s: float) -> None:

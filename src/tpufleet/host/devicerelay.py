@@ -18,7 +18,7 @@ PyTorch/XLA workload), so between jobs the page is a 503 and the control plane c
 idle, which they are.
 
 The address is published where the control plane already looks for device plugins: Ray's internal
-KV under ``tpufleet:device-plugin:<node id>`` (``emulator.deviceplugin.publish``), so nothing on the
+KV under ``tpufleet:device-plugin:<node id>`` (``tpudevice.publish``), so nothing on the
 control plane's side tells a relay from a plugin.
 
 The port: ``$TPUFLEET_DEVICE_RELAY_PORT`` when set (a number; ``0`` for any free port; ``off`` for
@@ -50,12 +50,13 @@ from pathlib import Path
 from typing import Any
 
 from tpufleet import catalog
-from tpufleet.emulator.deviceplugin import ADDR_VAR, publish
 from tpufleet.tpudevice import (
+    ADDR_VAR,
     LIBTPU_ADDR,
     ChipReading,
     DeviceReadError,
     page_handler,
+    publish,
     read_libtpu,
     render_device_plugin,
 )

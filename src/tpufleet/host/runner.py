@@ -22,9 +22,10 @@ it did (a process or open-files limit, ``runlimits.py``), as ``.reason``, so log
 outlive the attempt and can be read through any later runner of the same host. A dead runner is
 replaced by the executor before its slice is offered again.
 
-The runner also carries its host's device page for the control plane, as a daemon thread: the
-emulated TPU device plugin on an emulated host (``emulator/deviceplugin.py``), or on a GCE TPU VM
-the relay of libtpu's metrics (``host/devicerelay.py``); on GKE it publishes the plugin's address.
+The runner also carries its host's device page for the control plane (``host/devicepage.py``), as
+a daemon thread: on an emulated host the function its environment names (the emulator's device
+plugin, never imported here), or on a GCE TPU VM the relay of libtpu's metrics
+(``host/devicerelay.py``); on GKE it publishes the plugin's address.
 
 Files: the runner measures the run's tenant directory (``jobfiles.measure``) when the run starts
 and every ``checkpoint_check_s`` while it runs, and hands the last measurement out with the run's
@@ -58,8 +59,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tpufleet import contract
-from tpufleet.emulator import deviceplugin
-from tpufleet.host import contain, devicerelay, jobfiles, runlimits
+from tpufleet.host import contain, devicepage, jobfiles, runlimits
 from tpufleet.runtime import PROGRESS_VAR, read_progress
 
 NAMESPACE = "tpufleet"
@@ -181,8 +181,7 @@ class HostRunner:
         self._pids = runlimits.pids_base(self._cgroups)  # where runs' process limits go (or the scan)
         self._node = _node_id()
         self._jail_off = contain.jail_available()
-        deviceplugin.serve_from_env()  # an emulated host's TPU device plugin: a thread in this process
-        devicerelay.serve_from_env()  # a GCE TPU VM's libtpu numbers over HTTP: a thread in this process
+        devicepage.serve_from_env()  # the host's device page for the control plane: a thread in this process
 
     def ping(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}

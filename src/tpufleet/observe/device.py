@@ -392,7 +392,7 @@ def published_or_default(
     slices: Sequence[SliceInfo], default_port: int | None = None
 ) -> dict[tuple[str, int], Endpoint]:
     """Each alive host's device plugin: the ``TPU_DEVICE_PLUGIN_ADDR`` its runner published (Ray's
-    internal KV, see ``emulator/deviceplugin.py``; an emulated host's, a GKE host's, or a GCE
+    internal KV, see ``tpudevice.publish``; an emulated host's, a GKE host's, or a GCE
     host's libtpu relay, ``host/devicerelay.py``), else
     ``<host address>:<default_port>`` when given (a plugin on the Ray node's own address)."""
     hosts = [(s.name, h) for s in slices for h in s.hosts if h.alive]
@@ -403,7 +403,7 @@ def published_or_default(
             import ray
 
             if ray.is_initialized():
-                from tpufleet.emulator.deviceplugin import published_endpoints
+                from tpufleet.tpudevice import published_endpoints
 
                 published = published_endpoints(node_ids)
         except Exception as err:  # Ray away for a moment: next round

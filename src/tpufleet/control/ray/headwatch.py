@@ -22,11 +22,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tpufleet.errors import ClusterError
 
-__all__ = ["AWAIT_ENV", "HeadWatch", "await_seconds", "gcs_endpoint", "wait_for_gcs"]
+__all__ = ["AWAIT_ENV", "HeadWatch", "await_head", "await_seconds", "gcs_endpoint", "wait_for_gcs"]
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +76,18 @@ def wait_for_gcs(address: str, timeout_s: float = 5.0) -> None:
         time.sleep(0.2)
 
 
-def await_seconds(default_s: float) -> float:
-    """How long to wait for the GCS at start: for ever after a restart for a lost head, else ``default_s``."""
-    return math.inf if os.environ.get(AWAIT_ENV) else default_s
+def await_seconds(default_s: float, environ: Mapping[str, str] = os.environ) -> float:
+    """How long to wait for the GCS at start: for ever after a restart for a lost head (``environ``
+    has :data:`AWAIT_ENV`; this process's environment by default), else ``default_s``."""
+    return math.inf if environ.get(AWAIT_ENV) else default_s
+
+
+def await_head(alive: Callable[[], bool], every_s: float = 0.5) -> None:
+    """Return once ``alive()`` says the head runs again, asking every ``every_s``, however long:
+    a fresh start after a lost head waits for a fleet whose head is still coming back (e.g. an
+    emulated fleet's, ``EmulatedFleet.head_alive``)."""
+    while not alive():
+        time.sleep(every_s)
 
 
 def restart_process(address: str) -> None:
