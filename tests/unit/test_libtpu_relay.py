@@ -164,10 +164,9 @@ TPU_LABELS = {
 
 
 @pytest.fixture
-def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Relay]]:
+def fresh_process() -> Iterator[list[Relay]]:
     """serve_from_env starts one relay per process: give each test its own and close it after."""
     running: list[Relay] = []
-    monkeypatch.setattr(devicerelay, "_running", running)
     yield running
     for relay in running:
         relay.close()
@@ -191,7 +190,7 @@ def test_a_gce_tpu_host_without_libtpu_gets_a_relay_published_under_its_node(
     node = Node("127.0.0.1", "node-1", TPU_LABELS, tmp_path)
     dead = f"127.0.0.1:{_free_port()}"
     relay = devicerelay.serve_from_env(
-        {devicerelay.PORT_VAR: "0"}, node=node, put=puts.__setitem__, libtpu=dead
+        {devicerelay.PORT_VAR: "0"}, node=node, put=puts.__setitem__, libtpu=dead, running=fresh_process
     )
     assert relay is not None and relay.port > 0
     assert relay.address == f"127.0.0.1:{relay.port}"
@@ -201,7 +200,9 @@ def test_a_gce_tpu_host_without_libtpu_gets_a_relay_published_under_its_node(
     status, text = _scrape(relay)
     assert status == 503 and dead in text
     # a second runner in the same process reuses it
-    again = devicerelay.serve_from_env({devicerelay.PORT_VAR: "0"}, node=node, put=puts.__setitem__)
+    again = devicerelay.serve_from_env(
+        {devicerelay.PORT_VAR: "0"}, node=node, put=puts.__setitem__, running=fresh_process
+    )
     assert again is relay
 
 
@@ -220,7 +221,7 @@ def test_no_relay_where_there_is_another_source_or_no_tpu(
 ) -> None:
     puts: dict[str, str] = {}
     node = Node("127.0.0.1", "node-1", labels, tmp_path)
-    assert devicerelay.serve_from_env(env, node=node, put=puts.__setitem__) is None
+    assert devicerelay.serve_from_env(env, node=node, put=puts.__setitem__, running=fresh_process) is None
     assert puts == {} and fresh_process == []
 
 

@@ -303,10 +303,12 @@ def serve_from_env(
     node: Node | None = None,
     put: Callable[[str, str], object] | None = None,
     libtpu: str = LIBTPU_ADDR,
+    running: list[Relay] | None = None,
 ) -> Relay | None:
     """On a GCE TPU host (a TPU host with no ``TPU_DEVICE_PLUGIN_ADDR``, not emulated), start the
     relay in this process (once) and publish its address; returns it, else None. ``node`` defaults
-    to this process's Ray node (None without Ray) and ``put`` to Ray's KV. Never raises: the
+    to this process's Ray node (None without Ray) and ``put`` to Ray's KV; ``running`` (the relays
+    this process serves, which make it once per process) is there for tests. Never raises: the
     runner that calls it must come up whatever the host has."""
     try:
         env = dict(os.environ if environ is None else environ)
@@ -318,9 +320,10 @@ def serve_from_env(
         if setting and not (setting.isdigit() and int(setting) < 65536):
             log.warning("%s=%r is not a port (0-65535, or off); no TPU device relay", PORT_VAR, setting)
             return None
+        relays = _running if running is None else running
         with _started:
-            if _running:
-                return _running[0]
+            if relays:
+                return relays[0]
             node = node or _ray_node()
             if node is None:
                 return None
@@ -334,7 +337,7 @@ def serve_from_env(
                 state_dir=node.state_dir,
                 libtpu=libtpu,
             )
-            _running.append(relay)
+            relays.append(relay)
         publish(relay.address, node.node_id, put)
         return relay
     except Exception as err:
