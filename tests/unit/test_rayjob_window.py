@@ -45,39 +45,54 @@ class _Jobs:
         return SimpleNamespace(status="PENDING", message="", job_id=None)
 
 
-@pytest.fixture
-def fences(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
-    held: dict[str, object] = {}
+class _Placements:
+    """Ray's placement-group calls as the window makes them, recorded: ``held`` is every fence by name,
+    ``groups`` what Ray's table says each driver (Ray job id) placed."""
 
-    def placement_group(**kw: Any) -> object:
+    def __init__(self) -> None:
+        self.held: dict[str, object] = {}
+        self.groups: dict[str, list[dict[str, Any]]] = {}
+
+    def create(self, **options: Any) -> object:
         handle = object()
-        held[kw["name"]] = handle
+        self.held[options["name"]] = handle
         return handle
 
-    def remove_placement_group(handle: object) -> None:
-        for name, pg in list(held.items()):
+    def remove(self, handle: object) -> None:
+        for name, pg in list(self.held.items()):
             if pg is handle:
-                del held[name]
+                del self.held[name]
 
-    monkeypatch.setattr(rayjob, "placement_group", placement_group)
-    monkeypatch.setattr(rayjob, "remove_placement_group", remove_placement_group)
-    return held
+    def remove_id(self, pg_id: str) -> None:
+        for groups in self.groups.values():
+            groups[:] = [g for g in groups if g["id"] != pg_id]
+
+    def of_job(self, ray_job: str) -> list[dict[str, Any]]:
+        return list(self.groups.get(ray_job, []))
+
+    def existing(self, prefixes: tuple[str, ...]) -> dict[str, object]:
+        return {n: pg for n, pg in self.held.items() if n.startswith(prefixes)}
+
+
+@pytest.fixture
+def fences() -> _Placements:
+    return _Placements()
 
 
 def test_a_slice_that_comes_back_while_a_window_is_open_is_fenced_before_the_next_cycle(
-    fences: dict[str, object],
+    fences: _Placements,
 ) -> None:
     jobs = _Jobs()
-    ray_jobs = RayJobs(_Pool(), client=lambda: jobs)  # type: ignore[arg-type]
+    ray_jobs = RayJobs(_Pool(), client=lambda: jobs, placements=fences)  # type: ignore[arg-type]
     mine, other, back = _slice("tpu-v4-16-0"), _slice("tpu-v4-16-1"), _slice("tpu-v4-16-2")
     spec = AttemptSpec("job-1", 1, (mine.name,), "v4-16", ("python", "train.py"), kind="ray")
     ray_jobs.launch(spec, [mine])
     ray_jobs.advance({mine.name: mine, other.name: other})  # tpu-v4-16-2's hosts are down
     assert jobs.submitted == [rayjob.submission_id("job-1", 1)]
-    assert set(fences) == {fence_name(other.name)}  # never the admitted slice's head
+    assert set(fences.held) == {fence_name(other.name)}  # never the admitted slice's head
     # its hosts are back; the driver still waits for a head of the type: the next cycle fences it
     ray_jobs.advance({mine.name: mine, other.name: other, back.name: back})
-    assert set(fences) == {fence_name(other.name), fence_name(back.name)}
+    assert set(fences.held) == {fence_name(other.name), fence_name(back.name)}
 
 
 class _Started(_Jobs):
@@ -87,13 +102,10 @@ class _Started(_Jobs):
         return SimpleNamespace(status="RUNNING", message="", job_id="02000000")
 
 
-def _trainer_head_on(monkeypatch: pytest.MonkeyPatch, info: SliceInfo, resource: str) -> None:
+def _trainer_head_on(fences: _Placements, info: SliceInfo, resource: str) -> None:
     """Ray's placement-group table: the driver's one group has a bundle on ``info``'s first host."""
     bundle = (info.hosts[0].node_id, {resource: 1.0})
-    groups = [{"id": "ab" * 14, "name": "", "bundles": [bundle]}]
-    monkeypatch.setattr(
-        rayjob, "job_placement_groups", lambda ray_job: groups if ray_job == "02000000" else []
-    )
+    fences.groups["02000000"] = [{"id": "ab" * 14, "name": "", "bundles": [bundle]}]
 
 
 @pytest.mark.parametrize(
@@ -105,15 +117,15 @@ def _trainer_head_on(monkeypatch: pytest.MonkeyPatch, info: SliceInfo, resource:
     ],
 )
 def test_a_trainer_on_a_slice_that_came_back_during_its_window_is_requeued_any_other_misplacement_fails(
-    fences: dict[str, object], monkeypatch: pytest.MonkeyPatch, where: str, resource: str, requeued: bool
+    fences: _Placements, where: str, resource: str, requeued: bool
 ) -> None:
-    ray_jobs = RayJobs(_Pool(), client=_Started)  # type: ignore[arg-type]
+    ray_jobs = RayJobs(_Pool(), client=_Started, placements=fences)  # type: ignore[arg-type]
     mine, other, back = _slice("tpu-v4-16-0"), _slice("tpu-v4-16-1"), _slice("tpu-v4-16-2")
     down = replace(back, hosts=tuple(replace(h, alive=False) for h in back.hosts), problems=("hosts down",))
     assert not down.intact
     ray_jobs.launch(AttemptSpec("job-1", 1, (mine.name,), "v4-16", ("python", "t.py"), kind="ray"), [mine])
     ray_jobs.advance({mine.name: mine, other.name: other, back.name: down})  # the window opens
-    _trainer_head_on(monkeypatch, {"back": back, "other": other}[where], resource)
+    _trainer_head_on(fences, {"back": back, "other": other}[where], resource)
     ray_jobs.advance({mine.name: mine, other.name: other, back.name: back})  # its hosts are back
     status = ray_jobs.status(("job-1", 1), dead_nodes=set())
     name = {"back": back, "other": other}[where].name
@@ -127,20 +139,17 @@ def test_a_trainer_on_a_slice_that_came_back_during_its_window_is_requeued_any_o
 
 
 def test_a_restarted_control_plane_keeps_an_adopted_jobs_fences_and_removes_the_ones_left_stray(
-    fences: dict[str, object], monkeypatch: pytest.MonkeyPatch
+    fences: _Placements,
 ) -> None:
     """Fences are detached, so a killed control plane leaves them in Ray; the next one takes them
     over by name. One left on a slice no live Ray job holds would keep that slice's head forever."""
     mine, stray = _slice("tpu-v4-16-0"), _slice("tpu-v4-16-1")
     left = {fence_name(mine.name): object(), fence_name(stray.name): object()}
-    fences.update(left)  # what Ray holds after the kill
-    monkeypatch.setattr(
-        rayjob, "existing_pgs", lambda prefixes: {n: pg for n, pg in fences.items() if n.startswith(prefixes)}
-    )
-    ray_jobs = RayJobs(_Pool(), client=_Started)  # type: ignore[arg-type]
+    fences.held.update(left)  # what Ray holds after the kill
+    ray_jobs = RayJobs(_Pool(), client=_Started, placements=fences)  # type: ignore[arg-type]
     ray_jobs.take_over_fences()
     ray_jobs.adopt(("job-1", 1), [mine], "v4-16")  # its driver still runs: its slice stays fenced
     ray_jobs.drop_stray_fences()
-    assert fences == {fence_name(mine.name): left[fence_name(mine.name)]}  # the same group, not a second
+    assert fences.held == {fence_name(mine.name): left[fence_name(mine.name)]}  # the same group, not a second
     ray_jobs.release_fences()  # and teardown removes the one it took over
-    assert fences == {}
+    assert fences.held == {}

@@ -12,11 +12,6 @@ from tpufleet import runtime
 from tpufleet.runtime import StepProgress, read_progress, report_step
 
 
-@pytest.fixture(autouse=True)
-def fresh_reporter(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtime, "_reporter", runtime._Reporter())
-
-
 def env(path: Path, **more: str) -> dict[str, str]:
     return {runtime.PROGRESS_VAR: str(path), **more}
 

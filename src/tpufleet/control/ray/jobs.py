@@ -125,13 +125,19 @@ def _slice_of_node(infos: Iterable[SliceInfo]) -> dict[str, str]:
 class RayJobs:
     """The Ray-job part of ``RayExecutor``; not thread-safe on its own (the executor locks)."""
 
-    def __init__(self, pool: SlicePool, client: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        pool: SlicePool,
+        client: Callable[[], Any] | None = None,
+        placements: RayPlacements | None = None,
+    ) -> None:
         self._pool = pool
+        self._pg = placements or RayPlacements()
         self._make_client = client or _default_client
         self._client: Any = None
         self._attempts: dict[Key, RayAttempt] = {}
         self._window: dict[str, Key] = {}  # slice type -> the attempt whose trainer may take a head
-        self._fences: dict[str, PlacementGroup] = {}
+        self._fences: dict[str, Any] = {}  # slice name -> its fence (a PlacementGroup)
         self._inventory: dict[str, SliceInfo] = {}  # as of the last ``advance``
         self._order = itertools.count()
 
@@ -227,7 +233,7 @@ class RayJobs:
     def _fence(self, info: SliceInfo) -> None:
         if info.name in self._fences:
             return
-        self._fences[info.name] = placement_group(
+        self._fences[info.name] = self._pg.create(
             bundles=[{f"TPU-{info.accelerator_type}-head": 1}],
             bundle_label_selector=[
                 {SLICE_LABEL: info.name, WORKER_LABEL: "0", POD_TYPE_LABEL: info.accelerator_type}
@@ -240,7 +246,7 @@ class RayJobs:
         pg = self._fences.pop(name, None)
         if pg is not None:
             with contextlib.suppress(Exception):
-                remove_placement_group(pg)
+                self._pg.remove(pg)
 
     def release_fences(self) -> None:
         for name in list(self._fences):
@@ -309,7 +315,7 @@ class RayJobs:
         heads = {i.hosts[0].node_id for i in att.infos if i.hosts}
         on: set[str] = set()
         took: set[str] = set()
-        for pg in job_placement_groups(att.ray_job or ""):
+        for pg in self._pg.of_job(att.ray_job or ""):
             for node, resources in pg["bundles"]:
                 if not node or not any(k.startswith("TPU") for k in resources):
                     continue  # not placed yet, or no TPU (a CPU bundle may go anywhere)
@@ -399,12 +405,12 @@ class RayJobs:
         if not att.ray_job:
             return
         deadline = time.monotonic() + 20
-        while job_placement_groups(att.ray_job) and time.monotonic() < deadline:
+        while self._pg.of_job(att.ray_job) and time.monotonic() < deadline:
             time.sleep(0.2)
-        for pg in job_placement_groups(att.ray_job):
+        for pg in self._pg.of_job(att.ray_job):
             log.warning("removing placement group %s that Ray job %s left", pg["id"], att.ray_job)
             with contextlib.suppress(Exception):
-                remove_placement_group(_pg_handle(pg["id"]))
+                self._pg.remove_id(pg["id"])
 
     def finished(self, key: Key) -> list[str]:
         """After ``stop``: drop the attempt's fences unless a window of its type is open (then they
@@ -439,7 +445,7 @@ class RayJobs:
         """Know the fences a previous control plane left by name (they are detached: Ray holds them
         past its end), so ``adopt`` keeps an adopted job's instead of making a second of the same
         name and ``drop_stray_fences`` can give the others back."""
-        for name, pg in existing_pgs((FENCE_PREFIX,)).items():
+        for name, pg in self._pg.existing((FENCE_PREFIX,)).items():
             self._fences.setdefault(name.removeprefix(FENCE_PREFIX), pg)
 
     def drop_stray_fences(self) -> None:
@@ -475,6 +481,27 @@ def _host_state(att: RayAttempt) -> tuple[HostState, int | None]:
     if att.status == "FAILED":
         return HostState.EXITED, att.exit_code if att.exit_code not in (None, 0) else None
     return HostState.RUNNING, None
+
+
+class RayPlacements:
+    """Ray's placement-group calls the Ray-job window makes, in one object: fences made and removed,
+    a driver's groups read, the fences a killed control plane left found again by name. Tests hand
+    :class:`RayJobs` one that records the calls instead (no Ray)."""
+
+    def create(self, **options: Any) -> Any:
+        return placement_group(**options)
+
+    def remove(self, handle: Any) -> None:
+        remove_placement_group(handle)
+
+    def remove_id(self, pg_id: str) -> None:
+        remove_placement_group(_pg_handle(pg_id))
+
+    def of_job(self, ray_job: str) -> list[dict[str, Any]]:
+        return job_placement_groups(ray_job)
+
+    def existing(self, prefixes: tuple[str, ...]) -> dict[str, Any]:
+        return existing_pgs(prefixes)
 
 
 def job_placement_groups(ray_job: str) -> list[dict[str, Any]]:
