@@ -21,7 +21,7 @@ One cycle (:meth:`Service.run_once`):
 5. **Files.** What the hosts measured of each tenant's checkpoint directory (with their poll
    answers) is stored per tenant; the quota itself is enforced on the hosts. With a retention
    (``checkpoint_retention_s``), finished jobs' checkpoint directories are removed through a host
-   every ``retention_check_s`` (``control/store/checkpoints.py``), off the loop's thread.
+   every ``retention_check_s`` (``control/loop/tenantfiles.py``), off the loop's thread.
 
 One job's faults stay with that job: any error while launching, polling or stopping one attempt
 ends that attempt with the error as its reason, and launches and stops (which may take the grace
@@ -51,7 +51,7 @@ from typing import Any
 
 from tpufleet.control.cluster.protocol import AttemptSpec, AttemptStatus, ClusterClient, HostState, HostStatus
 from tpufleet.control.loop.schedstate import SchedState
-from tpufleet.control.store import checkpoints
+from tpufleet.control.loop.tenantfiles import TenantFiles
 from tpufleet.control.store import values as r
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.loopwrites import ActiveJob, Transitions
@@ -131,7 +131,7 @@ class Service:
         self._progress_due: dict[Key, StepProgress] = {}
         self._last_cycle = time.monotonic()
         self._pool = ThreadPoolExecutor(self.config.stop_threads) if self.config.stop_threads else None
-        self.files = checkpoints.TenantFiles(
+        self.files = TenantFiles(
             store,
             cluster,
             self.job_root,

@@ -53,7 +53,7 @@ from tpufleet.scheduler import lifecycle as lc
 
 __all__ = ["Clock", "Store", "make_engine", "new_job_id", "new_token", "token_hash"]
 
-Clock = Callable[[], float]
+Clock = r.Clock  # where callers have always imported it from
 
 
 def new_job_id() -> str:
@@ -475,7 +475,7 @@ class Store(TenantOps):
         """Delete the packages (of ``tenant``, or everyone's) that no queued or running job names and
         that were neither uploaded nor used by a job that ended in the last ``packages.UNUSED_KEEP_S``;
         returns how many went. Run at every upload, for the uploading tenant, and by the loop for everyone
-        every ``ServiceConfig.retention_check_s`` (``checkpoints.TenantFiles``)."""
+        every ``ServiceConfig.retention_check_s`` (``loop/tenantfiles.py``)."""
         with self.tx() as s:
             return self._collect_packages(s, tenant)
 

@@ -61,9 +61,7 @@ class TenantOps:
     ``add_event`` and ``request_cancel``)."""
 
     if TYPE_CHECKING:
-        from tpufleet.control.store.facade import Clock
-
-        clock: Clock
+        clock: r.Clock
         limits: r.Limits
 
         def tx(self) -> AbstractContextManager[Session]: ...

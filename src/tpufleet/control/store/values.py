@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePath
 from typing import Any
@@ -18,6 +18,8 @@ from tpufleet import catalog
 from tpufleet.contract import RAY_TRAIN_POLL_MIN_S, RAY_TRAIN_POLL_VAR
 from tpufleet.errors import SpecError
 from tpufleet.scheduler.lifecycle import JobState, SliceState
+
+Clock = Callable[[], float]  # seconds since the epoch; the store and the loop take one (tests: a fake)
 
 # Job and slice states as stored (the names of scheduler.model's JobState / SliceState members).
 # Job and slice states: the lifecycle's enums (scheduler/lifecycle.py), named here for the store's queries.
