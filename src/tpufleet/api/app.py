@@ -27,17 +27,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import text
-from sqlalchemy.exc import DataError, OperationalError
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tpufleet
-from tpufleet.api import auth, logstream, page
-from tpufleet.api.authguard import AuthGuard, TooManyFailures
+from tpufleet.api import auth, errormap, logstream, page
+from tpufleet.api.authguard import AuthGuard
+from tpufleet.api.errormap import responses
 from tpufleet.api.limits import MAX_BATCH_BODY_BYTES, MAX_BATCH_JOBS, BodyLimit
 from tpufleet.control.store import listing
 from tpufleet.control.store.facade import Store
@@ -55,32 +52,9 @@ from tpufleet.control.store.values import (
     Limits,
     Principal,
 )
-from tpufleet.errors import AuthError, ClusterError, ForbiddenError, SpecError, TpufleetError
+from tpufleet.errors import AuthError, ForbiddenError, SpecError, TpufleetError
 
 API = "/api/v1"
-
-
-class ErrorBody(BaseModel):
-    error: str = Field(description="one line: what was wrong and what is accepted")
-
-
-_WHY = {
-    400: "bad input",
-    401: "missing or unknown bearer token",
-    403: "the token may not do this",
-    404: "no such object (or another tenant's)",
-    409: "conflicts with the object's state or a cap",
-    413: "request body over the cap",
-    415: "wrong Content-Type",
-    422: "malformed body or parameters",
-    429: "too many failed authentications from this address; see Retry-After",
-    503: "database or cluster unavailable",
-}
-
-
-def _errs(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` for the errors a route really returns (every /api/v1 route: 401, 429, 503)."""
-    return {c: {"model": ErrorBody, "description": _WHY[c]} for c in sorted({401, 429, 503, *codes})}
 
 
 class TenantCreate(BaseModel):
@@ -257,7 +231,7 @@ def create_app(
     app.add_middleware(
         BodyLimit, limits=app.state.limits, upload_path=f"{API}/packages", batch_path=f"{API}/jobs/batch"
     )
-    _errors(app)
+    errormap.install(app)
 
     @app.get("/healthz", tags=["health"], response_model=Health, responses={503: {"model": Health}})
     def healthz() -> JSONResponse:
@@ -265,8 +239,7 @@ def create_app(
         cycling or the database does not answer. Never any error text (see ``GET /api/v1/status``)."""
         try:
             info = app.state.status()
-            with store.tx() as s:
-                s.execute(text("SELECT 1"))
+            store.ping()
             stalled = bool(info["stalled"])
             cycles = int(info["cycles"] or 0)
         except Exception:
@@ -277,7 +250,7 @@ def create_app(
     app.include_router(router, prefix=API)
     from tpufleet.api import metrics_routes  # GET /metrics and /api/v1/cost (they import this module)
 
-    metrics_routes.install(app, store, who=_who, errors=_errs, registry=metrics, prices=prices)
+    metrics_routes.install(app, store, who=_who, errors=responses, registry=metrics, prices=prices)
     from tpufleet.api import slicegroups  # the slice manager's routes (they import this module)
 
     app.include_router(slicegroups.router, prefix=API)
@@ -285,12 +258,12 @@ def create_app(
     return app
 
 
-@router.get("/whoami", tags=["auth"], responses=_errs())
+@router.get("/whoami", tags=["auth"], responses=responses())
 def whoami(me: Who) -> dict[str, Any]:
     return {"tenant": me.tenant, "admin": me.admin, "scope": me.scope, "token_id": me.token_id}
 
 
-@router.get("/status", tags=["health"], responses=_errs(403))
+@router.get("/status", tags=["health"], responses=responses(403))
 def scheduler_status(me: Who, store: Db, request: Request) -> dict[str, Any]:
     """The loop's figures and the fleet's counts (admin): ``queued``, ``running`` (jobs holding
     slices), ``cycles``, ``cycle_ms_last``, ``cycle_ms_p50``, ``slices`` (count by state),
@@ -299,7 +272,7 @@ def scheduler_status(me: Who, store: Db, request: Request) -> dict[str, Any]:
     return {**request.app.state.status(), **store.counts()}
 
 
-@router.post("/tenants", status_code=201, tags=["tenants"], responses=_errs(400, 403, 409, 413, 422))
+@router.post("/tenants", status_code=201, tags=["tenants"], responses=responses(400, 403, 409, 413, 422))
 def create_tenant(body: TenantCreate, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Create a tenant (admin). Its token is in the answer, and only there. The name of a deleted
     tenant stays taken (409)."""
@@ -309,7 +282,7 @@ def create_tenant(body: TenantCreate, me: Who, store: Db, request: Request) -> d
     return {**tenant.to_dict(), "token": token}
 
 
-@router.get("/tenants", tags=["tenants"], responses=_errs(403, 422))
+@router.get("/tenants", tags=["tenants"], responses=responses(403, 422))
 def list_tenants(
     me: Who,
     store: Db,
@@ -323,7 +296,7 @@ def list_tenants(
     return [t.to_dict() for t in store.tenants(include_deleted=include_deleted)]
 
 
-@router.get("/tenants/{name}", tags=["tenants"], responses=_errs(403, 404, 422))
+@router.get("/tenants/{name}", tags=["tenants"], responses=responses(403, 404, 422))
 def get_tenant(name: str, me: Who, store: Db) -> dict[str, Any]:
     """One tenant (admin; a tenant's own token reads its own), live or deleted: ``state`` is active,
     deleting or deleted; ``checkpoints``: its checkpoint directory as a host last measured it
@@ -333,7 +306,7 @@ def get_tenant(name: str, me: Who, store: Db) -> dict[str, Any]:
     return store.tenant(name).to_dict()
 
 
-@router.patch("/tenants/{name}", tags=["tenants"], responses=_errs(400, 403, 404, 409, 422))
+@router.patch("/tenants/{name}", tags=["tenants"], responses=responses(400, 403, 404, 409, 422))
 def update_tenant(name: str, body: TenantUpdate, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Change a tenant's quota (merged per generation; 0 removes one), weight or preemption
     setting (admin). Used from the scheduling loop's next cycle; lowering a quota below what the
@@ -346,7 +319,7 @@ def update_tenant(name: str, body: TenantUpdate, me: Who, store: Db, request: Re
     return out
 
 
-@router.delete("/tenants/{name}", tags=["tenants"], responses=_errs(403, 404, 409, 422))
+@router.delete("/tenants/{name}", tags=["tenants"], responses=responses(403, 404, 409, 422))
 def delete_tenant(
     name: str,
     me: Who,
@@ -366,7 +339,7 @@ def delete_tenant(
     return {**tenant.to_dict(), "cancelled": cancelled}
 
 
-@router.post("/tokens", status_code=201, tags=["tokens"], responses=_errs(400, 403, 404, 409, 422))
+@router.post("/tokens", status_code=201, tags=["tokens"], responses=responses(400, 403, 404, 409, 422))
 def create_token(body: TokenCreate, me: Who, store: Db) -> dict[str, Any]:
     """A new token for a tenant (admin): scope ``jobs`` or ``metrics``. The secret is in the
     answer (``token``), and only there."""
@@ -375,7 +348,7 @@ def create_token(body: TokenCreate, me: Who, store: Db) -> dict[str, Any]:
     return {**record.to_dict(), "token": token}
 
 
-@router.get("/tokens", tags=["tokens"], responses=_errs(403, 404, 422))
+@router.get("/tokens", tags=["tokens"], responses=responses(403, 404, 422))
 def list_tokens(
     me: Who,
     store: Db,
@@ -387,7 +360,7 @@ def list_tokens(
     return [t.to_dict() for t in store.tokens(tenant)]
 
 
-@router.post("/tokens/rotate-admin", tags=["tokens"], responses=_errs(403))
+@router.post("/tokens/rotate-admin", tags=["tokens"], responses=responses(403))
 def rotate_admin(me: Who, store: Db, request: Request) -> dict[str, Any]:
     """A new admin token; every other admin token is revoked at once (admin). The server writes it
     to its ``<state-dir>/admin-token`` (mode 0600, ``path``); the answer has it too (``token``)."""
@@ -399,7 +372,7 @@ def rotate_admin(me: Who, store: Db, request: Request) -> dict[str, Any]:
     return {**record.to_dict(), "token": token, "revoked": revoked, "path": str(path) if path else None}
 
 
-@router.post("/tokens/{token_id}/revoke", tags=["tokens"], responses=_errs(403, 404, 409, 422))
+@router.post("/tokens/{token_id}/revoke", tags=["tokens"], responses=responses(403, 404, 409, 422))
 def revoke_token(token_id: str, me: Who, store: Db) -> dict[str, Any]:
     """Revoke a token by id (admin): every request with it is a 401 from now on. The last admin
     token is not revoked (409: rotate it instead)."""
@@ -407,7 +380,7 @@ def revoke_token(token_id: str, me: Who, store: Db) -> dict[str, Any]:
     return store.revoke_token(token_id, actor=me.actor).to_dict()
 
 
-@router.get("/events", tags=["events"], response_model=EventPage, responses=_errs(400, 403, 422))
+@router.get("/events", tags=["events"], response_model=EventPage, responses=responses(400, 403, 422))
 def list_events(
     me: Who,
     store: Db,
@@ -430,7 +403,7 @@ def list_events(
     return {"items": [e.to_dict() for e in items], "next": None if last is None else encode_cursor(last)}
 
 
-@router.get("/slices", tags=["slices"], responses=_errs())
+@router.get("/slices", tags=["slices"], responses=responses())
 def list_slices(me: Who, store: Db) -> list[dict[str, Any]]:
     """Every slice and its state; a tenant's token sees the holder only of its own jobs (another
     tenant's job id shows as null, the slice still HELD)."""
@@ -443,7 +416,7 @@ def list_slices(me: Who, store: Db) -> list[dict[str, Any]]:
     return rows
 
 
-@router.get("/fleet", tags=["slices"], responses=_errs())
+@router.get("/fleet", tags=["slices"], responses=responses())
 def fleet(me: Who, store: Db, request: Request) -> dict[str, Any]:
     """The fleet page's (and ``tpufleet top``'s) one read: every slice with its hosts and chips,
     the queue head with positions and wait reasons, the caller's running and recent jobs, and each
@@ -458,7 +431,7 @@ def fleet(me: Who, store: Db, request: Request) -> dict[str, Any]:
     return view
 
 
-@router.post("/slices/{name}/drain", tags=["slices"], responses=_errs(403, 404, 422))
+@router.post("/slices/{name}/drain", tags=["slices"], responses=responses(403, 404, 422))
 def drain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Place no new job on the slice (admin); its current holder runs to the end."""
     auth.require_admin(me)
@@ -467,7 +440,7 @@ def drain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     return out
 
 
-@router.post("/slices/{name}/undrain", tags=["slices"], responses=_errs(403, 404, 422))
+@router.post("/slices/{name}/undrain", tags=["slices"], responses=responses(403, 404, 422))
 def undrain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     auth.require_admin(me)
     out = store.set_draining(name, False, actor=me.actor).to_dict()
@@ -480,7 +453,7 @@ def undrain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     status_code=201,
     tags=["jobs"],
     response_model=PackageOut,
-    responses=_errs(400, 403, 404, 409, 413, 415, 422),
+    responses=responses(400, 403, 404, 409, 413, 415, 422),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -511,7 +484,7 @@ async def upload_package(
     return {"id": package_id, "size": len(data)}
 
 
-@router.post("/jobs", status_code=201, tags=["jobs"], responses=_errs(400, 403, 404, 409, 413, 422))
+@router.post("/jobs", status_code=201, tags=["jobs"], responses=responses(400, 403, 404, 409, 413, 422))
 def submit(body: JobSubmit, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Queue a job. Over the per-tenant cap on queued jobs (``serve --max-queued-per-tenant``,
     default 100,000) it is a 409; a working_dir package this tenant did not upload is a 404."""
@@ -527,7 +500,7 @@ def submit(body: JobSubmit, me: Who, store: Db, request: Request) -> dict[str, A
     status_code=201,
     tags=["jobs"],
     response_model=BatchOut,
-    responses=_errs(400, 403, 404, 409, 413, 422),
+    responses=responses(400, 403, 404, 409, 413, 422),
 )
 def submit_batch(body: JobBatch, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Queue many jobs at once, all or none: every item is validated first (one bad item is a 400
@@ -564,7 +537,7 @@ def _at_item(err: TpufleetError, index: int) -> TpufleetError:
     return type(err)(f"jobs[{index}]: {err}")
 
 
-@router.get("/jobs", tags=["jobs"], response_model=JobPage, responses=_errs(400, 422))
+@router.get("/jobs", tags=["jobs"], response_model=JobPage, responses=responses(400, 422))
 def list_jobs(
     me: Who,
     store: Db,
@@ -621,20 +594,22 @@ def decode_cursor(cursor: str | None) -> int:
     return int(found.group(1))
 
 
-@router.get("/jobs/{job_id}", tags=["jobs"], responses=_errs(404, 422))
+@router.get("/jobs/{job_id}", tags=["jobs"], responses=responses(404, 422))
 def get_job(job_id: str, me: Who, store: Db) -> dict[str, Any]:
     from tpufleet.api.metrics_routes import job_with_goodput
 
     return job_with_goodput(store.job(job_id, tenant=auth.job_scope(me)), store.clock())
 
 
-@router.get("/jobs/{job_id}/events", tags=["jobs"], responses=_errs(404, 422))
+@router.get("/jobs/{job_id}/events", tags=["jobs"], responses=responses(404, 422))
 def job_events(job_id: str, me: Who, store: Db) -> list[dict[str, Any]]:
     store.job(job_id, tenant=auth.job_scope(me))
     return store.events(job_id)
 
 
-@router.get("/jobs/{job_id}/logs", tags=["jobs"], response_model=logstream.LogOut, responses=_errs(404, 422))
+@router.get(
+    "/jobs/{job_id}/logs", tags=["jobs"], response_model=logstream.LogOut, responses=responses(404, 422)
+)
 def job_logs(
     job_id: str,
     me: Who,
@@ -652,45 +627,8 @@ def job_logs(
     return logstream.response(store, read, spans)
 
 
-@router.post("/jobs/{job_id}/cancel", tags=["jobs"], responses=_errs(404, 409, 422))
+@router.post("/jobs/{job_id}/cancel", tags=["jobs"], responses=responses(404, 409, 422))
 def cancel(job_id: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     job = store.request_cancel(job_id, tenant=auth.job_scope(me), actor=me.actor)
     _changed(request)
     return job.to_dict()
-
-
-def _errors(app: FastAPI) -> None:
-    """Every error as ``{"error": "<one line>"}``."""
-
-    @app.exception_handler(TpufleetError)
-    def tpufleet_error(_request: Request, err: TpufleetError) -> JSONResponse:
-        headers = {}
-        if isinstance(err, ClusterError | TooManyFailures) and err.retry_after is not None:
-            headers["Retry-After"] = str(max(1, round(err.retry_after)))
-        if isinstance(err, AuthError):
-            headers["WWW-Authenticate"] = "Bearer"
-        return JSONResponse({"error": _one_line(str(err))}, status_code=err.http_status, headers=headers)
-
-    @app.exception_handler(RequestValidationError)
-    def invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
-        problems = []
-        for e in err.errors()[:3]:
-            where = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path"))
-            problems.append(f"{where}: {e.get('msg', 'invalid')}" if where else str(e.get("msg")))
-        return JSONResponse({"error": _one_line("; ".join(problems))}, status_code=422)
-
-    @app.exception_handler(DataError)
-    def unstorable(_request: Request, _err: DataError) -> JSONResponse:
-        return JSONResponse({"error": "a value the database cannot store (e.g. a NUL character)"}, 400)
-
-    @app.exception_handler(OperationalError)
-    def database_down(_request: Request, err: OperationalError) -> JSONResponse:
-        return JSONResponse({"error": _one_line(f"database unavailable: {err.orig}")}, status_code=503)
-
-    @app.exception_handler(StarletteHTTPException)
-    def http_error(_request: Request, err: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": _one_line(str(err.detail))}, status_code=err.status_code)
-
-
-def _one_line(message: str) -> str:
-    return " ".join(message.split())

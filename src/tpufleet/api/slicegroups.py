@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tpufleet.api import auth
-from tpufleet.api.app import _errs
+from tpufleet.api.errormap import responses
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.slicegroups import (
     CONFIG_KEYS,
@@ -67,7 +67,7 @@ def group_view(store: Store, group: GroupRecord) -> dict[str, Any]:
     return out
 
 
-@router.post("/slice-groups", status_code=201, responses=_errs(400, 403, 404, 409, 413, 422))
+@router.post("/slice-groups", status_code=201, responses=responses(400, 403, 404, 409, 413, 422))
 def create_group(body: GroupCreate, store: Admin, request: Request) -> dict[str, Any]:
     """Ask for a named slice group (admin)."""
     conf = slice_config(body.config)
@@ -78,17 +78,17 @@ def create_group(body: GroupCreate, store: Admin, request: Request) -> dict[str,
     return group_view(store, group)
 
 
-@router.get("/slice-groups", responses=_errs(403))
+@router.get("/slice-groups", responses=responses(403))
 def list_groups(store: Admin) -> list[dict[str, Any]]:
     return [group_view(store, g) for g in SliceGroups(store).all()]
 
 
-@router.get("/slice-groups/{name}", responses=_errs(403, 404, 422))
+@router.get("/slice-groups/{name}", responses=responses(403, 404, 422))
 def get_group(name: str, store: Admin) -> dict[str, Any]:
     return group_view(store, SliceGroups(store).get(name))
 
 
-@router.delete("/slice-groups/{name}", responses=_errs(403, 404, 422))
+@router.delete("/slice-groups/{name}", responses=responses(403, 404, 422))
 def delete_group(name: str, store: Admin, request: Request, force: bool = False) -> dict[str, Any]:
     """Drain and delete (admin): waits for the holder to finish, or with ``force`` preempts it
     (checkpoint signal and grace, requeued without using a retry), then releases the slices."""
@@ -97,7 +97,7 @@ def delete_group(name: str, store: Admin, request: Request, force: bool = False)
     return group_view(store, group)
 
 
-@router.get("/slice-groups/{name}/utilization", responses=_errs(400, 403, 404, 422))
+@router.get("/slice-groups/{name}/utilization", responses=responses(400, 403, 404, 422))
 def utilization(
     name: str,
     store: Admin,

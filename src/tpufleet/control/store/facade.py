@@ -26,6 +26,7 @@ from sqlalchemy import (
     insert,
     make_url,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -203,6 +204,12 @@ class Store(TenantOps):
             finally:  # the pragma belongs to the pooled connection, which others get next
                 conn.exec_driver_sql(f"PRAGMA synchronous = {level}")
                 conn.commit()
+
+    def ping(self) -> None:
+        """Ask the database one trivial question; raises what the driver raises when it cannot answer
+        (``/healthz`` says ``stalled`` then)."""
+        with self.tx() as s:
+            s.execute(text("SELECT 1"))
 
     def close(self) -> None:
         self.engine.dispose()
