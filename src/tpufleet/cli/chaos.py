@@ -74,12 +74,12 @@ def _running_fleet(address: str | None, emulator_dir: Path | None) -> tuple[Path
 def _server_access(server: str, token: str | None, state_dir: Path | None) -> tuple[str, Path]:
     """The admin token and state directory of ``server``: given, else what its `serve` remembered."""
     from tpufleet.cli import context
-    from tpufleet.cli.control import _read_token
+    from tpufleet.cli.common import read_token
 
     remembered = context.load()
     same = remembered.server is not None and remembered.server.rstrip("/") == server.rstrip("/")
     if token is None and same and remembered.admin_token_path:
-        token = _read_token(Path(remembered.admin_token_path))  # None when it is gone: asked for below
+        token = read_token(Path(remembered.admin_token_path))  # None when it is gone: asked for below
     if state_dir is None and same and remembered.server_state_dir:
         state_dir = Path(remembered.server_state_dir)
     if not token:

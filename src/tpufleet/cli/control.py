@@ -16,11 +16,9 @@ import re
 import shlex
 import sys
 import time
-import unicodedata
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich import box
 from rich.markup import escape
@@ -28,6 +26,18 @@ from rich.table import Table
 from rich.text import Text
 
 from tpufleet.cli._app import app, console, console_err, print_json
+from tpufleet.cli.common import (
+    ERRORS,
+    JsonOpt,
+    ServerOpt,
+    TokenOpt,
+    cell,
+    checkpoint_text,
+    make_client,
+    safe,
+    slice_app,
+    tenant_app,
+)
 from tpufleet.client.http import DEFAULT_SERVER, Client
 from tpufleet.control.cluster.protocol import ClusterClient
 from tpufleet.control.store.values import DEFAULT_LIMITS, Limits
@@ -35,57 +45,10 @@ from tpufleet.errors import InputError, SpecError, TpufleetError
 from tpufleet.host.runlimits import DEFAULT_OPEN_FILES, DEFAULT_PROCESSES
 from tpufleet.scheduler.lifecycle import TERMINAL_STATES
 
-ServerOpt = Annotated[
-    str, typer.Option("--server", envvar="TPUFLEET_SERVER", help="Control plane URL.", show_default=True)
-]
-TokenOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--token", envvar="TPUFLEET_TOKEN", help="Bearer token (default: the local admin token, if readable)."
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 TERMINAL = tuple(TERMINAL_STATES)  # the lifecycle's, as plain strings for comparisons with JSON
-ERRORS = "Errors: bad input exits 2 with one line; an unreachable server exits 1."
 
-tenant_app = typer.Typer(help="Manage tenants (admin token).", no_args_is_help=True)
-slice_app = typer.Typer(
-    help="Create, delete and measure slice groups; drain or undrain a slice (admin token).",
-    no_args_is_help=True,
-)
-app.add_typer(tenant_app, name="tenant")
+app.add_typer(tenant_app, name="tenant")  # here, not in common: the order of --help
 app.add_typer(slice_app, name="slice")
-
-
-def _client(ctx: typer.Context, server: str, token: str | None) -> Client:
-    """--server/$TPUFLEET_SERVER, else the URL `tpufleet serve` remembered; --token/$TPUFLEET_TOKEN,
-    else the admin token file it remembered (only for that same server), else ~/.tpufleet's."""
-    from tpufleet.cli import context
-
-    remembered = context.load()
-    source = ctx.get_parameter_source("server")
-    if remembered.server and (source is None or source.name == "DEFAULT"):
-        server = remembered.server
-    if not token and remembered.admin_token_path and server == remembered.server:
-        token = _read_token(Path(remembered.admin_token_path))
-    if not token:
-        from tpufleet.api.server import default_state_dir
-
-        path = default_state_dir() / "admin-token"
-        if path.is_file():
-            try:
-                token = path.read_text().strip() or None
-            except OSError:
-                token = None
-    http = ctx.obj if isinstance(ctx.obj, httpx.Client) else None
-    return Client(server or DEFAULT_SERVER, token, http=http)
-
-
-def _read_token(path: Path) -> str | None:
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
 
 
 def _kv(values: list[str], what: str) -> dict[str, str]:
@@ -427,26 +390,6 @@ def _url_prefix(prefix: str) -> str:
     return prefix
 
 
-def safe(text: object, *, keep: str = "") -> str:
-    """``text`` with control and format characters (escape sequences, bidi overrides) shown as
-    ``\\x1b``-style escapes, except those in ``keep``: user text never drives the terminal."""
-    out = []
-    for c in str(text):
-        if c not in keep and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
-            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-        else:
-            out.append(c)
-    return "".join(out)
-
-
-def _cell(text: object, width: int | None = None) -> Text:
-    """User text for a table cell: escaped, no markup, cut to ``width`` cells with an ellipsis."""
-    cell = Text(safe(text))
-    if width is not None:
-        cell.truncate(width, overflow="ellipsis")
-    return cell
-
-
 @tenant_app.command("create", epilog=ERRORS)
 def tenant_create(
     ctx: typer.Context,
@@ -470,7 +413,7 @@ def tenant_create(
 
     chips = parse_quota(quota)
     check_preemption(preemption)
-    out = _client(ctx, server, token).create_tenant(name, chips, weight, preemption)
+    out = make_client(ctx, server, token).create_tenant(name, chips, weight, preemption)
     if as_json:
         print_json({"name": out["name"], "token": out["token"]})
         return
@@ -494,7 +437,7 @@ def tenants_cmd(
     --checkpoint-quota-gib; "none": no limit; "-": no run has reported yet). Deleted tenants are
     left out unless --all: then they show with their state, deleting (its cancelled jobs still
     stop) or deleted."""
-    rows = _client(ctx, server, token).tenants(include_deleted=all_)
+    rows = make_client(ctx, server, token).tenants(include_deleted=all_)
     if as_json:
         print_json(rows)
         return
@@ -502,9 +445,9 @@ def tenants_cmd(
     table = Table(*columns, title=f"tenants ({len(rows)})", title_justify="left")
     for t in rows:
         quota = ", ".join(f"{g}={c}" for g, c in t["quota"].items()) or "-"
-        cells: list[Text | str] = [_cell(t["name"]), _cell(quota), f"{t['weight']:g}"]
-        cells += [_cell(t.get("preemption", "-")), checkpoint_text(t.get("checkpoints") or {})]
-        table.add_row(*cells, *([_cell(t.get("state", "active"))] if all_ else []))
+        cells: list[Text | str] = [cell(t["name"]), cell(quota), f"{t['weight']:g}"]
+        cells += [cell(t.get("preemption", "-")), checkpoint_text(t.get("checkpoints") or {})]
+        table.add_row(*cells, *([cell(t.get("state", "active"))] if all_ else []))
     console.print(table)
 
 
@@ -519,18 +462,6 @@ def checkpoint_rules(
             raise SpecError(f"must be a number > 0, got {value:g}", field=flag)
     quota = None if quota_gib is None else max(1, int(quota_gib * (1 << 30)))
     return quota, None if retention_days is None else retention_days * 86400.0
-
-
-def checkpoint_text(usage: dict[str, Any]) -> str:
-    """``1.2/5.0 GiB``: what a host last measured of the tenant's checkpoint directory, of its quota
-    (``none``: no limit; ``-`` not measured yet; ``>=`` a walk that stopped at its bound)."""
-    from tpufleet.host.jobfiles import size_text
-
-    used, quota = usage.get("used_bytes"), usage.get("quota_bytes")
-    shown = "-" if not isinstance(used, int) else size_text(used)
-    if isinstance(used, int) and usage.get("complete") is False:
-        shown = ">=" + shown
-    return f"{shown}/{size_text(quota) if isinstance(quota, int) else 'none'}"
 
 
 @app.command("submit", epilog=ERRORS)
@@ -588,14 +519,14 @@ def submit_cmd(
         flags = (command, accelerator_type, name, working_dir, max_retries, env, ray)
         if any(flags) or (num_slices, priority) != (1, 0):
             raise SpecError("give --batch FILE.jsonl (job fields on each line) or one job's flags, not both")
-        _submit_batch(_client(ctx, server, token), batch, tenant, as_json)
+        _submit_batch(make_client(ctx, server, token), batch, tenant, as_json)
         return
     if not command or not accelerator_type:
         raise SpecError(
             "give the slice type and the command, e.g. tpufleet submit --type v4-16 -- python train.py "
             "(or --batch FILE.jsonl)"
         )
-    client = _client(ctx, server, token)
+    client = make_client(ctx, server, token)
     wd = _upload_working_dir(client, working_dir, tenant) if working_dir else None
     job = client.submit(
         command,
@@ -697,7 +628,7 @@ def jobs_cmd(
     token: TokenOpt = None,
 ) -> None:
     """List your jobs (every job with the admin token), oldest first."""
-    rows = _client(ctx, server, token).jobs(limit=limit)
+    rows = make_client(ctx, server, token).jobs(limit=limit)
     if as_json:
         print_json(rows)
         return
@@ -738,7 +669,7 @@ def jobs_table(rows: list[dict[str, Any]]) -> Table:
             _goodput_cell(j.get("goodput")),
             j.get("reason_code") or ("-" if not j["reason"] else "see job"),
         )
-        table.add_row(*(_cell(v, width) for v, (_, width) in zip(values, JOB_COLUMNS, strict=True)))
+        table.add_row(*(cell(v, width) for v, (_, width) in zip(values, JOB_COLUMNS, strict=True)))
     return table
 
 
@@ -751,7 +682,7 @@ def job_cmd(
     token: TokenOpt = None,
 ) -> None:
     """Show one job: state, attempt, slices, and why it waits."""
-    job = _client(ctx, server, token).job(job_id)
+    job = make_client(ctx, server, token).job(job_id)
     if as_json:
         print_json(job)
         return
@@ -824,7 +755,7 @@ def logs_cmd(
     A finished job whose stored output is not whole (a host's output past the per-host cap, or
     output that could not be collected from a lost host) gets a warning per host on stderr and
     exit code 3."""
-    client = _client(ctx, server, token)
+    client = make_client(ctx, server, token)
     offsets: dict[int, int] = {}  # host -> characters printed
     shown: int | None = None
     while True:
@@ -881,7 +812,7 @@ def cancel_cmd(
     token: TokenOpt = None,
 ) -> None:
     """Cancel a job: stop every process and free its slices."""
-    job = _client(ctx, server, token).cancel(job_id)
+    job = make_client(ctx, server, token).cancel(job_id)
     done = job["state"] == "CANCELLED"
     typer.echo(safe(f"{job['id']} {'cancelled' if done else 'cancelling (was ' + job['state'] + ')'}"))
 
@@ -892,7 +823,7 @@ def slices_cmd(
 ) -> None:
     """List the fleet's slices: type, state (FREE, HELD, BROKEN, DRAINING), holder; with the admin
     token also the named slice groups: provider state and physical slices (`tpufleet slice create`)."""
-    client = _client(ctx, server, token)
+    client = make_client(ctx, server, token)
     rows = client.slices()
     groups = _slice_groups(client)
     group_of = {s["name"]: g["name"] for g in groups for s in g["slices"]}
@@ -918,13 +849,13 @@ def slices_cmd(
     )
     for s in rows:
         table.add_row(
-            _cell(s["name"]),
-            _cell(s["accelerator_type"]),
-            _cell(s["topology"]),
+            cell(s["name"]),
+            cell(s["accelerator_type"]),
+            cell(s["topology"]),
             str(len(s["hosts"])),
-            _cell(s["state"]),
-            _cell(s["holder"] or "-"),
-            _cell("; ".join(s["problems"])),
+            cell(s["state"]),
+            cell(s["holder"] or "-"),
+            cell("; ".join(s["problems"])),
         )
     console.print(table)
     if groups:
@@ -948,7 +879,7 @@ def status_cmd(
     ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
 ) -> None:
     """The scheduler's figures (admin token): queued and running jobs, cycles, cycle times, slices."""
-    got = _client(ctx, server, token).status()
+    got = make_client(ctx, server, token).status()
     if as_json:
         print_json(got)
         return
@@ -975,7 +906,7 @@ def drain_cmd(
     ctx: typer.Context, name: str, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
 ) -> None:
     """Place no new job on the slice; its current holder runs to the end."""
-    s = _client(ctx, server, token).drain(name, True)
+    s = make_client(ctx, server, token).drain(name, True)
     typer.echo(safe(f"{s['name']} {s['state']}"))
 
 
@@ -984,7 +915,7 @@ def undrain_cmd(
     ctx: typer.Context, name: str, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
 ) -> None:
     """Let the scheduler place jobs on the slice again."""
-    s = _client(ctx, server, token).drain(name, False)
+    s = make_client(ctx, server, token).drain(name, False)
     typer.echo(safe(f"{s['name']} {s['state']}"))
 
 

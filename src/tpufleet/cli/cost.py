@@ -14,7 +14,7 @@ from rich import box
 from rich.table import Table
 
 from tpufleet.cli._app import app, console, print_json
-from tpufleet.cli.control import ERRORS, JsonOpt, ServerOpt, TokenOpt, _cell, _client
+from tpufleet.cli.common import ERRORS, JsonOpt, ServerOpt, TokenOpt, cell, make_client
 from tpufleet.client.http import DEFAULT_SERVER
 
 
@@ -48,7 +48,7 @@ def cost_cmd(
 
         parse_duration(since, "--since")  # a bad value exits 2 here, before any request
     params = {k: v for k, v in (("tenant", tenant), ("since", since)) if v is not None}
-    got: dict[str, Any] = _client(ctx, server, token).request("GET", "/api/v1/cost", params=params)
+    got: dict[str, Any] = make_client(ctx, server, token).request("GET", "/api/v1/cost", params=params)
     if as_json:
         print_json(got)
         return
@@ -67,7 +67,7 @@ def tenants_table(rows: list[dict[str, Any]], since: str | None) -> Table:
         table.add_column(col, justify="left" if col == "tenant" else "right")
     for t in rows:
         table.add_row(
-            _cell(t["tenant"]),
+            cell(t["tenant"]),
             str(t["jobs"]),
             _hours(t["chip_hours"]),
             money(t["dollars"], t["unpriced_chip_hours"]),
@@ -90,10 +90,10 @@ def jobs_cost_table(rows: list[dict[str, Any]]) -> Table:
         table.add_column(col, justify="right" if col in numbers else "left")
     for j in rows:
         table.add_row(
-            _cell(j["job_id"]),
-            _cell(j["name"], 24),
-            _cell(j["tenant"]),
-            _cell(j["accelerator_type"]),
+            cell(j["job_id"]),
+            cell(j["name"], 24),
+            cell(j["tenant"]),
+            cell(j["accelerator_type"]),
             _hours(j["chip_hours"]),
             money(j["dollars"], j["unpriced_chip_hours"]),
             money(j["badput_dollars"]) if j["badput_dollars"] is not None else "-",

@@ -19,13 +19,13 @@ if TYPE_CHECKING:
     from tpufleet.client.slicemanager import SliceManager
 
 from tpufleet.cli._app import console, console_err, print_json
-from tpufleet.cli.control import (
+from tpufleet.cli.common import (
     ERRORS,
     JsonOpt,
     ServerOpt,
     TokenOpt,
-    _cell,
-    _client,
+    cell,
+    make_client,
     safe,
     slice_app,
 )
@@ -36,7 +36,7 @@ __all__ = ["groups_table"]
 def _manager(ctx: typer.Context, server: str, token: str | None) -> SliceManager:
     from tpufleet.client.slicemanager import SliceManager  # the store's modules: only when used
 
-    return SliceManager(client=_client(ctx, server, token))  # the server and token rules of every command
+    return SliceManager(client=make_client(ctx, server, token))  # the server and token rules of every command
 
 
 @slice_app.command("create", epilog=ERRORS)
@@ -127,9 +127,7 @@ def utilization_cmd(
     )
     table = Table("tenant", "job", "seconds", "share", title="holders", title_justify="left")
     for h in got["holders"]:
-        table.add_row(
-            _cell(h["tenant"]), _cell(h["job"]), f"{h['seconds']:.0f}", f"{h['fraction'] * 100:.1f}%"
-        )
+        table.add_row(cell(h["tenant"]), cell(h["job"]), f"{h['seconds']:.0f}", f"{h['fraction'] * 100:.1f}%")
     if got["holders"]:
         console.print(table)
     else:
@@ -146,14 +144,14 @@ def groups_table(rows: list[dict[str, Any]]) -> Table:
         slices = ", ".join(f"{s['name']} {s.get('state') or '-'}" for s in g["slices"]) or "-"
         state = g["state"] + (" (deleting)" if g.get("deleting") and g["state"] != "DELETING" else "")
         table.add_row(
-            _cell(g["name"]),
-            _cell(g["accelerator_type"]),
+            cell(g["name"]),
+            cell(g["accelerator_type"]),
             str(g["count"]),
             "yes" if g["spot"] else "no",
-            _cell(g.get("tenant") or "shared"),
-            _cell(state),
-            _cell(slices),
-            _cell(g.get("message") or "", 40),
+            cell(g.get("tenant") or "shared"),
+            cell(state),
+            cell(slices),
+            cell(g.get("message") or "", 40),
         )
     return table
 

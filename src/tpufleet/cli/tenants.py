@@ -17,13 +17,13 @@ import typer
 from rich.table import Table
 
 from tpufleet.cli._app import app, console, console_err, print_json
-from tpufleet.cli.control import (
+from tpufleet.cli.common import (
     ERRORS,
     JsonOpt,
     ServerOpt,
     TokenOpt,
-    _cell,
-    _client,
+    cell,
+    make_client,
     safe,
     tenant_app,
 )
@@ -108,7 +108,9 @@ def tenant_update(
     check_preemption(preemption)
     if chips is None and weight is None and preemption is None:
         raise SpecError("nothing to change: give --quota, --weight or --preemption")
-    out = _client(ctx, server, token).update_tenant(name, quota=chips, weight=weight, preemption=preemption)
+    out = make_client(ctx, server, token).update_tenant(
+        name, quota=chips, weight=weight, preemption=preemption
+    )
     if as_json:
         print_json(out)
         return
@@ -130,9 +132,9 @@ def tenant_show(
 ) -> None:
     """One tenant: quota, weight, preemption, state, and its checkpoint directory as a host last
     measured it, of the quota (serve --checkpoint-quota-gib). The admin token, or the tenant's own."""
-    from tpufleet.cli.control import checkpoint_text
+    from tpufleet.cli.common import checkpoint_text
 
-    out = _client(ctx, server, token).tenant(name)
+    out = make_client(ctx, server, token).tenant(name)
     if as_json:
         print_json(out)
         return
@@ -170,7 +172,7 @@ def tenant_delete(
 
     Deletion is soft: its jobs, attempts, logs and events stay readable to the admin, its tokens stop
     working at once, and its name stays taken. `tpufleet tenants --all` lists deleted tenants."""
-    client = _client(ctx, server, token)
+    client = make_client(ctx, server, token)
     out = client.delete_tenant(name, force=force)
     if out["state"] == "deleting" and not as_json:
         console_err.print(
@@ -210,7 +212,7 @@ def token_create(
         raise SpecError(
             f"{scope[:40]!r} is not a token scope; use {' or '.join(TOKEN_SCOPES)}", field="--scope"
         )
-    out = _client(ctx, server, token).create_token(tenant, scope)
+    out = make_client(ctx, server, token).create_token(tenant, scope)
     if as_json:
         print_json({"id": out["id"], "token": out["token"]})
         return
@@ -231,7 +233,7 @@ def tokens_cmd(
     """List the tokens that work (admin token): ids, scopes, created and last-used times.
 
     Times are UTC; last use is written at most once a minute. Never the secrets."""
-    rows = _client(ctx, server, token).tokens(tenant)
+    rows = make_client(ctx, server, token).tokens(tenant)
     if as_json:
         print_json(rows)
         return
@@ -240,9 +242,9 @@ def tokens_cmd(
     )
     for t in rows:
         table.add_row(
-            _cell(t["id"]),
-            _cell(t["tenant"] or "(admin)"),
-            _cell(t["scope"]),
+            cell(t["id"]),
+            cell(t["tenant"] or "(admin)"),
+            cell(t["scope"]),
             when(t["created_at"]),
             when(t["last_used_at"]),
         )
@@ -257,7 +259,7 @@ def token_revoke(
     token: TokenOpt = None,
 ) -> None:
     """Revoke a token: every request with it is refused (401) from now on."""
-    out = _client(ctx, server, token).revoke_token(token_id)
+    out = make_client(ctx, server, token).revoke_token(token_id)
     typer.echo(safe(f"token {out['id']} ({out['scope']}) revoked"))
 
 
@@ -280,7 +282,7 @@ def token_rotate_admin(
     """Replace the admin token: a new one is written to <state-dir>/admin-token (mode 0600) and every
     other admin token is revoked at once. The server writes its own state dir's file; this command
     writes the local one too when it is another file. The secret is never printed."""
-    client = _client(ctx, server, token)
+    client = make_client(ctx, server, token)
     out = client.rotate_admin()
     path = _admin_token_target(state_dir, client.server)
     _write_if_other(path, out["token"])
@@ -336,7 +338,7 @@ def events_cmd(
 
     Oldest first, the newest --limit events; each says who did it (admin, a token id, or the
     scheduler) and the tenant. A tenant's token reads only its own tenant's events."""
-    rows = _client(ctx, server, token).audit(tenant, last=limit)
+    rows = make_client(ctx, server, token).audit(tenant, last=limit)
     if as_json:
         print_json(rows)
         return
@@ -357,10 +359,10 @@ def events_table(rows: list[dict[str, Any]]) -> Table:
     for e in rows:
         table.add_row(
             when(e["at"]),
-            _cell(e["tenant"] or "-"),
-            _cell(e["actor"] or "-"),
-            _cell(e["kind"]),
-            _cell(e["job_id"] or "-"),
-            _cell(e["message"]),
+            cell(e["tenant"] or "-"),
+            cell(e["actor"] or "-"),
+            cell(e["kind"]),
+            cell(e["job_id"] or "-"),
+            cell(e["message"]),
         )
     return table

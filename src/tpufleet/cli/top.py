@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpufleet.cli._app import app, console
-from tpufleet.cli.control import ServerOpt, TokenOpt, _cell, _client
+from tpufleet.cli.common import ServerOpt, TokenOpt, cell, make_client
 from tpufleet.client.http import DEFAULT_SERVER, Client
 from tpufleet.errors import TpufleetError
 
@@ -80,8 +80,8 @@ def _slices(view: dict[str, Any]) -> Table:
     for s in view["slices"]:
         state = str(s["state"])
         table.add_row(
-            _cell(s["name"]),
-            _cell(s["accelerator_type"]),
+            cell(s["name"]),
+            cell(s["accelerator_type"]),
             Text(state, style=_STATE_STYLE.get(state, "")),
             _chips(s),
             _holder(s),
@@ -158,11 +158,11 @@ def _queue(view: dict[str, Any]) -> Table:
         shape = (f"{j['num_slices']} x " if j["num_slices"] > 1 else "") + str(j["accelerator_type"])
         why = Text(str(j.get("reason_code") or "waiting for the next cycle"), style="bold")
         if j.get("reason"):
-            why.append(" ").append(_cell(j["reason"], 70))
+            why.append(" ").append(cell(j["reason"], 70))
         table.add_row(
             str(j["position"]),
             j["id"],
-            _cell(j["name"], 30),
+            cell(j["name"], 30),
             Text(str(j["tenant"]), style=tenant_colour(str(j["tenant"]))),
             shape,
             str(j["priority"]),
@@ -189,7 +189,7 @@ def _running(view: dict[str, Any], costs: dict[str, Any] | None) -> Table:
         began = j.get("started_at") or j.get("admitted_at")
         table.add_row(
             j["id"],
-            _cell(j["name"], 30),
+            cell(j["name"], 30),
             Text(str(j["tenant"]), style=tenant_colour(str(j["tenant"]))),
             str(j["state"]),
             ", ".join(j["slices"]),
@@ -235,7 +235,7 @@ def top_cmd(
 ) -> None:
     """The fleet at a glance, live: slices as chips by state and tenant, tenants' use against quota,
     the queue head and why it waits, running jobs (what the fleet page at / shows). Ctrl-C quits."""
-    client = _client(ctx, server, token)
+    client = make_client(ctx, server, token)
     with client:
         view = client.fleet()  # a bad token or an unreachable server: one line, its exit code
         costs = costs_of(client)
