@@ -389,10 +389,7 @@ class Service:
         """A Ray job: say on the job (an event) where Ray placed its trainer, once it is known."""
         if status.placed and key not in self._placed:
             self._placed.add(key)
-            with self.store.tx() as s:
-                where = ", ".join(status.placed)
-                what = f"attempt {key[1]}: Ray Train's placement groups are on {where}, as admitted"
-                self.store.add_event(s, what, job_id=key[0], kind="placed")
+            self.tr.placed(key[0], key[1], status.placed)
 
     def _stopping(self, job: ActiveJob, kind: StopKind | None = None) -> None:
         """Issue the stop (once per process lifetime), and finish the attempt when it returned."""

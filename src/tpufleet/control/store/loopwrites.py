@@ -451,6 +451,12 @@ class Transitions:
             )
             return str(life.state)
 
+    def placed(self, job_id: str, attempt: int, where: Sequence[str]) -> None:
+        """A Ray job's trainer is placed: say where, as an event on the job."""
+        what = f"attempt {attempt}: Ray Train's placement groups are on {', '.join(where)}, as admitted"
+        with self.store.tx() as s:
+            self.store.add_event(s, what, job_id=job_id, kind="placed")
+
     def record_progress(self, reports: Sequence[tuple[str, int, StepProgress]]) -> None:
         """Store the steps process 0 of each attempt reported (one statement for all of them)."""
         if not reports:
