@@ -7,7 +7,14 @@ from dataclasses import replace
 import pytest
 
 from tpufleet.scheduler import lifecycle as lc
-from tpufleet.scheduler.lifecycle import AttemptState, IllegalTransition, JobState, Life, StopKind
+from tpufleet.scheduler.lifecycle import (
+    TERMINAL_STATES,
+    AttemptState,
+    IllegalTransition,
+    JobState,
+    Life,
+    StopKind,
+)
 
 Q, A, S, R = JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING
 OK, FAILED, CANCELLED = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED
@@ -158,3 +165,19 @@ def test_a_whole_life_preempted_then_failed_then_succeeded() -> None:
     life = lc.running(lc.launched(lc.admit(life)))
     life, rec = lc.end_attempt(replace(life))
     assert (life.state, rec, life.reason_code) == (OK, AttemptState.SUCCEEDED, None)
+
+
+def test_job_kinds_and_terminal_states_are_defined_once_and_keep_their_stored_spelling() -> None:
+    """The store, the API and the CLI compare these with strings read back from SQL and JSON: the
+    enum's values are those strings, and every derived tuple keeps the lifecycle's order (the API's
+    'use one of ...' messages list them so)."""
+    import json
+
+    from tpufleet.chaos.verdict import TERMINAL as CHAOS_TERMINAL
+    from tpufleet.control.store import values
+    from tpufleet.scheduler.lifecycle import JobKind
+
+    assert json.dumps([JobKind.SPMD, JobKind.RAY]) == '["spmd", "ray"]'
+    assert values.JOB_KINDS == ("spmd", "ray") and JobKind("ray") is JobKind.RAY
+    assert values.TERMINAL == CHAOS_TERMINAL == ("SUCCEEDED", "FAILED", "CANCELLED")
+    assert set(values.TERMINAL) == TERMINAL_STATES

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tpufleet import catalog
 from tpufleet.errors import SpecError
+from tpufleet.scheduler.lifecycle import JobKind
 
 FAULT_KINDS = ("kill_host", "preempt", "preempt_notice", "control_plane_kill")
 HEAD_KILL = "ray_head_kill"  # once a run: the Ray cluster is lost and the fleet brought back
@@ -49,7 +50,7 @@ class PlannedJob:
     tenant: str
     priority: int
     seconds: float
-    kind: str = "spmd"  # or "ray"
+    kind: JobKind = JobKind.SPMD
 
     @property
     def name(self) -> str:
@@ -58,7 +59,7 @@ class PlannedJob:
     def command(self, token: str) -> list[str]:
         """What the job runs: the host program on each host (SPMD), or the Ray driver that runs it
         on each admitted host (Ray), by path; ``token`` marks its processes in ``/proc``."""
-        program = RAYDRIVER if self.kind == "ray" else HOSTJOB
+        program = RAYDRIVER if self.kind == JobKind.RAY else HOSTJOB
         return [sys.executable, str(program), token, str(self.seconds)]
 
 
@@ -102,7 +103,7 @@ def plan_jobs(cfg: ChaosConfig, rng: random.Random) -> list[PlannedJob]:
         )
     # Which are Ray jobs: their own stream, so the rest of the plan is what it was without them.
     kinds = random.Random(cfg.seed + 3)
-    jobs = [replace(j, kind="ray") if kinds.random() < cfg.ray_jobs else j for j in jobs]
+    jobs = [replace(j, kind=JobKind.RAY) if kinds.random() < cfg.ray_jobs else j for j in jobs]
     return sorted(jobs, key=lambda j: (j.at, j.index))
 
 

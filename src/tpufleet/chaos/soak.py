@@ -25,6 +25,7 @@ from tpufleet.chaos.faults import Faults
 from tpufleet.chaos.plan import TENANTS, ChaosConfig, PlannedJob, parse_slices, plan_faults, plan_jobs
 from tpufleet.chaos.server import ControlPlane
 from tpufleet.errors import SpecError, TpufleetError
+from tpufleet.scheduler.lifecycle import JobKind
 
 SUBMIT_GRACE_S = 300.0  # after the window, how long a submit is retried while the server is down (then: lost)
 NO_CLOUD = {"NO_GCE_CHECK": "True", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
@@ -90,7 +91,7 @@ class Soak:
         }
         cmd = [sys.executable, "-m", "tpufleet", "serve", "--ray-address", self.fleet.ray_address]
         cmd += ["--state-dir", str(self.cp_dir), "--port", str(self.port), "--start-timeout", "120"]
-        if any(j.kind == "ray" for j in self.jobs):
+        if any(j.kind == JobKind.RAY for j in self.jobs):
             cmd.append("--allow-ray-jobs")
         return cmd, env
 
@@ -216,7 +217,7 @@ class Soak:
                     ids[job.index] = got
                     self.say(
                         f"[{self._now():6.1f}s] submitted {job.name} {job.num_slices}x{job.accelerator_type}"
-                        + (" (Ray job)" if job.kind == "ray" else "")
+                        + (" (Ray job)" if job.kind == JobKind.RAY else "")
                     )
                 pending.pop(0)
             time.sleep(0.2)
@@ -251,7 +252,7 @@ class Soak:
             "minutes": self.cfg.minutes,
             "jobs": len(self.jobs),
             "succeeded": len(judged["succeeded"]),
-            "ray_jobs": sum(j.kind == "ray" for j in self.jobs),
+            "ray_jobs": sum(j.kind == JobKind.RAY for j in self.jobs),
             "ray_succeeded": judged["ray_succeeded"],
             "failed": judged["failed"],
             "lost": judged["lost"],

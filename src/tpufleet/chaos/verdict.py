@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from tpufleet.chaos.plan import PlannedJob
+from tpufleet.scheduler.lifecycle import TERMINAL_STATES, JobKind, JobState
 
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+TERMINAL = tuple(s for s in JobState if s in TERMINAL_STATES)  # the lifecycle's
 
 
 def read_markers(job_dir: Path) -> dict[int, list[dict[str, Any]]]:
@@ -91,7 +92,7 @@ def judge_jobs(
             lost.append({"name": job.name, "id": jid, "why": f"never ended (still {state})"})
         elif state == "SUCCEEDED":
             succeeded.append(jid)
-            ray_succeeded += job.kind == "ray"
+            ray_succeeded += job.kind == JobKind.RAY
         else:
             reason = full.get("reason") or full.get("reason_code") or state
             failed.append({"name": job.name, "id": jid, "state": state, "reason": reason, "kind": job.kind})

@@ -22,6 +22,7 @@ from tpufleet import catalog, pricing
 from tpufleet.control.store.usage import ON_DEMAND, Usage, UsageAttempt
 from tpufleet.errors import SpecError
 from tpufleet.observe import goodput
+from tpufleet.scheduler.lifecycle import TERMINAL_STATES
 
 __all__ = [
     "AllTime",
@@ -35,7 +36,6 @@ __all__ = [
 ]
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
-_TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -209,7 +209,9 @@ class AllTime:
             by_job[a.job_id].append(a)
         for job_id, attempts in by_job.items():
             self.jobs[job_id] = job_cost(attempts, self.prices, pricing_of, now=now)
-            finished = attempts[0].job_state in _TERMINAL and all(a.ended_at is not None for a in attempts)
+            finished = attempts[0].job_state in TERMINAL_STATES and all(
+                a.ended_at is not None for a in attempts
+            )
             (self.open.discard if finished else self.open.add)(job_id)
         self.mark = now
         mine = self.jobs.values() if tenant is None else (j for j in self.jobs.values() if j.tenant == tenant)

@@ -28,6 +28,7 @@ __all__ = [
     "TERMINAL_STATES",
     "AttemptState",
     "IllegalTransition",
+    "JobKind",
     "JobState",
     "Life",
     "ReasonCode",
@@ -40,6 +41,13 @@ __all__ = [
     "request_stop",
     "running",
 ]
+
+
+class JobKind(StrEnum):
+    """How a job runs on its slices: the stored and JSON value is the string."""
+
+    SPMD = "spmd"  # the command on every host of every slice
+    RAY = "ray"  # one Ray driver through Ray's job submission, steered onto the slices (docs/ray-jobs.md)
 
 
 class JobState(StrEnum):

@@ -39,6 +39,7 @@ from tpufleet.control.cluster.protocol import (
 from tpufleet.errors import ClusterError, NotFoundError
 from tpufleet.host.jobfiles import quota_problem
 from tpufleet.runtime import StepProgress
+from tpufleet.scheduler.lifecycle import JobKind
 
 SIGTERM_EXIT = -15  # what a process ended by stop() reports, as subprocess does for SIGTERM
 
@@ -184,9 +185,9 @@ class FakeCluster:
                 for host in info.hosts:
                     contract_env, attempt_env = next(envs)
                     env = contract.process_env({}, dict(spec.env), contract_env, attempt_env)
-                    if spec.kind == "ray":  # one driver, shown as every host of the slices it holds
+                    if spec.kind == JobKind.RAY:  # one driver, shown as every host of the slices it holds
                         env = contract.process_env({}, dict(spec.env), {}, driver)
-                    writes = not procs or spec.kind != "ray"
+                    writes = not procs or spec.kind != JobKind.RAY
                     procs.append(FakeProcess(info.name, index, host.worker_id, env, writes_log=writes))
             self._attempts[key] = FakeAttempt(spec, procs, self._script(spec) if self._script else None)
             self.launches.append(spec)
@@ -215,7 +216,9 @@ class FakeCluster:
             hosts = tuple(
                 HostStatus(p.slice, p.worker_id, p.state, p.exit_code, p.detail) for p in att.processes
             )
-            ray_running = att.spec.kind == "ray" and any(p.state is HostState.RUNNING for p in att.processes)
+            ray_running = att.spec.kind == JobKind.RAY and any(
+                p.state is HostState.RUNNING for p in att.processes
+            )
             placed = att.spec.slices if ray_running else ()
             return AttemptStatus(job_id, attempt, hosts, progress=att.progress, placed=placed, disk=disk)
 

@@ -24,6 +24,7 @@ from tpufleet.fleet import HostInfo, SliceInfo
 from tpufleet.host.jobfiles import DiskUsage
 from tpufleet.host.runlimits import RunLimits
 from tpufleet.runtime import StepProgress
+from tpufleet.scheduler.lifecycle import JobKind
 
 __all__ = [
     "AttemptSpec",
@@ -63,7 +64,7 @@ class AttemptSpec:
     working_dir_url: str | None = None
     hide: tuple[str, ...] = ()
     limits: RunLimits = field(default_factory=RunLimits)
-    kind: str = "spmd"  # ray: ``command`` runs once, as a Ray driver, through Ray's job submission
+    kind: JobKind = JobKind.SPMD  # RAY: ``command`` runs once, as a Ray driver (Ray's job submission)
     # bytes ``job_root/<tenant>`` may hold (serve --checkpoint-quota-gib), checked on the hosts every
     # ``checkpoint_check_s``; None: no limit (still measured)
     checkpoint_quota: int | None = None

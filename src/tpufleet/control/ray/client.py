@@ -66,6 +66,7 @@ from tpufleet.host.runner import (
 )
 from tpufleet.inventory import slices_from_nodes
 from tpufleet.runtime import StepProgress
+from tpufleet.scheduler.lifecycle import JobKind
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ class RayExecutor:
     # -- launch -------------------------------------------------------------------------------
     def launch(self, spec: AttemptSpec) -> None:
         key = (spec.job_id, spec.attempt)
-        if spec.kind == "ray":
+        if spec.kind == JobKind.RAY:
             self._launch_ray(spec)
             return
         with self._lock:

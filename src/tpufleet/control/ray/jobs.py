@@ -69,6 +69,7 @@ from tpufleet.control.cluster.protocol import (
 from tpufleet.control.ray.warmpool import POD_TYPE_LABEL, SLICE_LABEL, WORKER_LABEL, SlicePool, existing_pgs
 from tpufleet.errors import ClusterError
 from tpufleet.host import jobfiles
+from tpufleet.scheduler.lifecycle import JobKind
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ SUBMISSION_PREFIX = "tpufleet-"
 FENCE_PREFIX = "tpufleet:fence:"
 KEEP_ENDED = 256  # ended attempts remembered (their final state and log)
 STOP_WAIT_S = 30  # SIGTERM to SIGKILL for a Ray job's driver (RAY_JOB_STOP_WAIT_TIME_S)
-_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+_RAY_ENDED = ("SUCCEEDED", "FAILED", "STOPPED")  # Ray's JobStatus values of a driver that ended
 Key = tuple[str, int]
 
 
@@ -170,7 +171,7 @@ class RayJobs:
                 self._close(stype, inventory)
                 continue
             self._refresh(att)
-            if att.state == "PLACED" or att.status in _TERMINAL or att.wrong:
+            if att.state == "PLACED" or att.status in _RAY_ENDED or att.wrong:
                 self._close(stype, inventory)
             else:  # a slice of the type that came (back) since the window opened: fence it too
                 self._fence_others(att, inventory)
@@ -299,9 +300,9 @@ class RayJobs:
             log.warning("could not read Ray job %s: %s", submission_id(*att.key), err)
 
     def _ask_ray(self, att: RayAttempt) -> None:
-        if att.state in ("WAITING", "ENDED") and att.status not in _TERMINAL:
+        if att.state in ("WAITING", "ENDED") and att.status not in _RAY_ENDED:
             return
-        if att.status not in _TERMINAL:
+        if att.status not in _RAY_ENDED:
             info = self.client.get_job_info(submission_id(*att.key))
             att.status = str(getattr(info.status, "value", info.status))
             att.message = info.message or ""
@@ -363,7 +364,7 @@ class RayJobs:
 
     def read_log(self, key: Key, slice_name: str, worker_id: int, offset: int) -> LogChunk:
         att = self._attempts[key]
-        ended = att.status in _TERMINAL or att.state == "ENDED"
+        ended = att.status in _RAY_ENDED or att.state == "ENDED"
         first = att.infos[0].name if att.infos else ""
         if (slice_name, worker_id) != (first, 0):
             return LogChunk("", offset, complete=ended)
@@ -391,7 +392,7 @@ class RayJobs:
         deadline = time.monotonic() + STOP_WAIT_S + 30
         while time.monotonic() < deadline:
             self._refresh(att)
-            if att.status in _TERMINAL:
+            if att.status in _RAY_ENDED:
                 break
             time.sleep(0.2)
         else:
@@ -435,7 +436,7 @@ class RayJobs:
         for job in self.client.list_jobs():
             meta = job.metadata or {}
             status = str(getattr(job.status, "value", job.status))
-            if (job.submission_id or "").startswith(SUBMISSION_PREFIX) and status not in _TERMINAL:
+            if (job.submission_id or "").startswith(SUBMISSION_PREFIX) and status not in _RAY_ENDED:
                 with contextlib.suppress(KeyError, ValueError):
                     key = (meta["tpufleet_job"], int(meta["tpufleet_attempt"]))
                     out.append((key, meta.get("tpufleet_slices", "").split(",")))
@@ -462,7 +463,9 @@ class RayJobs:
     def adopt(self, key: Key, infos: list[SliceInfo], accelerator_type: str) -> None:
         if key in self._attempts:
             return
-        spec = AttemptSpec(key[0], key[1], tuple(i.name for i in infos), accelerator_type, (), kind="ray")
+        spec = AttemptSpec(
+            key[0], key[1], tuple(i.name for i in infos), accelerator_type, (), kind=JobKind.RAY
+        )
         att = RayAttempt(spec, infos, state="PLACED")
         for info in infos:
             self._fence(info)

@@ -729,7 +729,7 @@ def job_record(j: JobRow, attempts: tuple[r.AttemptRecord, ...] = ()) -> r.JobRe
         started_at=j.started_at,
         finished_at=j.finished_at,
         attempts=attempts,
-        kind=j.kind or "spmd",
+        kind=lc.JobKind(j.kind or lc.JobKind.SPMD),
     )
 
 

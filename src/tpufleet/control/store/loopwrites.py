@@ -65,7 +65,7 @@ class ActiveJob:
     working_dir: str | None
     tenant: str = "default"
     admitted_at: float | None = None  # the current attempt's admission (the start timeout counts from it)
-    kind: str = "spmd"  # spmd | ray (docs/ray-jobs.md)
+    kind: lc.JobKind = lc.JobKind.SPMD
 
 
 class Transitions:
@@ -374,7 +374,7 @@ class Transitions:
                     j.working_dir,
                     j.tenant,
                     j.admitted_at,
-                    j.kind or "spmd",
+                    lc.JobKind(j.kind or lc.JobKind.SPMD),
                 )
                 for j in rows
             ]

@@ -17,7 +17,7 @@ from typing import Any
 from tpufleet import catalog
 from tpufleet.contract import RAY_TRAIN_POLL_MIN_S, RAY_TRAIN_POLL_VAR
 from tpufleet.errors import SpecError
-from tpufleet.scheduler.lifecycle import JobState, SliceState
+from tpufleet.scheduler.lifecycle import TERMINAL_STATES, JobKind, JobState, SliceState
 
 Clock = Callable[[], float]  # seconds since the epoch; the store and the loop take one (tests: a fake)
 
@@ -26,7 +26,7 @@ Clock = Callable[[], float]  # seconds since the epoch; the store and the loop t
 QUEUED, ADMITTED, STARTING, RUNNING = JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING
 SUCCEEDED, FAILED, CANCELLED = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED
 ACTIVE = (ADMITTED, STARTING, RUNNING)  # holding slices
-TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
+TERMINAL = tuple(s for s in JobState if s in TERMINAL_STATES)  # the lifecycle's, in its order
 FREE, HELD, BROKEN, DRAINING = SliceState.FREE, SliceState.HELD, SliceState.BROKEN, SliceState.DRAINING
 
 TENANT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -37,7 +37,7 @@ JOB_SETTABLE_ENV = frozenset({"TPUFLEET_SANDBOX_SECONDS", "TPUFLEET_SANDBOX_EXIT
 MAX_PRIORITY = 1_000_000
 MAX_QUOTA_CHIPS = 1_000_000  # per generation: far above any fleet, far below what breaks a column
 DEFAULT_MAX_RETRIES = 2
-JOB_KINDS = ("spmd", "ray")  # spmd: the command on every host; ray: one Ray driver (docs/ray-jobs.md)
+JOB_KINDS = tuple(JobKind)  # the lifecycle's, in its order: spmd, ray
 PACKAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
 PAGE_DEFAULT, PAGE_MAX = 100, 1000  # GET /jobs ?limit=
 LIST_COMMAND_CHARS = 256  # a listed job's command (GET /jobs, the fleet view): cut past this many
@@ -237,7 +237,7 @@ class JobRecord:
     started_at: float | None
     finished_at: float | None
     attempts: tuple[AttemptRecord, ...] = ()  # filled in by Store.job(), not by listings
-    kind: str = "spmd"  # JOB_KINDS
+    kind: JobKind = JobKind.SPMD
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -286,7 +286,7 @@ class JobRequest:
     name: str = ""
     env: dict[str, str] = field(default_factory=dict)
     working_dir: str | None = None
-    kind: str = "spmd"
+    kind: JobKind = JobKind.SPMD
 
     @property
     def body_bytes(self) -> int:
@@ -307,7 +307,7 @@ class JobRequest:
         name: str | None = None,
         env: Mapping[str, str] | None = None,
         working_dir: str | None = None,
-        kind: str = "spmd",
+        kind: str = JobKind.SPMD,
         limits: Limits = DEFAULT_LIMITS,
     ) -> JobRequest:
         """The one validation path into the store (REST, in-process callers, tests)."""
@@ -330,7 +330,7 @@ class JobRequest:
             name=name or clean_name(default_name(cmd), limits),
             env=_check_env(env or {}, limits),
             working_dir=check_working_dir(working_dir, limits),
-            kind=kind,
+            kind=JobKind(kind),
         )
 
 
@@ -339,7 +339,7 @@ def check_kind(kind: str, limits: Limits = DEFAULT_LIMITS) -> None:
     if kind not in JOB_KINDS:
         shown = str(kind)[:40]
         raise SpecError(f"{shown!r} is not a job kind; use {' or '.join(JOB_KINDS)}", field="kind")
-    if kind == "ray" and not limits.ray_jobs:
+    if kind == JobKind.RAY and not limits.ray_jobs:
         raise SpecError(
             "Ray jobs are not enabled on this control plane; the operator enables them with "
             "serve --allow-ray-jobs (a Ray job holds the Ray cluster's power: see docs/ray-jobs.md)",
