@@ -144,25 +144,13 @@ class LogChunk:
 @runtime_checkable
 class ClusterClient(Protocol):
     """Everything the service may ask of a cluster. Reads (``inventory``, ``poll``, ``read_logs``,
-    ``running_attempts``) change nothing; ``maintain`` and ``adopt`` are the explicit calls that do.
+    ``running_attempts``) change nothing; ``adopt`` is the explicit call that does. A cluster that
+    keeps slices reserved between attempts is also a :class:`WarmPool`.
     Both implementations pass the same conformance suite (tests/conformance)."""
 
     def inventory(self) -> list[SliceInfo]:
         """Every TPU slice the cluster has, intact or not (a free slice whose runner is being
         replaced is reported with that problem). Changes nothing."""
-        ...
-
-    def maintain(self) -> None:
-        """Keep the warm pool: reserve free intact slices, give back broken, drained or missing
-        ones, replace dead runners. The service calls it once a cycle, before ``inventory``."""
-        ...
-
-    def release(self, names: list[str]) -> None:
-        """Take free slices out of the warm pool and give them back to the cluster (``DRAINING``)."""
-        ...
-
-    def warm(self, names: list[str]) -> None:
-        """Put slices back into the warm pool (the next ``maintain`` reserves them)."""
         ...
 
     def launch(self, spec: AttemptSpec) -> None:
@@ -196,4 +184,24 @@ class ClusterClient(Protocol):
     def remove_job_files(self, job_root: str, tenant: str, job_ids: Sequence[str]) -> FilesRemoved:
         """Remove ``job_root/<tenant>/<job>`` of each finished job, through a host (the control plane
         never touches that disk itself); never follows a link. ClusterError when no host can."""
+        ...
+
+
+@runtime_checkable
+class WarmPool(Protocol):
+    """A cluster that keeps free slices reserved between attempts, so a launch does not wait for a
+    reservation (the Ray client: placement groups and idle runners). Optional: the service keeps the
+    pool only when its cluster is one (``isinstance(cluster, WarmPool)``); a sandbox has none."""
+
+    def maintain(self) -> None:
+        """Keep the warm pool: reserve free intact slices, give back broken, drained or missing
+        ones, replace dead runners. The service calls it once a cycle, before ``inventory``."""
+        ...
+
+    def release(self, names: list[str]) -> None:
+        """Take free slices out of the warm pool and give them back to the cluster (``DRAINING``)."""
+        ...
+
+    def warm(self, names: list[str]) -> None:
+        """Put slices back into the warm pool (the next ``maintain`` reserves them)."""
         ...

@@ -217,15 +217,6 @@ class SandboxCluster:
         """A sandbox executes nothing, so no job has files: each is removed with 0 bytes."""
         return FilesRemoved(dict.fromkeys(job_ids, 0))
 
-    def maintain(self) -> None:
-        """No warm pool to keep in a sandbox."""
-
-    def release(self, names: list[str]) -> None:
-        """Nothing to give back: sandbox slices are never reserved."""
-
-    def warm(self, names: list[str]) -> None:
-        """Nothing to reserve again (see ``release``)."""
-
     # -- slices coming and going (a provider: provision/memory.py) ------------------------------
     def add_slices(self, slices: list[SliceInfo]) -> None:
         """New slices join the fleet (a provider made them)."""

@@ -49,7 +49,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tpufleet.control.cluster.protocol import AttemptSpec, AttemptStatus, ClusterClient, HostState, HostStatus
+from tpufleet.control.cluster.protocol import (
+    AttemptSpec,
+    AttemptStatus,
+    ClusterClient,
+    HostState,
+    HostStatus,
+    WarmPool,
+)
 from tpufleet.control.loop.schedstate import SchedState
 from tpufleet.control.loop.tenantfiles import TenantFiles
 from tpufleet.control.store import values as r
@@ -122,6 +129,7 @@ class Service:
         self._stop_failures: dict[Key, int] = {}
         self._status: dict[Key, AttemptStatus] = {}
         self._placed: set[Key] = set()  # Ray jobs whose placement is on record
+        self.pool = cluster if isinstance(cluster, WarmPool) else None  # the Ray client keeps one
         self._released: set[str] = set()
         self._busy = False
         self._log_turn = 0
@@ -221,7 +229,8 @@ class Service:
 
     def _sync(self) -> None:
         try:
-            self.cluster.maintain()
+            if self.pool is not None:
+                self.pool.maintain()
         except TpufleetError as err:  # the pool is kept next cycle; the inventory still counts
             log.warning("could not maintain the warm pool: %s", err)
         self.tr.sync_slices(self.cluster.inventory())
@@ -451,12 +460,14 @@ class Service:
 
     def _pool_draining(self, slices: list[r.SliceRecord]) -> None:
         """Tell the cluster to give drained free slices back, and to take them again when undrained."""
+        if self.pool is None:
+            return
         drained = {s.name for s in slices if s.draining and s.holder is None}
         try:
             if drained - self._released:
-                self.cluster.release(sorted(drained - self._released))
+                self.pool.release(sorted(drained - self._released))
             if self._released - drained:
-                self.cluster.warm(sorted(self._released - drained))
+                self.pool.warm(sorted(self._released - drained))
             self._released = drained
         except TpufleetError as err:
             log.warning("could not update the warm pool for drained slices: %s", err)
