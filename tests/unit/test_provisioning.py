@@ -37,7 +37,7 @@ class World:
             store, self.provider, ProvisionConfig(pools=pools, idle_timeout_s=60, retry_after_s=10)
         )
         self.service = Service(
-            store, self.cluster, state_dir=state_dir, decide=self.prov.wrap(decide), config=CONFIG
+            store, self.cluster, state_dir=state_dir, decide=decide, config=CONFIG, provisioner=self.prov
         )
         self.groups = SliceGroups(store)
         store.create_tenant("a", {"v4": 64})
@@ -234,7 +234,7 @@ def test_a_restarted_control_plane_asks_a_fresh_provider_for_its_groups_again(
     cluster = SandboxCluster([], job_seconds=1, clock=clock)
     provider = MemoryProvider(clock=clock, on_up=cluster.add_slices, on_down=cluster.remove_slices)
     prov = Provisioner(store, provider, ProvisionConfig(pools=(POOL,)))
-    w.service = Service(store, cluster, state_dir=tmp_path, decide=prov.wrap(decide), config=CONFIG)
+    w.service = Service(store, cluster, state_dir=tmp_path, decide=decide, config=CONFIG, provisioner=prov)
     w.cycle()
     assert [r.name for r in provider.requests] == ["keep"]
     job = w.submit()

@@ -29,6 +29,7 @@ from tpufleet import pricing
 from tpufleet.api.app import create_app
 from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
 from tpufleet.control.cluster.protocol import ClusterClient
+from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
 from tpufleet.control.loop.service import Decide, Service, ServiceConfig
 from tpufleet.control.ray.headwatch import AWAIT_ENV, await_seconds, wait_for_gcs
 from tpufleet.control.store.facade import Clock, Store, new_job_id
@@ -39,6 +40,7 @@ from tpufleet.errors import ClusterError
 from tpufleet.observe import device
 from tpufleet.observe.metrics import cycle_histogram
 from tpufleet.observe.registry import metrics_registry
+from tpufleet.provision.base import Provider
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +88,27 @@ class ControlPlane:
         new_id: Any = new_job_id,
         limits: Limits = DEFAULT_LIMITS,
         prices: pricing.PriceTable | None = None,
+        provider: Provider | None = None,
+        provision: ProvisionConfig | None = None,
     ) -> None:
+        """A control plane over ``cluster``; with a ``provider`` (``serve --provider``) its loop also
+        makes and deletes slices (the provisioner, configured by ``provision``)."""
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.db_url = db_url or f"sqlite:///{self.state_dir / 'tpufleet.db'}"
         self.cluster = cluster
         self.store = Store.open(self.db_url, clock=clock, new_id=new_id, limits=limits)
-        self.service = Service(self.store, cluster, state_dir=self.state_dir, decide=decide, config=config)
+        self.provisioner = (
+            None if provider is None else Provisioner(self.store, provider, provision or ProvisionConfig())
+        )
+        self.service = Service(
+            self.store,
+            cluster,
+            state_dir=self.state_dir,
+            decide=decide,
+            config=config,
+            provisioner=self.provisioner,
+        )
         self.prices = prices or pricing.shipped()  # cost: the shipped table, or serve --pricing FILE's
         self.metrics = metrics_registry(self.store, prices=self.prices)  # GET /metrics; register more here
         self.service.cycle_observers.append(cycle_histogram(self.metrics))

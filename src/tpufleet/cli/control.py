@@ -338,9 +338,18 @@ def serve_cmd(
         start_timeout_s=start_timeout,
         checkpoint_retention_s=retention_s,
     )
-    cp = ControlPlane(cluster, state_dir=state_dir, db_url=db, limits=limits, config=config, prices=prices)
+    cp = ControlPlane(
+        cluster,
+        state_dir=state_dir,
+        db_url=db,
+        limits=limits,
+        config=config,
+        prices=prices,
+        provider=None if prov is None else prov.provider,
+        provision=None if prov is None else prov.config,
+    )
     if prov is not None:
-        prov.attach(cp)
+        prov.create_tenants(cp)
     note = "created" if cp.admin_token_created else "kept"
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
     context.remember(

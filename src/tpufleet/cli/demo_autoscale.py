@@ -37,7 +37,7 @@ def run(script: Path, package: bytes, steps: int, state_dir: Path | None, timeou
     """The demo; True when the job succeeded and the pool went back to zero slices."""
     from tpufleet.api.server import ControlPlane
     from tpufleet.client.http import Client
-    from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
+    from tpufleet.control.loop.provisioner import ProvisionConfig
     from tpufleet.control.ray.client import RayExecutor
     from tpufleet.emulator import EmulatedFleet
     from tpufleet.provision.emulator import EmulatorConfig, EmulatorProvider
@@ -55,10 +55,11 @@ def run(script: Path, package: bytes, steps: int, state_dir: Path | None, timeou
         stack.callback(provider.close)
         cluster = RayExecutor.connect(fleet.ray_address)
         stack.callback(cluster.release_all)
-        cp = stack.enter_context(ControlPlane(cluster, state_dir=root / "control"))
         pool = PoolView("spot-v4", "v4-8", min_slices=0, max_slices=2, spot=True)
-        prov = Provisioner(cp.store, provider, ProvisionConfig(pools=(pool,), idle_timeout_s=10.0))
-        cp.service.decide = prov.wrap(cp.service.decide)
+        scaling = ProvisionConfig(pools=(pool,), idle_timeout_s=10.0)
+        cp = stack.enter_context(
+            ControlPlane(cluster, state_dir=root / "control", provider=provider, provision=scaling)
+        )
         url = cp.start_http()
         console.print(
             f"control plane {url}/api/v1; pool spot-v4: v4-8 spot, 0 to 2 slices, idle timeout 10 s"

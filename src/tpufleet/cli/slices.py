@@ -17,6 +17,9 @@ from tpufleet.client.http import DEFAULT_SERVER
 
 if TYPE_CHECKING:
     from tpufleet.client.slicemanager import SliceManager
+    from tpufleet.control.loop.provisioner import ProvisionConfig
+    from tpufleet.provision.base import Provider
+    from tpufleet.spec import FleetSpec
 
 from tpufleet.cli._app import console, console_err, print_json
 from tpufleet.cli.common import (
@@ -162,19 +165,17 @@ MEMORY_DELAY_S = 2.0  # serve --sandbox --provider memory: how long a slice take
 
 
 class Provisioning:
-    """What ``serve --fleet/--provider`` adds to a control plane: the provider, the provisioning
-    loop (wrapping the policy) and, for ``--provider emulator``, the emulated fleet it started."""
+    """What ``serve --fleet/--provider`` adds to a control plane: the provider and the provisioning
+    loop's configuration (``ControlPlane(provider=, provision=)`` builds the loop from them) and, for
+    ``--provider emulator``, the emulated fleet it started."""
 
-    def __init__(self, provider: Any, config: Any, spec: Any, fleet: Any = None) -> None:
+    def __init__(
+        self, provider: Provider, config: ProvisionConfig, spec: FleetSpec | None, fleet: Any = None
+    ) -> None:
         self.provider, self.config, self.spec, self.fleet = provider, config, spec, fleet
-        self.provisioner: Any = None
 
-    def attach(self, cp: Any) -> None:
-        """Wrap the control plane's policy with the provisioning loop; create the spec's tenants."""
-        from tpufleet.control.loop.provisioner import Provisioner
-
-        self.provisioner = Provisioner(cp.store, self.provider, self.config)
-        cp.service.decide = self.provisioner.wrap(cp.service.decide)
+    def create_tenants(self, cp: Any) -> None:
+        """The fleet spec's tenants, on the control plane built with this provider."""
         if self.spec is not None:
             _tenants(cp, self.spec)
 

@@ -1,9 +1,11 @@
 """The provisioning loop: provider states in, autoscaler and slice-manager actions out, once a cycle.
 
 ``Provisioner`` sits between the scheduling loop and a :class:`~tpufleet.provision.base.Provider`.
-The service calls :meth:`Provisioner.decide` in place of the policy (``Service(provisioner=...)``);
-it runs one provisioning step on the cycle's snapshot, then the policy on an adjusted snapshot,
-then rewrites the reasons of jobs waiting on slices being made:
+The service takes it as a collaborator (``Service(provisioner=...)``, which ``ControlPlane`` builds
+from a provider and a ``ProvisionConfig``): each cycle it runs :meth:`Provisioner.step` on the
+cycle's snapshot (1 to 4: the provider's I/O and the store writes it causes), then
+:meth:`Provisioner.decide` (5 and 6, pure): the policy on an adjusted snapshot, then the reasons of
+jobs waiting on slices being made:
 
 1. **Poll.** Every group's provider state goes into the store (``slice_groups``); a group the
    provider no longer has, after a delete, is marked deleted and its free slices leave the table.
@@ -99,16 +101,12 @@ class Provisioner:
         self._plan: Plan | None = None
         self._bootstrapped = False
 
-    # -- the service's decide ----------------------------------------------------------------------
-    def wrap(self, inner: Decide) -> Decide:
-        def decide(snapshot: Snapshot) -> list[RunDecision]:
-            try:
-                self.step(snapshot)
-            except Exception:  # the queue goes on with what the provider last said
-                log.exception("provisioning step failed")
-            return self.rewrite(self.place(inner, snapshot))
-
-        return decide
+    # -- the service's collaborator ---------------------------------------------------------------
+    def decide(self, policy: Decide, snapshot: Snapshot) -> list[RunDecision]:
+        """5 and 6 on the snapshot of this cycle, after :meth:`step`: pure (no provider call, no
+        write): the policy on the slices left open, and the reasons of jobs waiting on slices being
+        made."""
+        return self.rewrite(self.place(policy, snapshot))
 
     def close(self) -> None:
         self.provider.close()

@@ -57,6 +57,7 @@ from tpufleet.control.cluster.protocol import (
     HostStatus,
     WarmPool,
 )
+from tpufleet.control.loop.provisioner import Provisioner
 from tpufleet.control.loop.schedstate import SchedState
 from tpufleet.control.loop.tenantfiles import TenantFiles
 from tpufleet.control.store import values as r
@@ -112,9 +113,11 @@ class Service:
         state_dir: str | Path,
         decide: Decide | None = None,
         config: ServiceConfig | None = None,
+        provisioner: Provisioner | None = None,
     ) -> None:
         self.store = store
         self.cluster = cluster
+        self.provisioner = provisioner  # slices made and deleted with a provider (serve --provider)
         self.tr = Transitions(store)
         self.state = SchedState(self.tr)  # the jobs the policy sees, kept between cycles
         self.decide = decide or _policy()
@@ -247,7 +250,11 @@ class Service:
 
     def _schedule(self) -> None:
         snapshot, reasons = self.state.snapshot() if self.config.incremental else self.tr.snapshot()
-        decisions = list(self.decide(snapshot))
+        if self.provisioner is None:
+            decisions = list(self.decide(snapshot))
+        else:  # the provider's step (its I/O and writes), then the pure policy on what it leaves open
+            self._provision(snapshot)
+            decisions = self.provisioner.decide(self.decide, snapshot)
         # Most of them are waits (runs of them as one ``Waits`` each): one pass picks out the rest,
         # and wait_reasons skips them in its own.
         for d in [d for d in decisions if type(d) is not Wait and type(d) is not Waits]:
@@ -258,6 +265,13 @@ class Service:
                 self.tr.preempt(d)
         refresh = self.config.reason_rewrites_per_cycle if self.config.incremental else None
         self.state.reasons_written(self.tr.wait_reasons(decisions, reasons, refresh=refresh))
+
+    def _provision(self, snapshot: Snapshot) -> None:
+        assert self.provisioner is not None
+        try:
+            self.provisioner.step(snapshot)
+        except Exception:  # the queue goes on with what the provider last said
+            log.exception("provisioning step failed")
 
     def _act_safely(self, job: ActiveJob) -> None:
         """Act on one job; whatever goes wrong ends that job's attempt, never the cycle."""
