@@ -8,8 +8,9 @@ tests with ``FakeCluster``)::
         url = cp.start_http()            # the API on a free port, in a thread; loop started too
         client = Client(url, cp.admin_token)
 
-On first start an admin token is written to ``<state-dir>/admin-token`` (mode 0600). It lives in
-``api/`` rather than ``control/`` because it assembles the API (layers: api above control).
+On first start an admin token is written to ``<state-dir>/admin-token`` (mode 0600). The store, the
+loop and the provisioner are built in the control layer (``control.plane.Plane.build``); this class
+adds what is the API's: the app, the metrics registry, the device sampler and the HTTP server.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from tpufleet import pricing
 from tpufleet.api.app import create_app
 from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
 from tpufleet.control.cluster.protocol import ClusterClient
-from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
-from tpufleet.control.loop.service import Decide, Service, ServiceConfig
+from tpufleet.control.loop.provisioner import ProvisionConfig
+from tpufleet.control.loop.service import Decide, ServiceConfig
+from tpufleet.control.plane import Plane, PlaneOptions
 from tpufleet.control.ray.headwatch import AWAIT_ENV, await_seconds, wait_for_gcs
-from tpufleet.control.store.facade import Clock, Store, new_job_id
+from tpufleet.control.store.facade import Clock, new_job_id
 from tpufleet.control.store.fleetview import duty_cycles
 from tpufleet.control.store.usage import Usage
 from tpufleet.control.store.values import DEFAULT_LIMITS, Limits
@@ -92,23 +94,23 @@ class ControlPlane:
         provision: ProvisionConfig | None = None,
     ) -> None:
         """A control plane over ``cluster``; with a ``provider`` (``serve --provider``) its loop also
-        makes and deletes slices (the provisioner, configured by ``provision``)."""
-        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.db_url = db_url or f"sqlite:///{self.state_dir / 'tpufleet.db'}"
-        self.cluster = cluster
-        self.store = Store.open(self.db_url, clock=clock, new_id=new_id, limits=limits)
-        self.provisioner = (
-            None if provider is None else Provisioner(self.store, provider, provision or ProvisionConfig())
-        )
-        self.service = Service(
-            self.store,
-            cluster,
-            state_dir=self.state_dir,
+        makes and deletes slices (the provisioner, configured by ``provision``). Everything below the
+        API is built by ``control.plane.Plane.build`` from one ``PlaneOptions``."""
+        options = PlaneOptions(
+            state_dir=Path(state_dir) if state_dir else default_state_dir(),
+            db_url=db_url,
+            config=config or ServiceConfig(),
+            limits=limits,
+            provider=provider,
+            provision=provision,
             decide=decide,
-            config=config,
-            provisioner=self.provisioner,
+            clock=clock,
+            new_id=new_id,
         )
+        self.plane = Plane.build(cluster, options)
+        self.state_dir, self.db_url = options.state_dir, options.database
+        self.cluster, self.store, self.service = cluster, self.plane.store, self.plane.service
+        self.provisioner = self.plane.provisioner
         self.prices = prices or pricing.shipped()  # cost: the shipped table, or serve --pricing FILE's
         self.metrics = metrics_registry(self.store, prices=self.prices)  # GET /metrics; register more here
         self.service.cycle_observers.append(cycle_histogram(self.metrics))

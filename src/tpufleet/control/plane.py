@@ -1,0 +1,75 @@
+"""The control plane's one assembly: ``Plane.build(cluster, PlaneOptions(...))``.
+
+Everything below the API that one ``tpufleet serve`` process runs, built in one place from one typed
+value: the store (SQLite in the state dir, or PostgreSQL by URL), the provisioner when a provider is
+given (``serve --provider``), and the scheduling loop with its collaborators (the cluster client, the
+provisioner). ``api/server.py``'s ``ControlPlane`` adds the HTTP side (the app, metrics, the device
+sampler) on top of a built plane; ``serve``, ``demo``, ``demo --autoscale``, ``chaos`` and the tests
+all reach this through it. Building opens the store (and brings its schema up to date) and nothing
+else: the loop starts with ``Plane.service.start()``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpufleet.control.cluster.protocol import ClusterClient
+from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
+from tpufleet.control.loop.service import Decide, Service, ServiceConfig
+from tpufleet.control.store.facade import Store, new_job_id
+from tpufleet.control.store.values import DEFAULT_LIMITS, Clock, Limits
+from tpufleet.provision.base import Provider
+
+__all__ = ["Plane", "PlaneOptions"]
+
+
+@dataclass(frozen=True)
+class PlaneOptions:
+    """What a control plane is built from (the parsed ``serve`` flags, or a test's choices)."""
+
+    state_dir: Path
+    db_url: str | None = None  # None: sqlite:///<state_dir>/tpufleet.db
+    config: ServiceConfig = field(default_factory=ServiceConfig)
+    limits: Limits = DEFAULT_LIMITS
+    provider: Provider | None = None  # serve --provider: the loop makes and deletes slices
+    provision: ProvisionConfig | None = None  # the provisioner's pools and timeouts (with a provider)
+    decide: Decide | None = None  # the policy; None: scheduler.policy.decide_runs
+    clock: Clock = time.time
+    new_id: Callable[[], str] = new_job_id
+
+    @property
+    def database(self) -> str:
+        return self.db_url or f"sqlite:///{self.state_dir / 'tpufleet.db'}"
+
+
+@dataclass
+class Plane:
+    """A built control plane without its API: the store, the loop and what the loop drives."""
+
+    options: PlaneOptions
+    cluster: ClusterClient
+    store: Store
+    service: Service
+    provisioner: Provisioner | None
+
+    @classmethod
+    def build(cls, cluster: ClusterClient, options: PlaneOptions) -> Plane:
+        options.state_dir.mkdir(parents=True, exist_ok=True)
+        store = Store.open(
+            options.database, clock=options.clock, new_id=options.new_id, limits=options.limits
+        )
+        provisioner = None
+        if options.provider is not None:
+            provisioner = Provisioner(store, options.provider, options.provision or ProvisionConfig())
+        service = Service(
+            store,
+            cluster,
+            state_dir=options.state_dir,
+            decide=options.decide,
+            config=options.config,
+            provisioner=provisioner,
+        )
+        return cls(options, cluster, store, service, provisioner)
