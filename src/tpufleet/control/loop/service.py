@@ -66,7 +66,8 @@ from tpufleet.control.store.loopwrites import ActiveJob, Transitions
 from tpufleet.errors import NotFoundError, TpufleetError
 from tpufleet.host import jobfiles, runlimits
 from tpufleet.runtime import StepProgress
-from tpufleet.scheduler.lifecycle import StopKind
+from tpufleet.scheduler import attempts
+from tpufleet.scheduler.lifecycle import JobState, StopKind
 from tpufleet.scheduler.model import Admit, Preempt, RunDecision, Snapshot, Wait, Waits
 
 log = logging.getLogger(__name__)
@@ -284,31 +285,40 @@ class Service:
                 self._stops.pop((job.id, job.attempt), None)
 
     def _act(self, job: ActiveJob) -> None:
-        if job.stop_kind is not None:
-            self._stopping(job)
-        elif self._timed_out(job):
-            timeout = self.config.start_timeout_s
-            why = f"did not start on every host within {timeout:g} s{self._not_started(job)}"
-            if self.tr.begin_stop(job.id, StopKind.FAIL, why):
-                self._stopping(job, StopKind.FAIL)
-        elif job.state == r.ADMITTED:
-            self._launch(job)
-        else:
-            self._poll(job)
-
-    def _timed_out(self, job: ActiveJob) -> bool:
-        if job.state == r.RUNNING or job.admitted_at is None:
-            return False
-        return self.store.clock() - job.admitted_at > self.config.start_timeout_s
-
-    def _not_started(self, job: ActiveJob) -> str:
-        status = self._status.get((job.id, job.attempt))
-        hosts = (
-            [f"{h.slice}/{h.worker_id}" for h in status.hosts if h.state is HostState.STARTING]
-            if status
-            else []
+        """Decide (``scheduler.attempts.next_step``), then write and act (:meth:`_apply`)."""
+        starting = self._starting_hosts(job)
+        now, timeout = self.store.clock(), self.config.start_timeout_s
+        self._apply(
+            job,
+            attempts.next_step(JobState(job.state), job.stop_kind, job.admitted_at, now, timeout, starting),
         )
-        return f" (still starting: {', '.join(hosts)})" if hosts else ""
+
+    def _apply(self, job: ActiveJob, step: attempts.Step) -> None:
+        """Carry out one step: a stop is written before it is issued (``begin_stop`` is a
+        compare-and-set: a cancel or preemption already on record wins, and nothing is issued)."""
+        match step:
+            case attempts.Stopping(kind):
+                self._stopping(job, kind)
+            case attempts.BeginStop(kind, why):
+                if self.tr.begin_stop(job.id, kind, why):
+                    self._stopping(job, kind)
+            case attempts.Launch():
+                self._launch(job)
+            case attempts.Poll():
+                self._poll(job)
+            case attempts.MarkLaunched():
+                self.tr.launched(job.id, job.attempt)
+            case attempts.MarkRunning():
+                self.tr.running(job.id, job.attempt)
+            case attempts.Wait():
+                pass
+
+    def _starting_hosts(self, job: ActiveJob) -> tuple[str, ...]:
+        """The hosts the last poll saw still starting (a start timeout names them)."""
+        status = self._status.get((job.id, job.attempt))
+        if status is None:
+            return ()
+        return tuple(f"{h.slice}/{h.worker_id}" for h in status.hosts if h.state is HostState.STARTING)
 
     # -- act ----------------------------------------------------------------------------------
     def _launch(self, job: ActiveJob) -> None:
@@ -322,14 +332,11 @@ class Service:
             return
         del self._launches[key]
         err = future.exception()
-        if err is None:
-            self.tr.launched(job.id, job.attempt)
-            return
-        what = str(err) if isinstance(err, TpufleetError) else f"{type(err).__name__}: {err}"
-        if not isinstance(err, TpufleetError):
+        what = None if err is None else str(err)
+        if err is not None and not isinstance(err, TpufleetError):
+            what = f"{type(err).__name__}: {err}"
             log.error("launch of %s attempt %s failed", job.id, job.attempt, exc_info=err)
-        if self.tr.begin_stop(job.id, StopKind.FAIL, f"launch failed: {what}"[:2000]):
-            self._stopping(job, StopKind.FAIL)
+        self._apply(job, attempts.after_launch(what))
 
     def _do_launch(self, job: ActiveJob) -> None:
         wd = job.working_dir
@@ -364,27 +371,22 @@ class Service:
             status: AttemptStatus | None = self.cluster.poll(job.id, job.attempt)
         except NotFoundError:
             status = None
-        if status is None or not status.hosts:
-            failure: str | None = "its processes are gone (no runners found)"
-        else:
+        present = status is not None and bool(status.hosts)
+        if status is not None and present:
             self._status[key] = status
-            failure = status.failure
             self._note_placed(key, status)
             if status.progress is not None:
                 self._note_progress(key, status.progress)
             if status.disk is not None:
                 self.files.measured(job.tenant, status.disk)
-        if status is not None and status.interrupted is not None:
-            if self.tr.begin_stop(job.id, StopKind.INTERRUPTED, status.interrupted):
-                self._stopping(job, StopKind.INTERRUPTED)
-        elif failure is not None:
-            if self.tr.begin_stop(job.id, StopKind.FAIL, failure):
-                self._stopping(job, StopKind.FAIL)
-        elif status is not None and status.succeeded:
-            if self.tr.begin_stop(job.id, StopKind.SUCCESS, "every host exited with code 0"):
-                self._stopping(job, StopKind.SUCCESS)
-        elif status is not None and status.all_running and job.state == r.STARTING:
-            self.tr.running(job.id, job.attempt)
+        seen = attempts.Observed(
+            present=present,
+            interrupted=None if status is None else status.interrupted,
+            failure=None if status is None or not present else status.failure,
+            succeeded=status is not None and present and status.succeeded,
+            all_running=status is not None and present and status.all_running,
+        )
+        self._apply(job, attempts.after_poll(JobState(job.state), seen))
 
     def _note_progress(self, key: Key, progress: StepProgress) -> None:
         """A report to store: the first one at once (start-up ends there), later ones at most every
