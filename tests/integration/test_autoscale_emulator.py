@@ -126,7 +126,7 @@ def test_a_spot_notice_mid_job_resumes_attempt_2_on_a_replacement_without_a_retr
         z.write(TRAIN, TRAIN.name)
     with _serve(tmp_path, SPOT_SPEC) as (admin, state, log_path):
         package = admin.upload_package(zipped.read_bytes(), tenant="team-a")
-        cmd = [sys.executable, TRAIN.name, "--steps", "40", "--checkpoint-every", "5", "--step-time", "0.3"]
+        cmd = [sys.executable, TRAIN.name, "--steps", "80", "--checkpoint-every", "5", "--step-time", "0.3"]
         job = admin.submit(cmd, "v4-8", tenant="team-a", working_dir=package, max_retries=0)["id"]
 
         def text(attempt: int) -> str:

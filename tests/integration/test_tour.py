@@ -127,7 +127,7 @@ def _stop_fleet(env: dict[str, str]) -> None:
         EmulatedFleet("", state_dir=state_dir).down()
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_the_readme_and_docs_run_as_written(tmp_path: Path) -> None:
     (tmp_path / "home").mkdir()
     shutil.copytree(REPO / "examples", tmp_path / "examples")

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from test_cli_control import Cli
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import control
+from tpufleet.cli import control, serve
 from tpufleet.control.cluster.fake import FakeCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.store.tables import PackageRow
@@ -164,5 +164,5 @@ def test_submit_refuses_a_working_dir_over_the_cap_before_uploading(
 
 def test_serve_refuses_a_file_url_prefix() -> None:
     with pytest.raises(SpecError, match="give a URL prefix with a host and a path"):
-        control._url_prefix("file:///")
-    assert control._url_prefix("https://artifacts.example.com/pkgs/") == "https://artifacts.example.com/pkgs/"
+        serve._url_prefix("file:///")
+    assert serve._url_prefix("https://artifacts.example.com/pkgs/") == "https://artifacts.example.com/pkgs/"
