@@ -1,7 +1,7 @@
 """Operating tenants from the command line: ``tenant update``, ``tenant delete``, ``token create``,
 ``tokens``, ``token revoke``, ``token rotate-admin`` and ``events`` (the audit log).
 
-Thin, like the rest of the client side (``cli/control.py``: ``--server``, ``--token``, the local
+Thin, like the rest of the client side (``cli/common.py``: ``--server``, ``--token``, the local
 admin token): parse, call the API, print. Rules and examples: docs/control-plane.md, "Operating
 tenants". Bad input is one line and exit 2, checked here before anything is sent where it can be.
 """
