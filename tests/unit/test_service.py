@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tpufleet.control.cluster.fake import SIGTERM_EXIT, FakeCluster
-from tpufleet.control.cluster.protocol import AttemptSpec, AttemptStatus, HostState
+from tpufleet.control.cluster.protocol import AttemptSpec, HostState
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import JobRecord, JobRequest
@@ -169,21 +168,13 @@ def test_a_borrower_is_preempted_with_a_grace_period_and_requeued_without_using_
     assert w.job(borrower).state == "QUEUED" and w.job(borrower).reason_code not in (None, "PREEMPTED")
 
 
-def test_an_attempt_the_cluster_says_was_interrupted_is_requeued_without_using_a_retry(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_attempt_the_cluster_says_was_interrupted_is_requeued_without_using_a_retry(world: World) -> None:
     """``AttemptStatus.interrupted`` (a Ray job's trainer placed on a slice that came back during its
     window, control/ray/jobs.py): not the job's doing, so even with no retries left it runs again."""
     job_id = world.submit(world.tenant("a", v4=8), max_retries=0)
     run_to_running(world, job_id)
-    poll = world.cluster.poll
     why = "Ray placed this job's placement group on tpu-v4-16-1, outside the admitted slices tpu-v4-16-0"
-
-    def interrupted(job: str, attempt: int) -> AttemptStatus:
-        status = poll(job, attempt)
-        return replace(status, interrupted=why) if (job, attempt) == (job_id, 1) else status
-
-    monkeypatch.setattr(world.cluster, "poll", interrupted)
+    world.cluster.interruptions[(job_id, 1)] = why
     world.cycle()
     job = world.job(job_id)
     assert (job.state, job.attempt, job.failures, job.reason_code) == ("QUEUED", 2, 0, "REQUEUED")

@@ -119,6 +119,9 @@ class FakeCluster:
         self.files: dict[tuple[str, str], int] = {}  # (tenant, job) -> bytes of its checkpoint dir
         self.removals: list[tuple[str, str, tuple[str, ...]]] = []
         self.clock: Callable[[], float] = time.time  # when the hosts measure (the host's clock)
+        # attempts this cluster reports as cut short by tpufleet (``AttemptStatus.interrupted``), as
+        # the Ray client does for a trainer placed on a slice that came back during its window
+        self.interruptions: dict[tuple[str, int], str] = {}
 
     def fault(
         self, op: str, what: BaseException | Callable[[], object] | None, job_id: str | None = None
@@ -220,7 +223,10 @@ class FakeCluster:
                 p.state is HostState.RUNNING for p in att.processes
             )
             placed = att.spec.slices if ray_running else ()
-            return AttemptStatus(job_id, attempt, hosts, progress=att.progress, placed=placed, disk=disk)
+            why = self.interruptions.get((job_id, attempt))
+            return AttemptStatus(
+                job_id, attempt, hosts, progress=att.progress, placed=placed, disk=disk, interrupted=why
+            )
 
     def _measure(self, att: FakeAttempt) -> DiskUsage | None:
         """What the hosts of an SPMD attempt measure; over the quota they end their processes."""
