@@ -1,5 +1,6 @@
-"""The control-plane CLI against the API in-process: Click's ``obj`` carries a TestClient as the
-client's httpx seam, and the test runs the scheduling loop's cycles itself."""
+"""The control-plane CLI against the API in-process: Click's ``obj`` carries the commands' seams (a
+TestClient as the client's httpx client; the caps checked client-side), and the test runs the
+scheduling loop's cycles itself."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import app
+from tpufleet.cli.common import Seams
 from tpufleet.control.cluster.fake import FakeCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.errors import AuthError, ForbiddenError, NotFoundError, SpecError, TpufleetError
@@ -23,6 +25,7 @@ class Cli:
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
         self.http = TestClient(cp.app)
+        self.seams = Seams(http=self.http)
         self.runner = CliRunner()
 
     def run(self, *args: str, token: str | None = None) -> str:
@@ -40,7 +43,7 @@ class Cli:
     def invoke(self, *args: str, token: str | None = None):  # type: ignore[no-untyped-def]
         extra = ["--token", token or self.cp.admin_token, "--server", "http://testserver"]
         return self.runner.invoke(
-            app, [*args, *extra] if "--" not in args else _before_dashes(args, extra), obj=self.http
+            app, [*args, *extra] if "--" not in args else _before_dashes(args, extra), obj=self.seams
         )
 
     def cycle(self, n: int = 1) -> None:

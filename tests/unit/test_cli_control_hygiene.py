@@ -9,6 +9,7 @@ import json
 import os
 import zipfile
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from sqlalchemy import func, select
 from test_cli_control import Cli
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import control, serve
+from tpufleet.cli import serve
+from tpufleet.cli.common import safe
+from tpufleet.cli.jobs import jobs_table
 from tpufleet.control.cluster.fake import FakeCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.store.tables import PackageRow
@@ -48,10 +51,10 @@ def tenant(cli: Cli) -> str:
 
 
 def test_safe_escapes_control_and_bidi_characters_only() -> None:
-    assert control.safe("a\x1b[31mb\x07") == "a\\x1b[31mb\\x07"
-    assert control.safe("x\u202ey\u200bz") == "x\\u202ey\\u200bz"
-    assert control.safe("line\n\tnext\r", keep="\n\t") == "line\n\tnext\\x0d"
-    assert control.safe("naïve 東京 [bold]") == "naïve 東京 [bold]"
+    assert safe("a\x1b[31mb\x07") == "a\\x1b[31mb\\x07"
+    assert safe("x\u202ey\u200bz") == "x\\u202ey\\u200bz"
+    assert safe("line\n\tnext\r", keep="\n\t") == "line\n\tnext\\x0d"
+    assert safe("naïve 東京 [bold]") == "naïve 東京 [bold]"
 
 
 def test_job_shows_the_command_quoted_and_escaped(cli: Cli) -> None:
@@ -92,7 +95,7 @@ def test_the_jobs_table_is_one_line_per_job_at_100_columns() -> None:
         )
     ]
     out = io.StringIO()
-    Console(file=out, width=100, force_terminal=False).print(control.jobs_table(rows))
+    Console(file=out, width=100, force_terminal=False).print(jobs_table(rows))
     lines = out.getvalue().splitlines()
     assert all(len(line) <= 100 for line in lines), lines
     queued, running = (next(line for line in lines if f"{i:08x}" in line) for i in range(2))
@@ -150,10 +153,8 @@ def test_submit_refuses_working_dirs_the_server_does_not_accept(
     assert isinstance(err, SpecError) and message in str(err) and err.exit_code == 2
 
 
-def test_submit_refuses_a_working_dir_over_the_cap_before_uploading(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(control, "DEFAULT_LIMITS", Limits(max_package_bytes=1000))
+def test_submit_refuses_a_working_dir_over_the_cap_before_uploading(cli: Cli, tmp_path: Path) -> None:
+    cli.seams = replace(cli.seams, limits=Limits(max_package_bytes=1000))  # the server keeps its own cap
     token = tenant(cli)
     (tmp_path / "big.bin").write_bytes(os.urandom(5000))
     err = cli.fail("submit", "--type", "v4-16", "--working-dir", str(tmp_path), "--", "x", token=token)

@@ -1,8 +1,10 @@
 """The ``tpufleet`` command. Thin: parse, call, print.
 
-Each command family lives in its own module and registers itself on ``app``:
-``catalog`` (TPU facts), ``emulate``/``doctor`` (local fleet), ``render``/``lint``/``up``/``down``/``attach``
-(configs), the control-plane client and server commands, and ``db`` (schema migrations). ``main``
+Each command family lives in its own module and registers itself on ``app``: ``catalog`` (TPU
+facts), ``emulate``/``doctor`` (local fleet), ``render``/``lint``/``up``/``down``/``attach``
+(configs: ``config.py``), ``serve`` (the control plane), its client commands one module per noun
+(``tenants``, ``submit``, ``jobs``, ``slices``, ``status``, ``cost``, ``tokens``, ``events``, ``top``;
+what they share is ``common.py``), ``db`` (schema migrations), ``demo`` and ``chaos``. ``main``
 turns every :class:`~tpufleet.errors.TpufleetError` into a one- or two-line message and its exit code.
 """
 
@@ -17,9 +19,15 @@ from tpufleet.errors import TpufleetError
 from tpufleet.cli import catalog as _catalog  # noqa: F401  isort: skip
 from tpufleet.cli import emulate as _emulate  # noqa: F401  isort: skip
 from tpufleet.cli import config as _config  # noqa: F401  isort: skip
-from tpufleet.cli import control as _control  # noqa: F401  isort: skip
-from tpufleet.cli import cost as _cost  # noqa: F401  isort: skip
+from tpufleet.cli import serve as _serve  # noqa: F401  isort: skip
 from tpufleet.cli import tenants as _tenants  # noqa: F401  isort: skip
+from tpufleet.cli import submit as _submit  # noqa: F401  isort: skip
+from tpufleet.cli import jobs as _jobs  # noqa: F401  isort: skip
+from tpufleet.cli import slices as _slices  # noqa: F401  isort: skip
+from tpufleet.cli import status as _status  # noqa: F401  isort: skip
+from tpufleet.cli import cost as _cost  # noqa: F401  isort: skip
+from tpufleet.cli import tokens as _tokens  # noqa: F401  isort: skip
+from tpufleet.cli import events as _events  # noqa: F401  isort: skip
 from tpufleet.cli import top as _top  # noqa: F401  isort: skip
 from tpufleet.cli import db as _db  # noqa: F401  isort: skip
 from tpufleet.cli import demo as _demo  # noqa: F401  isort: skip

@@ -1,25 +1,28 @@
-"""What the client commands share: the --server/--token/--json options, the client they make, the
-``tenant`` and ``slice`` command groups, and how user text goes into a table. Every CLI module imports
-these by their public names; this module imports no other command module.
+"""What the client commands share: the --server/--token/--json options, the client they make, how
+user text goes into a table, and times as UTC. Every CLI module imports these by their public names;
+this module imports no command module (``context`` only, to read what ``serve`` remembered).
 
 Client commands read ``--server``/``TPUFLEET_SERVER`` and ``--token``/``TPUFLEET_TOKEN``; without
 a token they use the admin token that a local ``tpufleet serve`` wrote to
-``<state-dir>/admin-token``, when it is readable. Tests hand an ``httpx.Client`` (e.g. FastAPI's
-``TestClient``) to the commands through Click's context object (``obj=``), so the CLI runs against
-the API in-process.
+``<state-dir>/admin-token``, when it is readable. Tests hand the commands their :class:`Seams`
+(or just an ``httpx.Client``, e.g. FastAPI's ``TestClient``) through Click's context object
+(``obj=``), so the CLI runs against the API in-process.
 """
 
 from __future__ import annotations
 
 import unicodedata
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import httpx
 import typer
 from rich.text import Text
 
 from tpufleet.client.http import DEFAULT_SERVER, Client
+from tpufleet.control.store.values import DEFAULT_LIMITS, Limits
 
 ServerOpt = Annotated[
     str, typer.Option("--server", envvar="TPUFLEET_SERVER", help="Control plane URL.", show_default=True)
@@ -33,11 +36,24 @@ TokenOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 ERRORS = "Errors: bad input exits 2 with one line; an unreachable server exits 1."
 
-tenant_app = typer.Typer(help="Manage tenants (admin token).", no_args_is_help=True)
-slice_app = typer.Typer(
-    help="Create, delete and measure slice groups; drain or undrain a slice (admin token).",
-    no_args_is_help=True,
-)
+
+@dataclass(frozen=True)
+class Seams:
+    """What the commands take from their caller instead of the real thing (Click's ``obj=``):
+    ``http``, the httpx client the API client sends through (None: its own); ``limits``, the caps
+    a command checks on this side before it sends (``submit --working-dir`` packs to at most
+    ``limits.max_package_bytes``; the server's own limits still apply)."""
+
+    http: httpx.Client | None = None
+    limits: Limits = DEFAULT_LIMITS
+
+
+def seams(ctx: typer.Context) -> Seams:
+    """The context object's seams; a bare ``httpx.Client`` there is ``Seams(http=...)``."""
+    obj = ctx.obj
+    if isinstance(obj, Seams):
+        return obj
+    return Seams(http=obj if isinstance(obj, httpx.Client) else None)
 
 
 def make_client(ctx: typer.Context, server: str, token: str | None) -> Client:
@@ -56,12 +72,8 @@ def make_client(ctx: typer.Context, server: str, token: str | None) -> Client:
 
         path = default_state_dir() / "admin-token"
         if path.is_file():
-            try:
-                token = path.read_text().strip() or None
-            except OSError:
-                token = None
-    http = ctx.obj if isinstance(ctx.obj, httpx.Client) else None
-    return Client(server or DEFAULT_SERVER, token, http=http)
+            token = read_token(path)
+    return Client(server or DEFAULT_SERVER, token, http=seams(ctx).http)
 
 
 def read_token(path: Path) -> str | None:
@@ -91,13 +103,8 @@ def cell(text: object, width: int | None = None) -> Text:
     return cell
 
 
-def checkpoint_text(usage: dict[str, Any]) -> str:
-    """``1.2/5.0 GiB``: what a host last measured of the tenant's checkpoint directory, of its quota
-    (``none``: no limit; ``-`` not measured yet; ``>=`` a walk that stopped at its bound)."""
-    from tpufleet.host.jobfiles import size_text
-
-    used, quota = usage.get("used_bytes"), usage.get("quota_bytes")
-    shown = "-" if not isinstance(used, int) else size_text(used)
-    if isinstance(used, int) and usage.get("complete") is False:
-        shown = ">=" + shown
-    return f"{shown}/{size_text(quota) if isinstance(quota, int) else 'none'}"
+def when(at: float | None) -> str:
+    """An epoch time as UTC, to the second; ``-`` for none."""
+    if at is None:
+        return "-"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,9 +1,12 @@
-"""The slice manager's commands: ``tpufleet slice create|delete|utilization`` (admin token).
+"""Slices from the command line: ``tpufleet slices`` (the fleet's slices and, with the admin token,
+the named slice groups under them) and ``tpufleet slice drain|undrain|create|delete|utilization``
+(admin token); and, for ``serve --fleet SPEC --provider KIND``, the provider that makes slices.
 
-``slice create NAME --type v4-8 [--count 2] [--spot] [--tenant T] [--wait] [--json]`` asks the
-control plane for a named slice group (``--tenant``: private to that tenant), ``slice delete NAME
-[--force]`` drains and deletes it, ``slice utilization NAME [--window 10m] [--json]`` shows the held
-fraction over the window and who held it. ``tpufleet slices`` lists the groups under the slices.
+``slice drain NAME`` places no new job on a slice (``undrain`` undoes it). ``slice create NAME
+--type v4-8 [--count 2] [--spot] [--tenant T] [--wait] [--json]`` asks the control plane for a named
+slice group (``--tenant``: private to that tenant), ``slice delete NAME [--force]`` drains and deletes
+it, ``slice utilization NAME [--window 10m] [--json]`` shows the held fraction over the window and
+who held it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from tpufleet.client.http import DEFAULT_SERVER
+from tpufleet.client.http import DEFAULT_SERVER, Client
 
 if TYPE_CHECKING:
     from tpufleet.client.slicemanager import SliceManager
@@ -21,7 +24,7 @@ if TYPE_CHECKING:
     from tpufleet.provision.base import Provider
     from tpufleet.spec import FleetSpec
 
-from tpufleet.cli._app import console, console_err, print_json
+from tpufleet.cli._app import app, console, console_err, print_json
 from tpufleet.cli.common import (
     ERRORS,
     JsonOpt,
@@ -30,16 +33,94 @@ from tpufleet.cli.common import (
     cell,
     make_client,
     safe,
-    slice_app,
 )
 
-__all__ = ["groups_table"]
+__all__ = ["Provisioning", "check_provider", "groups_table", "provisioning"]
+
+slice_app = typer.Typer(
+    help="Create, delete and measure slice groups; drain or undrain a slice (admin token).",
+    no_args_is_help=True,
+)
+app.add_typer(slice_app, name="slice")
 
 
 def _manager(ctx: typer.Context, server: str, token: str | None) -> SliceManager:
     from tpufleet.client.slicemanager import SliceManager  # the store's modules: only when used
 
     return SliceManager(client=make_client(ctx, server, token))  # the server and token rules of every command
+
+
+@app.command("slices", epilog=ERRORS)
+def slices_cmd(
+    ctx: typer.Context, as_json: JsonOpt = False, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+) -> None:
+    """List the fleet's slices: type, state (FREE, HELD, BROKEN, DRAINING), holder; with the admin
+    token also the named slice groups: provider state and physical slices (`tpufleet slice create`)."""
+    client = make_client(ctx, server, token)
+    rows = client.slices()
+    groups = _slice_groups(client)
+    group_of = {s["name"]: g["name"] for g in groups for s in g["slices"]}
+    if as_json:
+        print_json(
+            [
+                {k: s[k] for k in ("name", "accelerator_type", "state", "holder", "topology", "problems")}
+                | {"group": group_of.get(s["name"])}
+                for s in rows
+            ]
+        )
+        return
+    table = Table(
+        "name",
+        "type",
+        "topology",
+        "hosts",
+        "state",
+        "holder",
+        "problems",
+        title=f"slices ({len(rows)})",
+        title_justify="left",
+    )
+    for s in rows:
+        table.add_row(
+            cell(s["name"]),
+            cell(s["accelerator_type"]),
+            cell(s["topology"]),
+            str(len(s["hosts"])),
+            cell(s["state"]),
+            cell(s["holder"] or "-"),
+            cell("; ".join(s["problems"])),
+        )
+    console.print(table)
+    if groups:
+        console.print(groups_table(groups))
+
+
+def _slice_groups(client: Client) -> list[dict[str, Any]]:
+    """The named slice groups (admin token); none for a tenant's token."""
+    from tpufleet.errors import ForbiddenError
+
+    try:
+        return list(client.request("GET", "/api/v1/slice-groups"))
+    except ForbiddenError:
+        return []
+
+
+@slice_app.command("drain")
+def drain_cmd(
+    ctx: typer.Context, name: str, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+) -> None:
+    """Place no new job on the slice; its current holder runs to the end."""
+    s = make_client(ctx, server, token).drain(name, True)
+    typer.echo(safe(f"{s['name']} {s['state']}"))
+
+
+@slice_app.command("undrain")
+def undrain_cmd(
+    ctx: typer.Context, name: str, server: ServerOpt = DEFAULT_SERVER, token: TokenOpt = None
+) -> None:
+    """Let the scheduler place jobs on the slice again."""
+    s = make_client(ctx, server, token).drain(name, False)
+    typer.echo(safe(f"{s['name']} {s['state']}"))
 
 
 @slice_app.command("create", epilog=ERRORS)

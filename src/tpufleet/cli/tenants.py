@@ -1,5 +1,5 @@
-"""Operating tenants from the command line: ``tenant update``, ``tenant delete``, ``token create``,
-``tokens``, ``token revoke``, ``token rotate-admin`` and ``events`` (the audit log).
+"""Tenants from the command line: ``tenants`` (the list) and ``tenant create|update|show|delete``
+(admin token; ``tenant show`` the tenant's own token too).
 
 Thin, like the rest of the client side (``cli/common.py``: ``--server``, ``--token``, the local
 admin token): parse, call the API, print. Rules and examples: docs/control-plane.md, "Operating
@@ -9,12 +9,11 @@ tenants". Bad input is one line and exit 2, checked here before anything is sent
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from tpufleet.cli._app import app, console, console_err, print_json
 from tpufleet.cli.common import (
@@ -25,14 +24,14 @@ from tpufleet.cli.common import (
     cell,
     make_client,
     safe,
-    tenant_app,
+    when,
 )
 from tpufleet.client.http import DEFAULT_SERVER
-from tpufleet.control.store.values import PREEMPTION_MODES, TOKEN_SCOPES
+from tpufleet.control.store.values import PREEMPTION_MODES
 from tpufleet.errors import SpecError
 
-token_app = typer.Typer(help="Create, revoke and rotate tokens (admin token).", no_args_is_help=True)
-app.add_typer(token_app, name="token")
+tenant_app = typer.Typer(help="Manage tenants (admin token).", no_args_is_help=True)
+app.add_typer(tenant_app, name="tenant")
 
 QuotaOpt = Annotated[
     list[str],
@@ -77,15 +76,78 @@ def check_preemption(value: str | None) -> str | None:
     return value
 
 
-def when(at: float | None) -> str:
-    """An epoch time as UTC, to the second; ``-`` for none."""
-    if at is None:
-        return "-"
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+def checkpoint_text(usage: dict[str, Any]) -> str:
+    """``1.2/5.0 GiB``: what a host last measured of the tenant's checkpoint directory, of its quota
+    (``none``: no limit; ``-`` not measured yet; ``>=`` a walk that stopped at its bound)."""
+    from tpufleet.host.jobfiles import size_text
+
+    used, quota = usage.get("used_bytes"), usage.get("quota_bytes")
+    shown = "-" if not isinstance(used, int) else size_text(used)
+    if isinstance(used, int) and usage.get("complete") is False:
+        shown = ">=" + shown
+    return f"{shown}/{size_text(quota) if isinstance(quota, int) else 'none'}"
 
 
 def _quota_text(quota: dict[str, int]) -> str:
     return ", ".join(f"{g}={c}" for g, c in quota.items()) or "-"
+
+
+@app.command("tenants", epilog=ERRORS)
+def tenants_cmd(
+    ctx: typer.Context,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Deleted tenants too (state deleting or deleted).")
+    ] = False,
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """List tenants with their quotas, weights and preemption settings (admin token).
+
+    ckpt: the tenant's checkpoint directory as a host last measured it, of the quota (serve
+    --checkpoint-quota-gib; "none": no limit; "-": no run has reported yet). Deleted tenants are
+    left out unless --all: then they show with their state, deleting (its cancelled jobs still
+    stop) or deleted."""
+    rows = make_client(ctx, server, token).tenants(include_deleted=all_)
+    if as_json:
+        print_json(rows)
+        return
+    columns = ["name", "quota (chips)", "weight", "preemption", "ckpt"] + (["state"] if all_ else [])
+    table = Table(*columns, title=f"tenants ({len(rows)})", title_justify="left")
+    for t in rows:
+        cells: list[Text | str] = [cell(t["name"]), cell(_quota_text(t["quota"])), f"{t['weight']:g}"]
+        cells += [cell(t.get("preemption", "-")), checkpoint_text(t.get("checkpoints") or {})]
+        table.add_row(*cells, *([cell(t.get("state", "active"))] if all_ else []))
+    console.print(table)
+
+
+@tenant_app.command("create", epilog=ERRORS)
+def tenant_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Tenant name: lowercase letters, digits, '-'.")],
+    quota: Annotated[list[str], typer.Option("--quota", help="Nominal chips per generation: v4=32.")] = [],  # noqa: B006
+    weight: Annotated[float, typer.Option(help="Fair-share weight.")] = 1.0,
+    preemption: Annotated[
+        str,
+        typer.Option(
+            "--preemption",
+            metavar="never|lower_priority",
+            help="lower_priority: its higher-priority jobs may preempt its own lower-priority ones; never.",
+        ),
+    ] = "lower_priority",
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """Create a tenant and print its token (shown once). --quota v4=32,v6e=16 (or repeated)."""
+    chips = parse_quota(quota)
+    check_preemption(preemption)
+    out = make_client(ctx, server, token).create_tenant(name, chips, weight, preemption)
+    if as_json:
+        print_json({"name": out["name"], "token": out["token"]})
+        return
+    console_err.print(f"tenant {out['name']} created; its token (shown once):", highlight=False)
+    typer.echo(out["token"])
 
 
 @tenant_app.command("update", epilog=ERRORS)
@@ -132,8 +194,6 @@ def tenant_show(
 ) -> None:
     """One tenant: quota, weight, preemption, state, and its checkpoint directory as a host last
     measured it, of the quota (serve --checkpoint-quota-gib). The admin token, or the tenant's own."""
-    from tpufleet.cli.common import checkpoint_text
-
     out = make_client(ctx, server, token).tenant(name)
     if as_json:
         print_json(out)
@@ -189,180 +249,3 @@ def tenant_delete(
         typer.echo(safe(f"tenant {out['name']} deleting: its cancelled jobs are stopping"))
     else:
         typer.echo(safe(f"tenant {out['name']} deleted"))
-
-
-@token_app.command("create", epilog=ERRORS)
-def token_create(
-    ctx: typer.Context,
-    tenant: Annotated[str, typer.Option("--tenant", help="The tenant the token is for.", show_default=False)],
-    scope: Annotated[
-        str,
-        typer.Option(
-            "--scope",
-            metavar="jobs|metrics",
-            help="jobs: the tenant's jobs; metrics: only GET /metrics (a Prometheus scraper).",
-        ),
-    ] = "jobs",
-    as_json: JsonOpt = False,
-    server: ServerOpt = DEFAULT_SERVER,
-    token: TokenOpt = None,
-) -> None:
-    """Create a token and print it (shown once; only its hash is stored). --json: {"id", "token"}."""
-    if scope not in TOKEN_SCOPES:
-        raise SpecError(
-            f"{scope[:40]!r} is not a token scope; use {' or '.join(TOKEN_SCOPES)}", field="--scope"
-        )
-    out = make_client(ctx, server, token).create_token(tenant, scope)
-    if as_json:
-        print_json({"id": out["id"], "token": out["token"]})
-        return
-    console_err.print(
-        safe(f"token {out['id']} ({out['scope']}) for tenant {out['tenant']} (shown once):"), highlight=False
-    )
-    typer.echo(out["token"])
-
-
-@app.command("tokens", epilog=ERRORS)
-def tokens_cmd(
-    ctx: typer.Context,
-    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's tokens.")] = None,
-    as_json: JsonOpt = False,
-    server: ServerOpt = DEFAULT_SERVER,
-    token: TokenOpt = None,
-) -> None:
-    """List the tokens that work (admin token): ids, scopes, created and last-used times.
-
-    Times are UTC; last use is written at most once a minute. Never the secrets."""
-    rows = make_client(ctx, server, token).tokens(tenant)
-    if as_json:
-        print_json(rows)
-        return
-    table = Table(
-        "id", "tenant", "scope", "created", "last used", title=f"tokens ({len(rows)})", title_justify="left"
-    )
-    for t in rows:
-        table.add_row(
-            cell(t["id"]),
-            cell(t["tenant"] or "(admin)"),
-            cell(t["scope"]),
-            when(t["created_at"]),
-            when(t["last_used_at"]),
-        )
-    console.print(table)
-
-
-@token_app.command("revoke", epilog=ERRORS)
-def token_revoke(
-    ctx: typer.Context,
-    token_id: Annotated[str, typer.Argument(metavar="ID", help="The token's id (tpufleet tokens).")],
-    server: ServerOpt = DEFAULT_SERVER,
-    token: TokenOpt = None,
-) -> None:
-    """Revoke a token: every request with it is refused (401) from now on."""
-    out = make_client(ctx, server, token).revoke_token(token_id)
-    typer.echo(safe(f"token {out['id']} ({out['scope']}) revoked"))
-
-
-@token_app.command("rotate-admin", epilog=ERRORS)
-def token_rotate_admin(
-    ctx: typer.Context,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--state-dir",
-            help="Where to write the new admin token too (default: the local server's state dir, as "
-            "`tpufleet serve` recorded it, else ~/.tpufleet).",
-            show_default=False,
-        ),
-    ] = None,
-    as_json: JsonOpt = False,
-    server: ServerOpt = DEFAULT_SERVER,
-    token: TokenOpt = None,
-) -> None:
-    """Replace the admin token: a new one is written to <state-dir>/admin-token (mode 0600) and every
-    other admin token is revoked at once. The server writes its own state dir's file; this command
-    writes the local one too when it is another file. The secret is never printed."""
-    client = make_client(ctx, server, token)
-    out = client.rotate_admin()
-    path = _admin_token_target(state_dir, client.server)
-    _write_if_other(path, out["token"])
-    done = {"id": out["id"], "path": str(path), "server_path": out.get("path"), "revoked": out["revoked"]}
-    if as_json:
-        print_json(done)
-        return
-    typer.echo(
-        safe(
-            f"admin token rotated: {out['id']} written to {path} (mode 0600); "
-            f"{out['revoked']} old admin token(s) revoked"
-        )
-    )
-
-
-def _admin_token_target(state_dir: Path | None, server: str) -> Path:
-    """The admin-token file client commands read: --state-dir's, the one `serve` recorded for this
-    server, else the default state dir's."""
-    from tpufleet.api.auth import ADMIN_TOKEN_FILE
-    from tpufleet.api.server import default_state_dir
-    from tpufleet.cli import context
-
-    if state_dir is not None:
-        return state_dir / ADMIN_TOKEN_FILE
-    remembered = context.load()
-    if remembered.admin_token_path and remembered.server == server:
-        return Path(remembered.admin_token_path)
-    return default_state_dir() / ADMIN_TOKEN_FILE
-
-
-def _write_if_other(path: Path, token: str) -> None:
-    """Write ``token`` to ``path`` (0600) unless the server already put it there."""
-    from tpufleet.api.auth import write_token_file
-
-    try:
-        if path.read_text().strip() == token:
-            return
-    except OSError:
-        pass
-    write_token_file(path, token)
-
-
-@app.command("events", epilog=ERRORS)
-def events_cmd(
-    ctx: typer.Context,
-    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's events.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="Show the newest N events.")] = 100,
-    as_json: JsonOpt = False,
-    server: ServerOpt = DEFAULT_SERVER,
-    token: TokenOpt = None,
-) -> None:
-    """The audit log: who changed which tenant or token, cancels, drains, preemptions.
-
-    Oldest first, the newest --limit events; each says who did it (admin, a token id, or the
-    scheduler) and the tenant. A tenant's token reads only its own tenant's events."""
-    rows = make_client(ctx, server, token).audit(tenant, last=limit)
-    if as_json:
-        print_json(rows)
-        return
-    console.print(events_table(rows))
-
-
-def events_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(
-        "at (UTC)",
-        "tenant",
-        "actor",
-        "kind",
-        "job",
-        "what",
-        title=f"events ({len(rows)})",
-        title_justify="left",
-    )
-    for e in rows:
-        table.add_row(
-            when(e["at"]),
-            cell(e["tenant"] or "-"),
-            cell(e["actor"] or "-"),
-            cell(e["kind"]),
-            cell(e["job_id"] or "-"),
-            cell(e["message"]),
-        )
-    return table

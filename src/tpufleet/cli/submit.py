@@ -1,0 +1,182 @@
+"""``tpufleet submit``: queue one job (its ``--working-dir`` packed and uploaded from here) or many
+at once from a JSONL file (``--batch``), all or none."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tpufleet.cli._app import app, console_err, print_json
+from tpufleet.cli.common import ERRORS, JsonOpt, ServerOpt, TokenOpt, make_client, seams
+from tpufleet.client.http import DEFAULT_SERVER, Client
+from tpufleet.control.store.values import Limits
+from tpufleet.errors import InputError, SpecError, TpufleetError
+
+
+@app.command("submit", epilog=ERRORS)
+def submit_cmd(
+    ctx: typer.Context,
+    command: Annotated[
+        list[str] | None, typer.Argument(help="The command run on every host, after --.", show_default=False)
+    ] = None,
+    accelerator_type: Annotated[
+        str | None, typer.Option("--type", help="Slice type, e.g. v4-16, v6e-16.", show_default=False)
+    ] = None,
+    num_slices: Annotated[int, typer.Option("--num-slices", help="Slices (multi-slice when > 1).")] = 1,
+    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    max_retries: Annotated[
+        int | None, typer.Option("--max-retries", help="Retries after failures (default 2).")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Job name (default: from the command).")] = None,
+    env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for every host; repeatable.")] = [],  # noqa: B006
+    working_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--working-dir",
+            help="A local directory, packed (without .git, __pycache__, .venv) and uploaded, or a URL "
+            "the server allows; shipped to every host.",
+        ),
+    ] = None,
+    tenant: Annotated[str | None, typer.Option(help="With the admin token: submit for this tenant.")] = None,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="A Ray job: the command runs once, as a Ray driver through Ray's job submission; Ray "
+            "Train's JaxTrainer lands on the slices admitted (docs/ray-jobs.md).",
+        ),
+    ] = False,
+    batch: Annotated[
+        Path | None,
+        typer.Option(
+            "--batch",
+            metavar="FILE.jsonl",
+            help="Queue many jobs at once, all or none: one JSON job body per line, the fields of "
+            'POST /api/v1/jobs (e.g. {"command": ["python", "t.py"], "accelerator_type": "v4-16"}); '
+            'at most 10,000 lines. Prints one id per line ({"ids": [...]} with --json).',
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token: TokenOpt = None,
+) -> None:
+    """Queue a job: `tpufleet submit --type v4-16 -- python train.py`. Prints the job id.
+
+    Many jobs: `tpufleet submit --batch jobs.jsonl`; a bad line exits 2 naming the line."""
+    if batch is not None:
+        flags = (command, accelerator_type, name, working_dir, max_retries, env, ray)
+        if any(flags) or (num_slices, priority) != (1, 0):
+            raise SpecError("give --batch FILE.jsonl (job fields on each line) or one job's flags, not both")
+        _submit_batch(make_client(ctx, server, token), batch, tenant, as_json)
+        return
+    if not command or not accelerator_type:
+        raise SpecError(
+            "give the slice type and the command, e.g. tpufleet submit --type v4-16 -- python train.py "
+            "(or --batch FILE.jsonl)"
+        )
+    client = make_client(ctx, server, token)
+    wd = _upload_working_dir(client, working_dir, tenant, seams(ctx).limits) if working_dir else None
+    job = client.submit(
+        command,
+        accelerator_type,
+        num_slices=num_slices,
+        priority=priority,
+        max_retries=max_retries,
+        name=name,
+        env=_kv(env, "--env"),
+        working_dir=wd,
+        tenant=tenant,
+        kind="ray" if ray else "spmd",
+    )
+    if as_json:
+        print_json({"id": job["id"]})
+    else:
+        typer.echo(job["id"])
+
+
+def _submit_batch(client: Client, path: Path, tenant: str | None, as_json: bool) -> None:
+    """Read the JSONL file, send it as one batch, print the ids; errors name the file and line."""
+    from tpufleet.api.limits import MAX_BATCH_JOBS
+
+    bodies, lines = read_batch(path, tenant)
+    if len(bodies) > MAX_BATCH_JOBS:
+        raise SpecError(f"{len(bodies):,} jobs; at most {MAX_BATCH_JOBS:,} in one batch", file=str(path))
+    try:
+        ids = client.submit_batch(bodies)
+    except TpufleetError as err:
+        found = re.match(r"jobs\[(\d+)\][.:]? ?(.*)", str(err))
+        if found is None or int(found.group(1)) >= len(lines):
+            raise
+        line, rest = lines[int(found.group(1))], found.group(2)
+        if isinstance(err, SpecError):
+            raise SpecError(rest, file=str(path), line=line) from None
+        raise type(err)(f"{path}:{line}: {rest}") from None
+    if as_json:
+        print_json({"ids": ids})
+    else:
+        typer.echo("\n".join(ids))
+
+
+def read_batch(path: Path, tenant: str | None = None) -> tuple[list[dict[str, Any]], list[int]]:
+    """The job bodies of a JSONL file (blank lines skipped) and the line number of each; ``tenant``
+    fills in bodies that name none. A line that is not a JSON object is a SpecError naming it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: cannot read it ({err})") from None
+    bodies: list[dict[str, Any]] = []
+    lines: list[int] = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            body = json.loads(raw)
+        except ValueError as err:
+            raise SpecError(f"not JSON ({err})", file=str(path), line=n) from None
+        if not isinstance(body, dict):
+            raise SpecError("each line is one job body, a JSON object", file=str(path), line=n)
+        if tenant and "tenant" not in body:
+            body["tenant"] = tenant
+        bodies.append(body)
+        lines.append(n)
+    if not bodies:
+        raise SpecError("no jobs in the file (one JSON job body per line)", file=str(path))
+    return bodies, lines
+
+
+def _upload_working_dir(client: Client, working_dir: str, tenant: str | None, limits: Limits) -> str:
+    """A ``scheme://`` URL as it is; a directory packed here (refused over ``limits``' package cap
+    before any upload) and uploaded, its package id."""
+    if "://" in working_dir:
+        return working_dir
+    path = Path(working_dir)
+    if not path.is_dir():
+        raise SpecError(f"{working_dir} is not a directory", field="--working-dir")
+    from rich.progress import Progress
+
+    with Progress(console=console_err, transient=True, disable=not console_err.is_terminal) as bar:
+        task = bar.add_task(f"packing {path}", total=None)
+        data = _pack(path, limits, lambda done, total: bar.update(task, completed=done, total=total))
+        bar.update(task, description=f"uploading {len(data):,} bytes")
+        return client.upload_package(data, tenant=tenant)
+
+
+def _pack(path: Path, limits: Limits, progress: Any) -> bytes:
+    from tpufleet.control.store import packages
+
+    return packages.pack(path, limits, progress=progress)
+
+
+def _kv(values: list[str], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"{item!r} is not KEY=VALUE", field=what)
+        out[key.strip()] = value
+    return out
