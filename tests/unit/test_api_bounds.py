@@ -124,7 +124,7 @@ def test_logs_are_streamed_in_pieces_and_read_as_before(api: Api) -> None:
     assert one == api.store.read_logs(job_id, host=1, offset=299_990).to_dict()
     assert one["hosts"][0]["data"] == text[299_990:]
     read, spans = api.store.plan_logs(job_id, host=0, offset=10)
-    parts = list(logs.pieces(api.store.tx, spans[0], size=70_000))
+    parts = list(logs.stored_text(api.store, spans[0], size=70_000))
     assert max(len(p) for p in parts) <= 70_000 and "".join(parts) == text[10:]
     assert read.hosts[0].data == "" and read.hosts[0].next_offset == len(text)
 
@@ -243,6 +243,22 @@ def test_repeated_failures_from_one_address_get_429_and_valid_tokens_and_other_a
     assert attacker.get("/api/v1/whoami", headers={"Authorization": f"Bearer {admin}"}).status_code == 200
     assert attacker.get("/api/v1/jobs", headers=wrong).status_code == 401
     assert json.loads(attacker.get("/healthz").text)["status"] == "ok"  # unauthenticated routes: never
+
+
+def test_the_slice_manager_routes_authenticate_as_every_other_route(store: Store) -> None:
+    """``/api/v1/slice-groups`` once checked the token on its own: failures there went uncounted and
+    were never slowed, and a metrics token read as a tenant's. Now one dependency serves every route."""
+    attacker, other, admin = _guarded(store, Clock())
+    metrics_token = store.create_token(store.create_tenant("team-a", {"v4": 16})[0].name, "metrics")[1]
+    wrong = {"Authorization": "Bearer tf_wrong"}
+    codes = [attacker.get("/api/v1/slice-groups", headers=wrong).status_code for _ in range(11)]
+    assert codes == [401] * 10 + [429]
+    scoped = other.get("/api/v1/slice-groups", headers={"Authorization": f"Bearer {metrics_token}"})
+    assert (
+        scoped.status_code == 403 and "a metrics token may only read GET /metrics" in scoped.json()["error"]
+    )
+    assert _failures(other, admin) == {"missing": 0, "invalid": 10, "revoked": 0, "scope": 1}
+    assert other.get("/api/v1/slice-groups", headers={"Authorization": f"Bearer {admin}"}).json() == []
 
 
 def test_the_failure_table_is_bounded() -> None:

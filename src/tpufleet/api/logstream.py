@@ -3,8 +3,9 @@
 The answer is the same document as ever (``{"job_id", "attempt", "job_state", "hosts": [{"host",
 "slice", "worker_id", "data", "next_offset", "complete", "truncated", "note"}]}``), so every
 client reads it as before; only ``data`` is written a piece at a time (``control/store/logs.py``,
-:func:`~tpufleet.control.store.logs.pieces`), each piece JSON-escaped on its own. What the server holds
-for one read is one piece (256 Ki characters) and its encoding, whatever the log's size.
+:func:`~tpufleet.control.store.logs.stored_text`), each piece JSON-escaped on its own. What the
+server holds for one read is one piece (256 Ki characters) and its encoding, whatever the log's
+size. The store opens a transaction per piece; nothing here opens one.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _body(store: Store, read: LogRead, spans: tuple[logs.Span, ...]) -> Iterator
         del fields["data"]
         rest = _dumps(fields)  # {"host":0,...}: data goes first, the rest after it
         yield _encode(("," if i else "") + '{"data":"')
-        for piece in logs.pieces(store.tx, span):
+        for piece in logs.stored_text(store, span):
             yield _encode(_dumps(piece)[1:-1])
         yield _encode('",' + rest[1:])
     yield b"]}"

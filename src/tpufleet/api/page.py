@@ -14,7 +14,7 @@ from collections.abc import Callable
 from functools import cache
 from importlib import resources
 
-from fastapi import FastAPI
+from fastapi import APIRouter
 from fastapi.responses import Response
 
 CSP = (
@@ -40,15 +40,20 @@ def _read(name: str) -> bytes:
     return resources.files("tpufleet.api").joinpath("static", name).read_bytes()
 
 
-def install(app: FastAPI) -> None:
-    """Add ``/``, ``/fleet.js`` and ``/fleet.css`` to ``app`` (left out of the OpenAPI schema)."""
-    for path, (name, media) in FILES.items():
-        app.add_api_route(path, _handler(name, media), methods=["GET"], include_in_schema=False)
-
-
 def _handler(name: str, media: str) -> Callable[[], Response]:
     def serve() -> Response:
         return Response(_read(name), media_type=media, headers=HEADERS)
 
     serve.__name__ = f"page_{name.replace('.', '_')}"
     return serve
+
+
+def _router() -> APIRouter:
+    """``/``, ``/fleet.js`` and ``/fleet.css`` (left out of the OpenAPI schema)."""
+    out = APIRouter()
+    for path, (name, media) in FILES.items():
+        out.add_api_route(path, _handler(name, media), methods=["GET"], include_in_schema=False)
+    return out
+
+
+router = _router()

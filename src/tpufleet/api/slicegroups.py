@@ -1,4 +1,4 @@
-"""``/api/v1/slice-groups``: the slice manager's REST routes (admin token).
+"""``/api/v1/slice-groups``: the slice manager's REST routes (admin token, every one).
 
 A slice group is ``num_slices`` physical slices of one TPU type asked of the provider under one
 name, shared or private to a tenant (only its jobs run there, counted against its quota). Creating
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tpufleet.api import auth
+from tpufleet.api.deps import API, AdminOnly, Db, changed
 from tpufleet.api.errormap import responses
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.slicegroups import (
@@ -25,21 +25,8 @@ from tpufleet.control.store.slicegroups import (
     parse_window,
     slice_config,
 )
-from tpufleet.control.store.values import Principal
 
-__all__ = ["router"]
-
-router = APIRouter(tags=["slice groups"])
-
-
-def _admin(request: Request) -> Store:
-    store: Store = request.app.state.store
-    who: Principal = store.authenticate(auth.bearer_token(request))
-    auth.require_admin(who)
-    return store
-
-
-Admin = Annotated[Store, Depends(_admin)]
+__all__ = ["GroupCreate", "group_view", "router"]
 
 
 class GroupCreate(BaseModel):
@@ -52,8 +39,7 @@ class GroupCreate(BaseModel):
     tenant: str | None = Field(None, description="a private group: only this tenant's jobs run there")
 
 
-def _changed(request: Request) -> None:
-    request.app.state.on_change()
+router = APIRouter(prefix=API, tags=["slice groups"], dependencies=[AdminOnly])
 
 
 def group_view(store: Store, group: GroupRecord) -> dict[str, Any]:
@@ -68,39 +54,39 @@ def group_view(store: Store, group: GroupRecord) -> dict[str, Any]:
 
 
 @router.post("/slice-groups", status_code=201, responses=responses(400, 403, 404, 409, 413, 422))
-def create_group(body: GroupCreate, store: Admin, request: Request) -> dict[str, Any]:
+def create_group(body: GroupCreate, store: Db, request: Request) -> dict[str, Any]:
     """Ask for a named slice group (admin)."""
     conf = slice_config(body.config)
     group = SliceGroups(store).create(
         body.name, conf.accelerator_type, conf.count, spot=conf.spot, tenant=body.tenant
     )
-    _changed(request)
+    changed(request)
     return group_view(store, group)
 
 
 @router.get("/slice-groups", responses=responses(403))
-def list_groups(store: Admin) -> list[dict[str, Any]]:
+def list_groups(store: Db) -> list[dict[str, Any]]:
     return [group_view(store, g) for g in SliceGroups(store).all()]
 
 
 @router.get("/slice-groups/{name}", responses=responses(403, 404, 422))
-def get_group(name: str, store: Admin) -> dict[str, Any]:
+def get_group(name: str, store: Db) -> dict[str, Any]:
     return group_view(store, SliceGroups(store).get(name))
 
 
 @router.delete("/slice-groups/{name}", responses=responses(403, 404, 422))
-def delete_group(name: str, store: Admin, request: Request, force: bool = False) -> dict[str, Any]:
+def delete_group(name: str, store: Db, request: Request, force: bool = False) -> dict[str, Any]:
     """Drain and delete (admin): waits for the holder to finish, or with ``force`` preempts it
     (checkpoint signal and grace, requeued without using a retry), then releases the slices."""
     group = SliceGroups(store).request_delete(name, force=force)
-    _changed(request)
+    changed(request)
     return group_view(store, group)
 
 
 @router.get("/slice-groups/{name}/utilization", responses=responses(400, 403, 404, 422))
 def utilization(
     name: str,
-    store: Admin,
+    store: Db,
     request: Request,
     window: Annotated[str, Query(description="e.g. 90s, 10m, 2h, 1d, or seconds")] = "10m",
 ) -> dict[str, Any]:

@@ -5,10 +5,10 @@ host, how far it read the cluster's stream (``cluster_offset``, the executor's u
 characters the store holds (``stored``). Readers use character offsets into the stored stream, so
 ``tpufleet logs --follow`` asks for "everything after offset N" of one host.
 
-The API streams a read (:func:`plan`, then :func:`pieces` per host): the answer's hosts and their
-``next_offset`` are fixed first, then the stored text up to there is read ``PIECE_CHARS``
-characters per query, each in its own short transaction, so a 64 MiB log never sits in memory
-whole (four readers of one held ~516 MiB when it was read into one string).
+The API streams a read (:func:`plan`, then :func:`stored_text` per host): the answer's hosts and
+their ``next_offset`` are fixed first, then the stored text up to there is read ``PIECE_CHARS``
+characters per query (:func:`pieces`), each in its own short transaction, so a 64 MiB log never
+sits in memory whole (four readers of one held ~516 MiB when it was read into one string).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -154,6 +155,18 @@ def pieces(
             return  # a gap in the stored stream (never written so): nothing more to send
         yield got
         pos += len(got)
+
+
+class Transactions(Protocol):
+    """What :func:`stored_text` needs of the store: its transactions (``Store`` has them)."""
+
+    def tx(self) -> AbstractContextManager[Session]: ...
+
+
+def stored_text(store: Transactions, span: Span, size: int = PIECE_CHARS) -> Iterator[str]:
+    """The stored text of ``span`` (from ``Store.plan_logs``) read from ``store`` by :func:`pieces`:
+    ``size`` characters per query, each in a short transaction of its own, opened as it is read."""
+    return pieces(store.tx, span, size)
 
 
 def _streams(

@@ -1,0 +1,203 @@
+"""``/api/v1/jobs``: submit one job or a batch, list them a page at a time, read one, its events
+and its logs (streamed, ``logstream.py``), cancel it. A tenant's token sees only its own jobs:
+another tenant's job is the same 404 as one that does not exist. Every job body passes
+:meth:`~tpufleet.control.store.values.JobRequest.build`, the one path into the store."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tpufleet.api import auth, logstream
+from tpufleet.api.cursor import decode_cursor, encode_cursor
+from tpufleet.api.deps import API, Db, Who, changed
+from tpufleet.api.errormap import responses
+from tpufleet.api.jobviews import job_with_goodput, jobs_with_goodput
+from tpufleet.api.limits import MAX_BATCH_BODY_BYTES, MAX_BATCH_JOBS
+from tpufleet.control.store import listing
+from tpufleet.control.store.values import (
+    ACTIVE,
+    DEFAULT_MAX_RETRIES,
+    PAGE_DEFAULT,
+    PAGE_MAX,
+    QUEUED,
+    TENANT_NAME,
+    TERMINAL,
+    JobRequest,
+)
+from tpufleet.errors import SpecError, TpufleetError
+
+__all__ = ["BatchOut", "JobBatch", "JobPage", "JobSubmit", "router"]
+
+
+class JobSubmit(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    command: list[str] = Field(
+        description="run on every host, SPMD style, e.g. ['python', 'train.py']; at most 256 arguments "
+        "of 8 KiB, 64 KiB in all, no NUL"
+    )
+    accelerator_type: str = Field(description="slice type, GCE naming, e.g. v4-16, v6e-16")
+    num_slices: int = Field(1, description="1 to 4096")
+    priority: int = Field(0, description="-1,000,000 to 1,000,000; higher runs first")
+    max_retries: int = Field(DEFAULT_MAX_RETRIES, description="0 to 100")
+    name: str | None = Field(None, description="1 to 128 printable characters (default: from the command)")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="at most 256 variables, values of 32 KiB, 256 KiB in all"
+    )
+    working_dir: str | None = Field(
+        None,
+        description="shipped to every host: a package id sha256:<64 hex> from POST /api/v1/packages, "
+        "or a URL under a prefix the operator allows (serve --allow-working-dir-url)",
+    )
+    tenant: str | None = Field(None, description="only with the admin token: the tenant to submit for")
+    kind: str = Field(
+        "spmd",
+        description="spmd (the command on every host) or ray (the command once, as a Ray driver through "
+        "Ray's job submission, on the slices admitted; only with serve --allow-ray-jobs)",
+    )
+
+
+class JobBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    jobs: list[dict[str, Any]] = Field(
+        min_length=1,
+        max_length=MAX_BATCH_JOBS,
+        description=f"1 to {MAX_BATCH_JOBS:,} job bodies, each with the fields of POST /api/v1/jobs; "
+        f"the request body at most {MAX_BATCH_BODY_BYTES // (1 << 20)} MiB",
+    )
+
+
+class BatchOut(BaseModel):
+    ids: list[str] = Field(description="the new jobs' ids, in the order of the batch")
+
+
+class JobPage(BaseModel):
+    items: list[dict[str, Any]]
+    next: str | None = Field(description="pass as ?after= for the next page; null on the last page")
+
+
+router = APIRouter(prefix=API)
+
+
+@router.post("/jobs", status_code=201, tags=["jobs"], responses=responses(400, 403, 404, 409, 413, 422))
+def submit(body: JobSubmit, me: Who, store: Db, request: Request) -> dict[str, Any]:
+    """Queue a job. Over the per-tenant cap on queued jobs (``serve --max-queued-per-tenant``,
+    default 100,000) it is a 409; a working_dir package this tenant did not upload is a 404."""
+    tenant = auth.submit_tenant(me, body.tenant)
+    fields = body.model_dump(exclude={"tenant"})
+    job = store.submit(tenant, JobRequest.build(**fields, limits=request.app.state.limits))
+    changed(request)
+    return job.to_dict()
+
+
+@router.post(
+    "/jobs/batch",
+    status_code=201,
+    tags=["jobs"],
+    response_model=BatchOut,
+    responses=responses(400, 403, 404, 409, 413, 422),
+)
+def submit_batch(body: JobBatch, me: Who, store: Db, request: Request) -> dict[str, Any]:
+    """Queue many jobs at once, all or none: every item is validated first (one bad item is a 400
+    naming it, e.g. ``jobs[3].num_slices: ...``, and nothing is stored), then all are stored in one
+    transaction. The per-tenant queued cap applies to the batch as a whole (409)."""
+    limits = request.app.state.limits
+    owners: list[str] = []
+    requests: list[JobRequest] = []
+    for i, item in enumerate(body.jobs):
+        try:
+            job = JobSubmit.model_validate(item)
+            owners.append(auth.submit_tenant(me, job.tenant))
+            requests.append(JobRequest.build(**job.model_dump(exclude={"tenant"}), limits=limits))
+        except ValidationError as err:
+            raise SpecError(f"jobs[{i}]{_first_problem(err)}") from None
+        except TpufleetError as err:
+            raise _at_item(err, i) from None
+    ids = store.submit_many(owners, requests)
+    changed(request)
+    return {"ids": ids}
+
+
+def _first_problem(err: ValidationError) -> str:
+    """``.num_slices: Input should be a valid integer`` (or ``[0]`` for a list item)."""
+    e = err.errors()[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.get("loc", ()))
+    return f"{where}: {e.get('msg', 'invalid')}"
+
+
+def _at_item(err: TpufleetError, index: int) -> TpufleetError:
+    """The same error, its message prefixed with the item: ``jobs[3].num_slices: ...``."""
+    if isinstance(err, SpecError):
+        return SpecError(f"jobs[{index}]{'.' if err.field else ': '}{err}")
+    return type(err)(f"jobs[{index}]: {err}")
+
+
+@router.get("/jobs", tags=["jobs"], response_model=JobPage, responses=responses(400, 422))
+def list_jobs(
+    me: Who,
+    store: Db,
+    state: Annotated[list[str] | None, Query(description="only these states")] = None,
+    tenant: Annotated[str | None, Query(description="admin only: one tenant's jobs")] = None,
+    limit: Annotated[
+        int,
+        Query(ge=1, le=PAGE_MAX, description=f"jobs per page: default {PAGE_DEFAULT}, at most {PAGE_MAX}"),
+    ] = PAGE_DEFAULT,
+    after: Annotated[str | None, Query(description="the `next` of the previous page")] = None,
+) -> dict[str, Any]:
+    """Jobs in submission order, a page at a time: ``{"items": [...], "next": CURSOR or null}``;
+    ``limit`` defaults to 100 and is at most 1000; pass ``next`` back as ``after`` for the next page.
+    A page also ends before its items pass 1 MiB of JSON (``next`` goes on from there). A listed
+    job has no ``env`` and no ``attempts``, its ``command`` is cut to 256 characters (ending in
+    '\u2026', ``command_cut`` true), its ``reason`` and ``working_dir`` to 512: ``GET
+    /api/v1/jobs/{id}`` has the whole job."""
+    scope = auth.job_scope(me) or tenant
+    if scope is not None and not TENANT_NAME.fullmatch(scope):
+        raise SpecError(f"{scope[:70]!r} is not a tenant name", field="tenant")
+    states = tuple(s.upper() for s in state or ())
+    valid = (QUEUED, *ACTIVE, *TERMINAL)
+    for bad in (s for s in states if s not in valid):
+        raise SpecError(f"state={bad[:40]!r} is not a job state; valid: {', '.join(valid)}")
+    items, last = listing.jobs_page(store, scope, states, limit=limit, after=decode_cursor(after))
+    listed = jobs_with_goodput(store, items)
+    return {"items": listed, "next": None if last is None else encode_cursor(last)}
+
+
+@router.get("/jobs/{job_id}", tags=["jobs"], responses=responses(404, 422))
+def get_job(job_id: str, me: Who, store: Db) -> dict[str, Any]:
+    return job_with_goodput(store.job(job_id, tenant=auth.job_scope(me)), store.clock())
+
+
+@router.get("/jobs/{job_id}/events", tags=["jobs"], responses=responses(404, 422))
+def job_events(job_id: str, me: Who, store: Db) -> list[dict[str, Any]]:
+    store.job(job_id, tenant=auth.job_scope(me))
+    return store.events(job_id)
+
+
+@router.get(
+    "/jobs/{job_id}/logs", tags=["jobs"], response_model=logstream.LogOut, responses=responses(404, 422)
+)
+def job_logs(
+    job_id: str,
+    me: Who,
+    store: Db,
+    attempt: Annotated[int | None, Query(ge=1, description="default: the latest that ran")] = None,
+    host: Annotated[
+        int | None, Query(ge=0, description="host index in the attempt (slice, then worker)")
+    ] = None,
+    offset: Annotated[int, Query(ge=0, description="characters already read (per host)")] = 0,
+) -> StreamingResponse:
+    """A job's stored output, every host or one, from ``offset``: streamed, read from the store a
+    piece at a time (a 64 MiB log is never held whole)."""
+    scope = auth.job_scope(me)
+    read, spans = store.plan_logs(job_id, tenant=scope, attempt=attempt, host=host, offset=offset)
+    return logstream.response(store, read, spans)
+
+
+@router.post("/jobs/{job_id}/cancel", tags=["jobs"], responses=responses(404, 409, 422))
+def cancel(job_id: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
+    job = store.request_cancel(job_id, tenant=auth.job_scope(me), actor=me.actor)
+    changed(request)
+    return job.to_dict()
