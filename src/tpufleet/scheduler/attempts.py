@@ -1,35 +1,52 @@
 """What happens next to one attempt: decided here, purely; the loop writes it, then acts.
 
 The lifecycle (``lifecycle.py``) says which transitions are legal; this says which one an attempt
-takes this cycle, from what the loop knows of it: its job's state, the stop already on record, when
-it was admitted, the clock, and what its hosts said (:class:`Observed`). Three questions, three
-functions, each answering with one :data:`Step`:
+takes, from what the loop knows of it: its job's state, the stop already on record, when it was
+admitted, the clock (an argument), what its hosts said (:class:`Observed`) and how its stop went.
+Each question the loop asks is one function answering with one :data:`Step`:
 
-- :func:`next_step`: at the start of the cycle's turn for the job. A recorded stop goes on
-  (:class:`Stopping`); an attempt that did not start on every host within the start timeout is
-  failed (:class:`BeginStop`); an admitted one is launched (:class:`Launch`); any other is polled
-  (:class:`Poll`).
+- :func:`on_restart`: once, after a (re)start, for each attempt the store says is active: one the
+  cluster no longer runs is failed; a launch begun but never recorded is adopted
+  (:class:`Adopt`, then :func:`after_adopt`).
+- :func:`on_inventory`: at the start of every cycle, before the policy runs: a cancel asked for,
+  or a broken slice under the attempt, begins a stop.
+- :func:`next_step`: at the job's turn. A recorded stop goes on (:class:`Stopping`); an attempt
+  that did not start on every host within the start timeout is failed (:class:`BeginStop`); an
+  admitted one is launched (:class:`Launch`); any other is polled (:class:`Poll`).
 - :func:`after_launch`: once a launch returned: the job turns STARTING (:class:`MarkLaunched`), or a
   launch that failed fails the attempt.
 - :func:`after_poll`: from the hosts' status: requeue without a retry (``INTERRUPTED``), fail,
   succeed, mark RUNNING when every host runs (:class:`MarkRunning`), or :class:`Wait`.
+- :func:`after_stop`: once a stop returned: :class:`Finish` (the attempt ends as its stop kind
+  says), or, for a stop that failed fewer than ``MAX_STOP_TRIES`` times, :class:`Wait` (it is
+  issued again next turn).
+- :func:`after_error`: anything the loop could not handle for this attempt fails it.
 
 A :class:`BeginStop` is written first (``Transitions.begin_stop``, a compare-and-set that loses to
 a cancel or preemption already on record) and only then is the stop issued: a control plane killed
-between the two finds the stop on record and issues it after its restart. Nothing here reads a
-clock, does I/O or imports Ray.
+between the two finds the stop on record and issues it after its restart. How long a stopped
+attempt's processes get between SIGTERM and SIGKILL is :meth:`Graces.of` its stop kind. Nothing
+here reads a clock, does I/O or imports Ray.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tpufleet.scheduler.lifecycle import JobState, StopKind
 
 __all__ = [
+    "CANCELLED_WHY",
     "GONE",
+    "GONE_AT_RESTART",
+    "INTERRUPTED_AT_RESTART",
+    "MAX_STOP_TRIES",
     "SUCCEEDED_WHY",
+    "Adopt",
     "BeginStop",
+    "Finish",
+    "Graces",
     "Launch",
     "MarkLaunched",
     "MarkRunning",
@@ -38,14 +55,23 @@ __all__ = [
     "Step",
     "Stopping",
     "Wait",
+    "after_adopt",
+    "after_error",
     "after_launch",
     "after_poll",
+    "after_stop",
     "next_step",
+    "on_inventory",
+    "on_restart",
 ]
 
 GONE = "its processes are gone (no runners found)"
+GONE_AT_RESTART = "its processes were gone when the control plane restarted"
+INTERRUPTED_AT_RESTART = "the control plane restarted while launching this attempt; requeued"
+CANCELLED_WHY = "cancelled by request"
 SUCCEEDED_WHY = "every host exited with code 0"
 MAX_WHY = 2000  # characters of a reason kept on the job
+MAX_STOP_TRIES = 3  # a stop that keeps failing ends the attempt anyway: the job must not hold its slices
 
 
 @dataclass(frozen=True)
@@ -84,11 +110,45 @@ class MarkRunning:
 
 
 @dataclass(frozen=True)
+class Adopt:
+    """After a restart: the previous control plane began this launch but never recorded it; ask
+    the hosts whether every one got it (then :func:`after_adopt`)."""
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The stop returned: end the attempt with each host's final state and free its slices
+    (``Transitions.finish``). The outcome is the stop ``kind``'s (``lifecycle.end_attempt``):
+    SUCCESS -> SUCCEEDED, CANCEL -> CANCELLED, PREEMPT, PRIORITY, SPOT and INTERRUPTED -> QUEUED
+    without using a retry, FAIL -> QUEUED with a retry, or FAILED when none is left.
+    ``stop_error``: the stop itself failed ``MAX_STOP_TRIES`` times and the attempt ends anyway."""
+
+    kind: StopKind
+    stop_error: str | None = None
+
+
+@dataclass(frozen=True)
 class Wait:
     """Nothing to do this cycle."""
 
 
-Step = Launch | Poll | Stopping | BeginStop | MarkLaunched | MarkRunning | Wait
+Step = Launch | Poll | Stopping | BeginStop | MarkLaunched | MarkRunning | Adopt | Finish | Wait
+
+
+@dataclass(frozen=True)
+class Graces:
+    """Seconds from SIGTERM (the checkpoint signal) to SIGKILL for a stopped attempt's processes."""
+
+    preempt_s: float  # reclaimed by the policy, or the provider's spot notice (the slice dies anyway)
+    cancel_s: float
+    fail_s: float  # the surviving hosts of a failed attempt; also a success's or an interruption's
+
+    def of(self, kind: StopKind) -> float:
+        if kind in (StopKind.PREEMPT, StopKind.PRIORITY, StopKind.SPOT):
+            return self.preempt_s
+        if kind is StopKind.CANCEL:
+            return self.cancel_s
+        return self.fail_s
 
 
 @dataclass(frozen=True)
@@ -102,6 +162,38 @@ class Observed:
     failure: str | None = None  # why a host failed or was lost
     succeeded: bool = False  # every host exited 0
     all_running: bool = False
+
+
+def on_restart(state: JobState, stop: StopKind | None, found: bool) -> Step:
+    """After a (re)start, for an attempt the store says is active; ``found``: the cluster still
+    runs it (``ClusterClient.adopt``). Only :class:`Adopt` and :class:`BeginStop` are answers to
+    act on now; a stop on record, a launch never begun and a found attempt go on at their turn."""
+    if stop is not None:
+        return Wait()  # issued again at its turn (next_step: Stopping)
+    if state == JobState.ADMITTED:
+        return Adopt() if found else Wait()  # not found: launched at its turn
+    if not found:
+        return BeginStop(StopKind.FAIL, GONE_AT_RESTART)
+    return Wait()
+
+
+def after_adopt(lost: bool) -> Step:
+    """A launch begun before the restart: adopted when every host got it; cut short (a host
+    missing, ``lost``) it is ended and requeued without using a retry, since the job did nothing
+    wrong."""
+    return BeginStop(StopKind.INTERRUPTED, INTERRUPTED_AT_RESTART) if lost else MarkLaunched()
+
+
+def on_inventory(cancel_requested: bool, slices: Sequence[str], broken: Mapping[str, Sequence[str]]) -> Step:
+    """At the start of a cycle, before the policy runs: a cancel asked for, else the first of the
+    attempt's slices that is broken (``broken``: each broken slice's problems) begins a stop. Only
+    written then (the policy sees it); the stop is issued at the job's turn."""
+    if cancel_requested:
+        return BeginStop(StopKind.CANCEL, CANCELLED_WHY)
+    for name in slices:
+        if name in broken:
+            return BeginStop(StopKind.FAIL, f"slice {name} is broken ({'; '.join(broken[name])})")
+    return Wait()
 
 
 def next_step(
@@ -145,3 +237,19 @@ def after_poll(state: JobState, seen: Observed) -> Step:
     if seen.all_running and state == JobState.STARTING:
         return MarkRunning()
     return Wait()
+
+
+def after_stop(kind: StopKind, error: str | None, failures: int) -> Step:
+    """A stop of ``kind`` returned; ``error``: how it failed (None when every process ended),
+    ``failures``: how many times it failed so far, this one included."""
+    if error is None:
+        return Finish(kind)
+    if failures < MAX_STOP_TRIES:
+        return Wait()  # issued again at the job's next turn
+    return Finish(kind, error)
+
+
+def after_error(error: str) -> Step:
+    """Anything the loop could not handle for this attempt (``error``: the exception, one line):
+    one job's fault ends that job's attempt, never the cycle."""
+    return BeginStop(StopKind.FAIL, f"the control plane could not handle this attempt ({error})"[:MAX_WHY])

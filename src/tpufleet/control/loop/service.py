@@ -14,7 +14,9 @@ One cycle (:meth:`Service.run_once`):
    failed or did not start in time) is first written as the job's ``stop_kind``, then ``stop`` ends
    every process of the attempt, the final state of every host and the rest of every host's output
    are collected, and only then the job moves on (``SUCCEEDED``, ``FAILED``, ``CANCELLED``, or
-   ``QUEUED`` with ``attempt + 1``) and its slices come free.
+   ``QUEUED`` with ``attempt + 1``) and its slices come free. What happens next to each attempt
+   (here, in step 1 and after a restart) is decided by ``scheduler/attempts.py``, purely, and
+   applied here: ``_record`` writes an answer, ``_apply`` writes it, then acts.
 4. **Logs.** New output of running attempts is copied into the store (within a time budget per
    cycle), so logs outlive the job. Each host's stored log is capped (``max_log_bytes``): past the
    cap it is marked truncated, never silently cut.
@@ -75,7 +77,6 @@ log = logging.getLogger(__name__)
 Decide = Callable[[Snapshot], Sequence[RunDecision]]  # ``policy.decide_runs``, or ``decide``
 Key = tuple[str, int]
 FINAL_IDLE_READS = 20  # empty reads in a row (~1 s) after an attempt ended: its stream will not complete
-MAX_STOP_TRIES = 3  # a stop that keeps failing ends the attempt anyway: the job must not hold its slices
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,8 @@ class Service:
         self.state_dir = Path(state_dir)
         self.config = config or ServiceConfig()
         self.job_root = self.config.checkpoint_root or str(self.state_dir / "checkpoints")
+        c = self.config
+        self.graces = attempts.Graces(c.preempt_grace_s, c.cancel_grace_s, c.fail_grace_s)
         self.cycles = 0
         self.last_error: str | None = None
         self._reconciled = False
@@ -199,37 +202,26 @@ class Service:
         }
 
     def reconcile(self) -> None:
-        """After a (re)start: adopt launched attempts, fail vanished ones, stop orphans."""
+        """After a (re)start: adopt launched attempts, fail vanished ones (``attempts.on_restart``,
+        written only: every stop is issued at its job's turn), stop orphans."""
         running = set(self.cluster.adopt())
         active = self.tr.active_jobs()
         for job in active:
-            key = (job.id, job.attempt)
-            if job.stop_kind is not None:
-                continue  # the stop is issued again by _act
-            if job.state == r.ADMITTED and key in running:
-                self._adopt_launch(job)
-            elif job.state in (r.STARTING, r.RUNNING) and key not in running:
-                self.tr.begin_stop(
-                    job.id, StopKind.FAIL, "its processes were gone when the control plane restarted"
-                )
+            step = attempts.on_restart(JobState(job.state), job.stop_kind, (job.id, job.attempt) in running)
+            if isinstance(step, attempts.Adopt):
+                step = attempts.after_adopt(self._launch_lost(job))
+            self._record(job, step)
         for job_id, attempt in sorted(running - {(j.id, j.attempt) for j in active}):
             log.warning("stopping orphan attempt %s of job %s", attempt, job_id)
             self._run_stop((job_id, attempt), self.config.cancel_grace_s)
         self._reconciled = True
 
-    def _adopt_launch(self, job: ActiveJob) -> None:
-        """A launch the previous control plane began but never recorded: adopt it when every host
-        got it; when it was cut short (hosts missing), end it and requeue without using a retry,
-        since the job did nothing wrong."""
+    def _launch_lost(self, job: ActiveJob) -> bool:
+        """Whether a launch the previous control plane began missed a host (or all of them)."""
         try:
-            lost = any(h.state is HostState.LOST for h in self.cluster.poll(job.id, job.attempt).hosts)
+            return any(h.state is HostState.LOST for h in self.cluster.poll(job.id, job.attempt).hosts)
         except NotFoundError:
-            lost = True
-        if lost:
-            message = "the control plane restarted while launching this attempt; requeued"
-            self.tr.begin_stop(job.id, StopKind.INTERRUPTED, message)
-        else:
-            self.tr.launched(job.id, job.attempt)
+            return True
 
     def _sync(self) -> None:
         try:
@@ -239,14 +231,9 @@ class Service:
             log.warning("could not maintain the warm pool: %s", err)
         self.tr.sync_slices(self.cluster.inventory())
         slices = self.store.slices()
-        broken = {s.name: s for s in slices if s.state == r.BROKEN}
-        for job in self.tr.active_jobs():
-            if job.cancel_requested:
-                self.tr.begin_stop(job.id, StopKind.CANCEL, "cancelled by request")
-            for name in job.slices:
-                if name in broken:
-                    problems = "; ".join(broken[name].problems)
-                    self.tr.begin_stop(job.id, StopKind.FAIL, f"slice {name} is broken ({problems})")
+        broken = {s.name: s.problems for s in slices if s.state == r.BROKEN}
+        for job in self.tr.active_jobs():  # written now, so the policy sees them; issued at the job's turn
+            self._record(job, attempts.on_inventory(job.cancel_requested, job.slices, broken))
         self._pool_draining(slices)
 
     def _schedule(self) -> None:
@@ -280,9 +267,8 @@ class Service:
             self._act(job)
         except Exception as err:
             log.exception("job %s attempt %s: acting on it failed", job.id, job.attempt)
-            why = f"the control plane could not handle this attempt ({type(err).__name__}: {err})"
-            if self.tr.begin_stop(job.id, StopKind.FAIL, why[:2000]):
-                self._stops.pop((job.id, job.attempt), None)
+            if self._record(job, attempts.after_error(f"{type(err).__name__}: {err}")):
+                self._stops.pop((job.id, job.attempt), None)  # the new stop is issued at its next turn
 
     def _act(self, job: ActiveJob) -> None:
         """Decide (``scheduler.attempts.next_step``), then write and act (:meth:`_apply`)."""
@@ -294,24 +280,39 @@ class Service:
         )
 
     def _apply(self, job: ActiveJob, step: attempts.Step) -> None:
-        """Carry out one step: a stop is written before it is issued (``begin_stop`` is a
-        compare-and-set: a cancel or preemption already on record wins, and nothing is issued)."""
+        """Carry out one step at the job's turn: write it (:meth:`_record`), then act. A stop is
+        written before it is issued (``begin_stop`` is a compare-and-set: a cancel or preemption
+        already on record wins, and nothing is issued)."""
         match step:
+            case attempts.BeginStop(kind, _):
+                if self._record(job, step):
+                    self._stopping(job, kind)
             case attempts.Stopping(kind):
                 self._stopping(job, kind)
-            case attempts.BeginStop(kind, why):
-                if self.tr.begin_stop(job.id, kind, why):
-                    self._stopping(job, kind)
             case attempts.Launch():
                 self._launch(job)
             case attempts.Poll():
                 self._poll(job)
+            case attempts.MarkLaunched() | attempts.MarkRunning() | attempts.Wait():
+                self._record(job, step)
+            case attempts.Adopt() | attempts.Finish():  # answers of on_restart and after_stop only
+                raise ValueError(f"{step} is not a step at a job's turn")
+
+    def _record(self, job: ActiveJob, step: attempts.Step) -> bool:
+        """Write what a step decides, and nothing else: a stop (False when one on record wins),
+        ADMITTED -> STARTING, STARTING -> RUNNING. True when it wrote. The steps to act on
+        (:class:`~tpufleet.scheduler.attempts.Stopping`, ``Launch``, ``Poll``, ``Adopt``) and
+        ``Finish`` (which needs the hosts' final state, :meth:`_stopping`) write nothing here."""
+        match step:
+            case attempts.BeginStop(kind, why):
+                return self.tr.begin_stop(job.id, kind, why)
             case attempts.MarkLaunched():
                 self.tr.launched(job.id, job.attempt)
+                return True
             case attempts.MarkRunning():
                 self.tr.running(job.id, job.attempt)
-            case attempts.Wait():
-                pass
+                return True
+        return False
 
     def _starting_hosts(self, job: ActiveJob) -> tuple[str, ...]:
         """The hosts the last poll saw still starting (a start timeout names them)."""
@@ -416,36 +417,34 @@ class Service:
             self._placed.add(key)
             self.tr.placed(key[0], key[1], status.placed)
 
-    def _stopping(self, job: ActiveJob, kind: StopKind | None = None) -> None:
-        """Issue the stop (once per process lifetime), and finish the attempt when it returned."""
+    def _stopping(self, job: ActiveJob, kind: StopKind) -> None:
+        """Issue the stop (once per process lifetime, with its kind's grace), and once it returned
+        apply ``attempts.after_stop``: finish the attempt with each host's final state, or issue
+        the stop again at the next turn."""
         key = (job.id, job.attempt)
-        kind = kind or job.stop_kind
         if key in self._launches and not self._launches[key].done():
             return  # stop once the launch returned, so no host starts after its stop
         self._launches.pop(key, None)
         future = self._stops.get(key)
         if future is None:
-            grace = {
-                StopKind.PREEMPT: self.config.preempt_grace_s,
-                StopKind.PRIORITY: self.config.preempt_grace_s,
-                StopKind.SPOT: self.config.preempt_grace_s,  # the slice dies at the notice's deadline anyway
-                StopKind.CANCEL: self.config.cancel_grace_s,
-            }
-            wait = grace.get(kind, self.config.fail_grace_s) if kind else self.config.fail_grace_s
-            future = self._stops[key] = self._run_stop(key, wait)
+            future = self._stops[key] = self._run_stop(key, self.graces.of(kind))
         if not future.done():
             return
         del self._stops[key]
         err = future.exception()
-        if err is not None:
-            failures = self._stop_failures[key] = self._stop_failures.get(key, 0) + 1
-            if failures < MAX_STOP_TRIES:
+        failures = self._stop_failures.get(key, 0) + (err is not None)
+        match attempts.after_stop(kind, None if err is None else str(err), failures):
+            case attempts.Finish(_, stop_error):
+                if stop_error is not None:
+                    log.error(
+                        "stop of %s attempt %s failed %s times; ending it anyway: %s", *key, failures, err
+                    )
+                self._stop_failures.pop(key, None)
+                after = future.result() if err is None else None
+                self.tr.finish(job.id, job.attempt, _final(after, self._status.pop(key, None)))
+            case _:
+                self._stop_failures[key] = failures
                 log.warning("stop of %s attempt %s failed (try %s), retrying: %s", *key, failures, err)
-                return
-            log.error("stop of %s attempt %s failed %s times; ending it anyway: %s", *key, failures, err)
-        self._stop_failures.pop(key, None)
-        after = future.result() if err is None else None
-        self.tr.finish(job.id, job.attempt, _final(after, self._status.pop(key, None)))
 
     def _run_stop(self, key: Key, grace_s: float) -> Future[AttemptStatus | None]:
         return self._submit(self._do_stop, key, grace_s)
