@@ -49,13 +49,11 @@ services:
 
 test:
 	@$(MAKE) --no-print-directory -j2 lint services bytecode
-	@# The tests by kind (tests/unit/test_test_layout.py keeps them in place): on both cores, the pure
-	@# unit tests, the conformance suites' in-memory cases and the host tests, which start, scan or kill
-	@# the host's processes (tests/host/conftest.py lets no two of them that sweep or scan overlap);
-	@# then the tests that share an emulated Ray fleet (with the conformance suites' Ray cases) beside
-	@# those that start a fleet of their own, each on two workers a file at a time (side-by-side-tests.sh).
-	$(REQUIRE) $(BIN)/python -m pytest tests/unit tests/host tests/conformance -m "not integration" \
-		-n 2 --dist worksteal --durations=10
+	@# The tests by kind (tests/unit/test_test_layout.py keeps them in place), three pytest processes
+	@# side by side (side-by-side-tests.sh): the unit, host and in-memory conformance tests (niced, a
+	@# test at a time on two workers; no two host tests that sweep or scan processes overlap, see
+	@# tests/host/conftest.py), the tests that share an emulated Ray fleet (with the conformance suites'
+	@# Ray cases) and those that start a fleet of their own, each on two workers a file at a time.
 	$(REQUIRE) ./scripts/side-by-side-tests.sh $(BIN)/python
 
 unit: venv

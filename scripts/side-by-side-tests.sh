@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# The integration and end-to-end tests as `make test` runs them: two pytest processes side by side.
+# The whole pytest suite as `make test` runs it: three pytest processes side by side.
 #
 #   scripts/side-by-side-tests.sh PYTHON [PYTEST ARGS...]
 #
-# One process runs the tests that share an emulated fleet (tests/conftest.py): those of
-# tests/integration and the conformance suites' Ray cases (marked integration; their in-memory cases
-# run with the unit tests); the other, at the same time, the tests that start a fleet or a control
-# plane of their own (SOLO below: the demo, the chaos soak, the README tour, ...). Each runs its files
-# on two pytest-xdist workers, a file to a worker (--dist loadfile: a file's tests keep their order
-# and share their fixtures), so the shared fleet is two fleets, one per worker. The suite mostly
-# waits (on grace periods, a soak's minute, a slice being made): one process kept the two cores 59 %
-# busy; four, side by side, fill the gaps (12 min -> 5-6 min for this step). Nothing either runs
-# looks at processes it did not start (leak checks go by PID or by the fleet's own temp dir), and
-# each fleet picks free ports. The second process's output is shown when it ends.
+# - fast: the unit tests, the host tests and the conformance suites' in-memory cases, at a lower
+#   CPU priority (nice 10), on two workers a test at a time;
+# - shared: the tests that share an emulated fleet (tests/conftest.py): those of tests/integration
+#   and the conformance suites' Ray cases (marked integration), on two workers a file at a time
+#   (--dist loadfile: a file's tests keep their order and share their fixtures), so the shared fleet
+#   is two fleets, one per worker;
+# - own: beside them, the tests that start a fleet or a control plane of their own (SOLO below:
+#   the demo, the chaos soak, the README tour, ...), also two workers a file at a time.
+#
+# The fleet streams mostly wait (on grace periods, a soak's minute, a slice being made, a Ray Train
+# start-up) and leave about a fifth of the two cores idle; the fast stream fills those gaps instead
+# of running first on its own (~3 min). It runs niced so that it never starves an emulated fleet's
+# processes: Ray gives a starting node 30 s to register, which an overloaded machine can miss.
+# Nothing any of them runs looks at processes it did not start (leak checks go by PID or by the
+# fleet's own temp dir; tests/host/conftest.py keeps the host tests that sweep or scan processes
+# apart), and each fleet picks free ports. The outputs are shown in that order once all have ended.
 # TPUFLEET_TEST_FLEET_DIR (a fleet of your own) wants one worker: pass -n 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,18 +38,33 @@ for path in "${SOLO[@]}"; do
   if [[ $path == tests/integration/* ]]; then ignore+=("--ignore=$path"); fi
 done
 
-log=$(mktemp "${TMPDIR:-/tmp}/tpufleet-solo-tests.XXXXXX")
-"$py" -m pytest "${SOLO[@]}" -n 2 --dist loadfile --durations=10 "$@" >"$log" 2>&1 &
-solo=$!
-# An interrupted run (Ctrl-C, a CI timeout) stops the second process too, by its PID.
-trap 'kill "$solo" 2>/dev/null; rm -f "$log"' EXIT
+fast_log=$(mktemp "${TMPDIR:-/tmp}/tpufleet-fast-tests.XXXXXX")
+own_log=$(mktemp "${TMPDIR:-/tmp}/tpufleet-own-fleet-tests.XXXXXX")
+pids=()
+# An interrupted run (Ctrl-C, a CI timeout) stops the background processes too, by their PIDs.
+trap 'kill "${pids[@]}" 2>/dev/null; rm -f "$fast_log" "$own_log"' EXIT
+
+nice -n 10 "$py" -m pytest tests/unit tests/host tests/conformance -m "not integration" \
+  -n 2 --dist worksteal --durations=10 "$@" >"$fast_log" 2>&1 &
+fast=$!
+pids+=("$fast")
+"$py" -m pytest "${SOLO[@]}" -n 2 --dist loadfile --durations=10 "$@" >"$own_log" 2>&1 &
+own=$!
+pids+=("$own")
 
 "$py" -m pytest tests/integration tests/conformance -m integration "${ignore[@]}" -n 2 --dist loadfile --durations=25 "$@"
 shared=$?
-wait "$solo"
-own=$?
+wait "$fast"
+fast_rc=$?
+wait "$own"
+own_rc=$?
+echo
+echo "======== beside it: the unit, host and in-memory conformance tests (nice 10) ========"
+cat "$fast_log"
 echo
 echo "======== beside it: the tests that start their own fleet or control plane ========"
-cat "$log"
-if ((shared != 0)); then exit "$shared"; fi
-exit "$own"
+cat "$own_log"
+for rc in "$fast_rc" "$shared" "$own_rc"; do
+  if ((rc != 0)); then exit "$rc"; fi
+done
+exit 0

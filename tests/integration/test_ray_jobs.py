@@ -117,16 +117,43 @@ def _all_hosts(client: Client, job_id: str, text: str) -> list[str] | None:
 
 
 @pytest.mark.timeout(900)  # two Ray Train start-ups on a shared 2-core machine
-def test_two_ray_jobs_of_the_same_type_admitted_together_each_train_on_their_slice(plane: Plane) -> None:
+def test_two_ray_jobs_of_the_same_type_each_train_on_their_slice_then_one_beside_an_spmd_job_is_cancelled(
+    plane: Plane,
+) -> None:
+    """Two tenants' Ray jobs of the same type are admitted together and each Train worker runs on
+    the slice its job was admitted on (from the workers' own TPU_NAME). Once the short one has
+    ended, an SPMD job takes its slice and runs beside the long one; cancelling the Ray job ends
+    its driver and every Train worker and frees its slice, and leaves the SPMD job running."""
     a, b = plane.tenant(v4=8), plane.tenant(v4=8)
-    jobs = [(a, plane.ray_job(a, "--steps", "4", *MEMORY)), (b, plane.ray_job(b, "--steps", "4", *MEMORY))]
+    long = plane.ray_job(a, "--steps", "500", "--step-time", "0.5", *MEMORY)
+    short = plane.ray_job(b, "--steps", "4", *MEMORY)
+    jobs = [(a, long), (b, short)]
     admitted = [wait_state(c, j, "STARTING", "RUNNING")["slices"] for c, j in jobs]
     assert sorted(s for x in admitted for s in x) == ["tpu-v4-16-0", "tpu-v4-16-1"]
     for (client, job), slices in zip(jobs, admitted, strict=True):
         assert workers_on(client, job, 2) == {(slices[0], 0), (slices[0], 1)}
-    for client, job in jobs:
-        assert wait_state(client, job, "SUCCEEDED")["exit_code"] == 0
-        assert "RESULT " in _driver_log(client, job)  # the driver's final metrics line
+    assert wait_state(b, short, "SUCCEEDED")["exit_code"] == 0
+    assert "RESULT " in _driver_log(b, short)  # the driver's final metrics line
+
+    slices = admitted[0]
+    spmd = b.submit([PY, "-c", _PRINT_AND_WAIT], "v4-16")["id"]
+    other = wait_state(b, spmd, "RUNNING")["slices"]
+    assert other == admitted[1]  # the short job's slice, beside the long one's
+    spmd_lines = wait_for("the SPMD job's hosts", lambda: _all_hosts(b, spmd, "on "), 120)
+    assert {line.split()[-1] for line in spmd_lines} == {f"{other[0]}/0", f"{other[0]}/1"}
+    assert a.job(long)["state"] == "RUNNING"
+    events = [e["message"] for e in a.events(long)]
+    assert any(f"placement groups are on {slices[0]}" in m for m in events), events
+    ray_job = plane.cluster._ray.get((long, 1))
+    assert ray_job is not None and ray_job.ray_job
+    assert _alive_actors(plane, ray_job.ray_job) >= 2  # the controller and the Train workers
+    a.cancel(long)
+    assert wait_state(a, long, "CANCELLED")["state"] == "CANCELLED"
+    # Ray ends a job's actors once its driver is gone, on its own time: tpufleet waits for the job's
+    # placement groups (the Train workers' TPUs) before CANCELLED, not for every actor.
+    wait_for("every actor of the Ray job to end", lambda: _alive_actors(plane, ray_job.ray_job) == 0, 30, 0.5)
+    wait_for("the slice to be free", lambda: _free(plane, slices[0]), 60)
+    assert b.job(spmd)["state"] == "RUNNING"
 
 
 @pytest.mark.timeout(900)  # a Ray Train start-up with four workers on a shared 2-core machine
@@ -143,35 +170,6 @@ def test_a_multi_slice_ray_job_trains_on_every_host_of_both_admitted_slices(plan
     assert done["exit_code"] == 0 and done["slices"] == slices
     log = _driver_log(a, job)
     assert "(4 processes, 16 devices)" in log and "RESULT " in log, log[-3000:]
-
-
-def test_a_ray_job_beside_an_spmd_job_each_on_its_slice_and_cancel_stops_every_train_worker(
-    plane: Plane,
-) -> None:
-    """A Ray job and an SPMD job of two tenants run at once, each on the slice it was admitted on
-    (from the workers' own TPU_NAME); cancelling the Ray job ends its driver and every Train worker
-    and frees its slice, and leaves the SPMD job running."""
-    a, b = plane.tenant(v4=8), plane.tenant(v4=8)
-    job = plane.ray_job(a, "--steps", "500", "--step-time", "0.5", *MEMORY)
-    slices = wait_state(a, job, "RUNNING")["slices"]
-    spmd = b.submit([PY, "-c", _PRINT_AND_WAIT], "v4-16")["id"]
-    other = wait_state(b, spmd, "RUNNING")["slices"]
-    assert len(slices) == 1 and len(other) == 1 and slices != other
-    assert workers_on(a, job, 2) == {(slices[0], 0), (slices[0], 1)}
-    spmd_lines = wait_for("the SPMD job's hosts", lambda: _all_hosts(b, spmd, "on "), 120)
-    assert {line.split()[-1] for line in spmd_lines} == {f"{other[0]}/0", f"{other[0]}/1"}
-    events = [e["message"] for e in a.events(job)]
-    assert any(f"placement groups are on {slices[0]}" in m for m in events), events
-    ray_job = plane.cluster._ray.get((job, 1))
-    assert ray_job is not None and ray_job.ray_job
-    assert _alive_actors(plane, ray_job.ray_job) >= 2  # the controller and the Train workers
-    a.cancel(job)
-    assert wait_state(a, job, "CANCELLED")["state"] == "CANCELLED"
-    # Ray ends a job's actors once its driver is gone, on its own time: tpufleet waits for the job's
-    # placement groups (the Train workers' TPUs) before CANCELLED, not for every actor.
-    wait_for("every actor of the Ray job to end", lambda: _alive_actors(plane, ray_job.ray_job) == 0, 30, 0.5)
-    wait_for("the slice to be free", lambda: _free(plane, slices[0]), 60)
-    assert b.job(spmd)["state"] == "RUNNING"
 
 
 def _alive_actors(plane: Plane, ray_job: str) -> int:
