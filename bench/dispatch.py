@@ -202,7 +202,10 @@ def _service_path(stack: contextlib.ExitStack, cluster: RayExecutor, v4: list[st
     cp = stack.enter_context(ControlPlane(cluster, state_dir=state_dir))
     url = cp.start_http()
     admin = stack.enter_context(Client(url, cp.admin_token))
-    admin.drain(v4[1])  # the policy places bench jobs on v4[0] only
+    # The loop discovers slices at its first inventory: drain v4[1] once it knows it (the policy
+    # then places bench jobs on v4[0] only); draining earlier is a 404 for a slice not yet stored.
+    _until(lambda: {v4[0], v4[1]} <= {s["name"] for s in admin.slices()}, "the control plane's inventory")
+    admin.drain(v4[1])
     token = admin.create_tenant("bench", {"v4": 8})["token"]
     client = stack.enter_context(Client(url, token))
     _until(lambda: any(s["name"] == v4[0] and s["state"] == "FREE" for s in admin.slices()), "the slice")

@@ -80,7 +80,7 @@ def start_prometheus(work: Path, jobs: dict[str, tuple[str, Path]]) -> Prometheu
     binary = prometheus_binary()
     work.mkdir(parents=True, exist_ok=True)
     config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "1s"},
         "scrape_configs": [
             {
                 "job_name": name,

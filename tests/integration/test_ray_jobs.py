@@ -228,7 +228,7 @@ def test_a_preempted_then_host_lost_ray_job_restores_its_checkpoint_each_time(
     )
     fleet.kill_host(second["slices"][0], 1)
 
-    third = wait_for("attempt 3 to run", lambda: _running(borrower, job, 3), 300)
+    third = wait_for("attempt 3 to run", lambda: _running(borrower, job, 3), 480)
     assert third["slices"] != second["slices"]  # the broken slice is quarantined
     from_second = _restored(borrower, job, 3)
     assert from_second in _saved(borrower, job, 2) and from_second > from_first, (from_first, from_second)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _executor_helpers import wait_for
 
 from tpufleet.control.cluster.fake import SIGTERM_EXIT, FakeCluster
 from tpufleet.control.cluster.protocol import AttemptSpec, HostState
@@ -47,7 +48,9 @@ class World:
         return {s.name: (s.state, s.holder) for s in self.store.slices()}
 
 
-CONFIG = ServiceConfig(stop_threads=0, preempt_grace_s=30, cancel_grace_s=10, fail_grace_s=5)
+# A cycle here copies every host's new output, however loaded the machine (the budget bounds a
+# real loop's cycle; these tests count cycles, not seconds).
+CONFIG = ServiceConfig(stop_threads=0, preempt_grace_s=30, cancel_grace_s=10, fail_grace_s=5, log_budget_s=60)
 
 
 @pytest.fixture
@@ -328,3 +331,31 @@ def test_a_finished_job_keeps_the_facts_of_its_last_attempt(world: World) -> Non
     world.cycle()
     done = world.job(job_id)
     assert (done.state, done.borrowing, done.slices) == ("SUCCEEDED", True, ("tpu-v4-16-0",))
+
+
+class _NotifyingFleet(FakeCluster):
+    """A FakeCluster that, like the Ray client, takes the loop's ``wake`` (``Notifying``)."""
+
+    wakes: list[object]
+
+    def notify(self, wake: object) -> None:
+        self.wakes = [*getattr(self, "wakes", []), wake]
+
+
+def test_a_notifying_cluster_wakes_the_loop_between_its_cycles(store: Store, tmp_path: Path) -> None:
+    """A cluster that says when a launch's hosts started gets the loop's ``wake``; calling it runs
+    a cycle at once, where the loop would otherwise sleep its whole interval (an hour here)."""
+    cluster = _NotifyingFleet.of("v4-16:1")
+    hour = ServiceConfig(stop_threads=0, interval_s=3600, busy_interval_s=3600)
+    service = Service(store, cluster, state_dir=tmp_path / "state", config=hour)
+    assert cluster.wakes == [service.wake]
+    service.start()
+    try:
+        wait_for("the first cycle", lambda: service.cycles >= 1, 60)
+        before = service.cycles
+        wake = cluster.wakes[0]
+        assert callable(wake)
+        wake()
+        wait_for("a cycle after the wake", lambda: service.cycles > before, 60)
+    finally:
+        service.close()

@@ -43,6 +43,11 @@ dirs from its node info), which made every host of a fleet wait for the head twi
 And a node waiting for its own raylet to register asks the GCS every 50 ms: Ray asks again at once,
 each time through a new GCS connection, and five nodes starting on two cores spent seconds of CPU
 doing so, which slowed the raylets they waited for.
+
+Both waits last ``REGISTER_WAIT_S`` (two minutes), not Ray's 30 s for a node's own raylet and 40 s
+for the head: on an overloaded machine (several fleets starting at once on a 2-core CI runner) the
+GCS answered late and a healthy node gave up (``The current node timed out during startup``), which
+left the fleet half started. A node that is really broken still fails, after two minutes.
 """
 
 from __future__ import annotations
@@ -129,12 +134,15 @@ def _dashboard_after_raylet(node_class: Any) -> None:
 
 # How often a starting node asks again (for the head, for its own raylet) and checks a forked child.
 POLL_S = 0.05
+# How long a starting node waits for the head, and for its own raylet, to be registered in the GCS.
+REGISTER_WAIT_S = 120.0
 
 
 def _poll_for_the_head_quickly(node_module: Any, constants: Any) -> None:
     """Make a host's ``Node`` read the node table for the head every ``POLL_S`` instead of
-    every 2 s, for as long in all as Ray's own retries would take (see the module docstring)."""
-    how_long = constants.NUM_REDIS_GET_RETRIES * 2.0
+    every 2 s, for ``REGISTER_WAIT_S`` or as long as Ray's own retries would take, whichever is
+    longer (see the module docstring)."""
+    how_long = max(constants.NUM_REDIS_GET_RETRIES * 2.0, REGISTER_WAIT_S)
 
     def until_retrieved(
         gcs_client: Any, node_selectors: Any = None, state_filter: Any = None, **kw: Any
@@ -162,16 +170,20 @@ def _poll_for_the_head_quickly(node_module: Any, constants: Any) -> None:
 
 
 def _paced_node_lookup(services: Any) -> None:
-    """Make a miss of ``services.get_node`` (the raylet has not registered yet) take ``POLL_S``
-    before Ray's loop asks again (see the module docstring)."""
+    """Make ``services.get_node`` ask again every ``POLL_S`` while the raylet has not registered
+    (or the GCS answers late), for up to ``REGISTER_WAIT_S``, before Ray's own loop (which gives
+    up after 30 s) sees a miss (see the module docstring)."""
     get_node = services.get_node
 
     def paced(gcs_address: str, node_id: str) -> Any:
-        try:
-            return get_node(gcs_address, node_id)
-        except RuntimeError:
-            time.sleep(POLL_S)
-            raise
+        deadline = time.monotonic() + REGISTER_WAIT_S
+        while True:
+            try:
+                return get_node(gcs_address, node_id)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(POLL_S)
 
     services.get_node = paced
 

@@ -15,7 +15,7 @@ seam; the typed ids live in ``scheduler.model``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -204,4 +204,16 @@ class WarmPool(Protocol):
 
     def warm(self, names: list[str]) -> None:
         """Put slices back into the warm pool (the next ``maintain`` reserves them)."""
+        ...
+
+
+@runtime_checkable
+class Notifying(Protocol):
+    """A cluster that says when an attempt's hosts have changed (every host of a launch started),
+    so the loop acts at once instead of at its next cycle. Optional: the service subscribes only
+    when its cluster is one (``isinstance(cluster, Notifying)``); without it the loop polls."""
+
+    def notify(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (from any thread) whenever a launched attempt's hosts have all started or
+        failed to start. ``wake`` only wakes the loop: it must be cheap and never raise."""
         ...

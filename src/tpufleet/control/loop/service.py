@@ -57,6 +57,7 @@ from tpufleet.control.cluster.protocol import (
     ClusterClient,
     HostState,
     HostStatus,
+    Notifying,
     WarmPool,
 )
 from tpufleet.control.loop.provisioner import Provisioner
@@ -158,6 +159,8 @@ class Service:
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
+        if isinstance(cluster, Notifying):  # the Ray client says when a launch's hosts started
+            cluster.notify(self.wake)
 
     # -- the cycle ----------------------------------------------------------------------------
     def run_once(self) -> None:
@@ -329,6 +332,7 @@ class Service:
         if future is None:
             self._launches[key] = self._submit(self._do_launch, job)
             future = self._launches[key]
+            future.add_done_callback(lambda _: self.wake())  # record it at once, not a cycle later
         if not future.done():
             return
         del self._launches[key]
@@ -337,7 +341,10 @@ class Service:
         if err is not None and not isinstance(err, TpufleetError):
             what = f"{type(err).__name__}: {err}"
             log.error("launch of %s attempt %s failed", job.id, job.attempt, exc_info=err)
-        self._apply(job, attempts.after_launch(what))
+        step = attempts.after_launch(what)
+        self._apply(job, step)
+        if isinstance(step, attempts.MarkLaunched):
+            self.wake()  # poll the hosts next (a Notifying cluster wakes the loop again once they started)
 
     def _do_launch(self, job: ActiveJob) -> None:
         wd = job.working_dir

@@ -29,7 +29,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 JAX_PORT_VAR = "TPUFLEET_JAX_COORDINATOR_PORT"
 _POLL_WAIT_S = 0.5
 _CALL_TIMEOUT_S = 10.0
+_START_WATCH_S = 120.0  # a launch watcher waits this long for the hosts' start calls, then wakes the loop
 
 
 def _nodes() -> list[dict[str, Any]]:
@@ -122,6 +123,7 @@ class RayExecutor:
         self._cold: set[str] = set()
         self._recovered = False
         self._ray = RayJobs(self._pool)  # Ray jobs (docs/ray-jobs.md): drivers, steering windows
+        self._wake: Callable[[], None] | None = None  # notify(): the loop, woken when a launch started
 
     @classmethod
     def connect(
@@ -203,6 +205,26 @@ class RayExecutor:
         return self._slices[name]
 
     # -- launch -------------------------------------------------------------------------------
+    def notify(self, wake: Callable[[], None]) -> None:
+        """``Notifying``: ``wake`` is called once every host of a launch has answered its start
+        (started, or failed to), so the loop polls then rather than at its next cycle."""
+        self._wake = wake
+
+    def _wake_when_started(self, starts: list[Any]) -> None:
+        """A daemon thread waits for the start calls (Ray futures) and wakes the loop once."""
+        wake = self._wake
+        if wake is None or not starts:
+            return
+
+        def watch() -> None:
+            try:
+                ray.wait(starts, num_returns=len(starts), timeout=_START_WATCH_S)
+            except Exception:  # a cluster going away: the loop's own poll finds out
+                log.debug("watching a launch's start calls failed", exc_info=True)
+            wake()
+
+        threading.Thread(target=watch, name="tpufleet-launch-watch", daemon=True).start()
+
     def launch(self, spec: AttemptSpec) -> None:
         key = (spec.job_id, spec.attempt)
         if spec.kind == JobKind.RAY:
@@ -225,6 +247,7 @@ class RayExecutor:
         rec.extra["package"] = package  # kept until the attempt ends: the hosts fetch it from here
         for host, request in zip(rec.hosts, _requests(spec, infos, layout), strict=True):
             host.started = host.runner.start.remote(replace(request, package=package))
+        self._wake_when_started([h.started for h in rec.hosts])
 
     def _launch_ray(self, spec: AttemptSpec) -> None:
         """Hold the slices and queue the driver for its type's steering window (``rayjob``)."""
