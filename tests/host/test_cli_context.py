@@ -222,3 +222,19 @@ def test_a_taken_port_is_one_line_exit_2_and_nothing_is_recorded_or_started(tmp_
     state = tmp_path / "home" / "sandbox"
     assert sorted(p.name for p in state.iterdir()) == ["serve.lock"]  # no database, no admin token
 
+
+def test_context_use_switches_back_to_the_serve_that_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serve = planes.ServeProcess(tmp_path, "--sandbox", "v4-16")
+    try:
+        monkeypatch.setenv("TPUFLEET_CONFIG", serve.env["TPUFLEET_CONFIG"])
+        context.remember(server=f"http://127.0.0.1:{_closed_port()}", admin_token_path=None)  # a dead one
+        assert tpufleet(capsys, "slices")[0] == 1
+        code, _, err = tpufleet(capsys, "context", "--use", serve.env["TPUFLEET_STATE_DIR"])
+        assert code == 0, err
+        assert context.load().server == serve.url
+        code, out, err = tpufleet(capsys, "slices", "--json")  # with the admin token it named
+        assert code == 0 and [s["name"] for s in json.loads(out)] == ["tpu-v4-16-0"], err
+    finally:
+        serve.stop()
