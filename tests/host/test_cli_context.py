@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import planes
 import pytest
 import yaml
@@ -25,6 +26,7 @@ from cli_inproc import tpufleet
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import context
 from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.emulator import procs
 
 
 @pytest.fixture(autouse=True)
@@ -162,3 +164,77 @@ def test_serve_without_an_address_looks_for_the_local_emulated_fleet(tmp_path: P
         assert len(out.stderr.strip().splitlines()) == 1
     both, _ = _serve("--emulator", "--ray-address", "127.0.0.1:1", env=env)
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+# -- one serve per state dir, its port bound before anything is recorded ----------------------------
+
+
+def _context_file(serve: planes.ServeProcess) -> str | None:
+    path = Path(serve.env["TPUFLEET_CONFIG"])
+    return path.read_text() if path.exists() else None
+
+
+def test_a_second_serve_on_the_same_state_dir_is_refused_naming_the_first(tmp_path: Path) -> None:
+    first = planes.ServeProcess(tmp_path, "--sandbox", "v4-16")
+    try:
+        remembered = _context_file(first)
+        assert remembered is not None and first.url in remembered
+        port = first.url.rsplit(":", 1)[1]
+        for again in (port, str(procs.free_port())):  # on its port (the README's `serve` twice), or another
+            out = subprocess.run(
+                [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16", "--port", again],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=first.env,
+            )
+            assert out.returncode == 2, out.stderr
+            assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+            assert f"PID {first.proc.pid}" in out.stderr and first.url in out.stderr, out.stderr
+            assert "--state-dir" in out.stderr
+            assert _context_file(first) == remembered  # nothing recorded
+        assert httpx.get(f"{first.url}/healthz", timeout=5).status_code == 200  # the first one unharmed
+    finally:
+        first.stop()
+
+
+def test_a_taken_port_is_one_line_exit_2_and_nothing_is_recorded_or_started(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "TPUFLEET_CONFIG": str(tmp_path / "config.yaml"),
+        "TPUFLEET_STATE_DIR": str(tmp_path / "home"),
+    }
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", procs.free_port()))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "--port" in lines[0], out.stderr
+    assert not (tmp_path / "config.yaml").exists()  # the context names no server that never ran
+    state = tmp_path / "home" / "sandbox"
+    assert sorted(p.name for p in state.iterdir()) == ["serve.lock"]  # no database, no admin token
+
+
+def test_context_use_switches_back_to_the_serve_that_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serve = planes.ServeProcess(tmp_path, "--sandbox", "v4-16")
+    try:
+        monkeypatch.setenv("TPUFLEET_CONFIG", serve.env["TPUFLEET_CONFIG"])
+        context.remember(server=f"http://127.0.0.1:{_closed_port()}", admin_token_path=None)  # a dead one
+        assert tpufleet(capsys, "slices")[0] == 1
+        code, _, err = tpufleet(capsys, "context", "--use", serve.env["TPUFLEET_STATE_DIR"])
+        assert code == 0, err
+        assert context.load().server == serve.url
+        code, out, err = tpufleet(capsys, "slices", "--json")  # with the admin token it named
+        assert code == 0 and [s["name"] for s in json.loads(out)] == ["tpu-v4-16-0"], err
+    finally:
+        serve.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import planes
 import pytest
@@ -73,3 +74,28 @@ def test_one_frame_shows_chips_holders_quota_queue_and_running_jobs_with_literal
 )
 def test_money_is_a_dash_when_unknown_never_zero(dollars: float | None, shown: str) -> None:
     assert money(dollars) == shown
+
+
+class _Frames(TestClient):
+    """The API in-process, counting fleet reads; a second one is a Ctrl-C (a live view ends there)."""
+
+    reads = 0
+
+    def request(self, method: str, url: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(url).endswith("/api/v1/fleet"):
+            self.reads += 1
+            if self.reads > 1:
+                raise KeyboardInterrupt
+        return super().request(method, url, *args, **kwargs)
+
+
+def test_top_without_a_terminal_prints_one_frame_and_says_so(plane: ControlPlane) -> None:
+    plane.service.run_once()  # the inventory: the slices the frame shows
+    http = _Frames(plane.app)
+    args = ["top", "--token", plane.admin_token, "--server", "http://testserver", "--interval", "0.2"]
+    result = CliRunner().invoke(app, args, obj=http)  # CliRunner's stdout is not a terminal
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert http.reads == 1 and "tpu-v4-16-0" in result.stdout
+    assert result.stderr.strip().splitlines() == [
+        "tpufleet top: stdout is not a terminal, so one frame was printed (as --once)"
+    ]

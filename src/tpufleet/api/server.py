@@ -29,6 +29,7 @@ import uvicorn
 from tpufleet import pricing
 from tpufleet.api.app import create_app
 from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
+from tpufleet.api.serving import listen
 from tpufleet.control.cluster.protocol import ClusterClient
 from tpufleet.control.loop.provisioner import ProvisionConfig
 from tpufleet.control.loop.service import Decide, ServiceConfig
@@ -153,26 +154,21 @@ class ControlPlane:
         self.devices.start()
         return self
 
-    def serve(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> None:
-        """Run the loop and the API until SIGINT/SIGTERM (blocking; uvicorn handles the signals).
-        Shutting down waits at most a few seconds for a cycle under way, whatever state Ray is in."""
+    def serve(self, sock: socket.socket) -> None:
+        """Run the loop and the API on ``sock`` (:func:`~tpufleet.api.serving.listen`: bound before
+        anything started) until SIGINT/SIGTERM (blocking; uvicorn handles the signals). Shutting
+        down waits at most a few seconds for a cycle under way, whatever state Ray is in."""
         self.start()
         try:
-            config = uvicorn.Config(
-                self.app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3
-            )
-            uvicorn.Server(config).run()
+            config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=3)
+            uvicorn.Server(config).run(sockets=[sock])
         finally:
             self.close(loop_timeout_s=3.0)
 
     def start_http(self, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0) -> str:
         """Start the loop and serve the API from a thread (``port=0``: a free port); returns the URL."""
+        sock = listen(host, port)  # a taken port: a ConflictError, before the loop starts
         self.start()
-        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on connections of a socket that says it is
-        # TCP; with proto 0 every keep-alive response waits ~40 ms for the client's delayed ACK.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
         server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
         thread = threading.Thread(
             target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="tpufleet-api"

@@ -21,7 +21,7 @@ import httpx
 import typer
 from rich.text import Text
 
-from tpufleet.client.http import DEFAULT_SERVER, Client
+from tpufleet.client.http import DEFAULT_SERVER, Client, server_url
 from tpufleet.control.store.values import DEFAULT_LIMITS, Limits
 
 ServerOpt = Annotated[
@@ -57,14 +57,18 @@ def seams(ctx: typer.Context) -> Seams:
 
 
 def make_client(ctx: typer.Context, server: str, token: str | None) -> Client:
-    """--server/$TPUFLEET_SERVER, else the URL `tpufleet serve` remembered; --token/$TPUFLEET_TOKEN,
-    else the admin token file it remembered (only for that same server), else ~/.tpufleet's."""
+    """--server/$TPUFLEET_SERVER (``http://`` added when it has no scheme; a path is refused), else
+    the URL `tpufleet serve` remembered; --token/$TPUFLEET_TOKEN, else the admin token file it
+    remembered (only for that same server), else ~/.tpufleet's."""
     from tpufleet.cli import context
 
     remembered = context.load()
     source = ctx.get_parameter_source("server")
-    if remembered.server and (source is None or source.name == "DEFAULT"):
-        server = remembered.server
+    given = {"COMMANDLINE": "--server", "ENVIRONMENT": "TPUFLEET_SERVER"}.get(source.name if source else "")
+    if remembered.server and given is None:
+        server = server_url(remembered.server, f"{context.config_path()}: server")
+    elif server:
+        server = server_url(server, given or "--server")  # 127.0.0.1:8600 is http://; a path is refused
     if not token and remembered.admin_token_path and server == remembered.server:
         token = read_token(Path(remembered.admin_token_path))
     if not token:

@@ -54,7 +54,10 @@ def serve_cmd(
         str | None, typer.Option("--db", help="SQLAlchemy URL (default: SQLite in the state dir).")
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(envvar="TPUFLEET_PORT", help="Port to listen on.")] = 8600,
+    port: Annotated[
+        int,
+        typer.Option(envvar="TPUFLEET_PORT", min=0, max=65535, help="Port to listen on (0: a free one)."),
+    ] = 8600,
     state_dir: Annotated[
         Path | None,
         typer.Option("--state-dir", help="Database, admin token, checkpoints (default ~/.tpufleet)."),
@@ -219,9 +222,11 @@ def serve_cmd(
     """Run the control plane: store, scheduling loop, Ray executor and REST API (/api/v1, /healthz).
 
     With --sandbox SLICES, the same control plane over an in-memory fleet (no Ray): try quotas and
-    priorities, or load-test the loop. Records its URL and admin token path in the CLI context
+    priorities, or load-test the loop. One serve per state dir (a second one is refused, naming the
+    first); once its port is bound it records its URL and admin token path in the CLI context
     (`tpufleet context`), so client commands on this machine need neither --server nor --token."""
     from tpufleet.api.server import ControlPlane, default_state_dir
+    from tpufleet.api.serving import listen, lock_state_dir, url_of
     from tpufleet.cli import context
     from tpufleet.control.loop.service import ServiceConfig
     from tpufleet.pricing import load_file as load_prices
@@ -245,42 +250,10 @@ def serve_cmd(
     from tpufleet.cli.slices import check_provider, provisioning
 
     check_provider(fleet, provider, sandbox is not None)
-    sandboxed = None
-    if sandbox is not None:
-        from tpufleet.control.cluster.sandbox import SandboxCluster, sandbox_slices
-
-        empty = sandbox.strip().lower() in ("", "none")
-        sandboxed = SandboxCluster([] if empty else sandbox_slices(sandbox), job_seconds=job_seconds)
-        cluster: ClusterClient = sandboxed
-        state_dir = state_dir or default_state_dir() / "sandbox"  # never the real fleet's database
-        where = f"a sandbox fleet ({sandbox}; jobs run {job_seconds:g} s, nothing is executed)"
-    elif provider == "emulator":
-        if given:
-            raise SpecError(
-                "--provider emulator starts its own emulated fleet: not with --ray-address/--emulator"
-            )
-        state_dir = state_dir or default_state_dir()
-    else:
-        from tpufleet.control.ray.headwatch import AWAIT_ENV
-
-        lost = os.environ.get(AWAIT_ENV)  # a fresh start after a lost head (raywatch): wait for Ray
-        if lost:
-            console_err.print(
-                f"Ray's head at {lost} was lost: waiting for Ray to answer again", highlight=False
-            )
-        ray_address, cluster = _ray(ray_address, emulator, emulator_dir)
-        os.environ.pop(AWAIT_ENV, None)
-        where = f"Ray at {ray_address}"
-    prov, started = provisioning(fleet, provider, sandboxed, state_dir, None if sandbox else ray_address)
-    if started is not None:
-        from tpufleet.api.server import ray_cluster
-
-        ray_address, where = started, f"the emulated fleet in {state_dir}/fleet (Ray at {started})"
-        try:
-            cluster = ray_cluster(started)
-        except BaseException:
-            prov.close() if prov else None
-            raise
+    if provider == "emulator" and given:
+        raise SpecError(
+            "--provider emulator starts its own emulated fleet: not with --ray-address/--emulator"
+        )
     limits = Limits(
         checkpoint_quota_bytes=quota_bytes,
         working_dir_url_prefixes=tuple(_url_prefix(p) for p in allow_working_dir_url),
@@ -298,6 +271,44 @@ def serve_cmd(
         start_timeout_s=start_timeout,
         checkpoint_retention_s=retention_s,
     )
+    sandboxed = None
+    if sandbox is not None:
+        from tpufleet.control.cluster.sandbox import SandboxCluster, sandbox_slices
+
+        empty = sandbox.strip().lower() in ("", "none")
+        sandboxed = SandboxCluster([] if empty else sandbox_slices(sandbox), job_seconds=job_seconds)
+        cluster: ClusterClient = sandboxed
+        state_dir = state_dir or default_state_dir() / "sandbox"  # never the real fleet's database
+        where = f"a sandbox fleet ({sandbox}; jobs run {job_seconds:g} s, nothing is executed)"
+    state_dir = state_dir or default_state_dir()
+    # One serve per state dir, checked first (before Ray, the port or the store): a second one is
+    # refused naming the first, and changes nothing.
+    lock = lock_state_dir(state_dir)
+    if sandbox is None and provider != "emulator":
+        from tpufleet.control.ray.headwatch import AWAIT_ENV
+
+        lost = os.environ.get(AWAIT_ENV)  # a fresh start after a lost head (raywatch): wait for Ray
+        if lost:
+            console_err.print(
+                f"Ray's head at {lost} was lost: waiting for Ray to answer again", highlight=False
+            )
+        ray_address, cluster = _ray(ray_address, emulator, emulator_dir)
+        os.environ.pop(AWAIT_ENV, None)
+        where = f"Ray at {ray_address}"
+    # The port before anything is started or recorded: a taken one is one line, exit 2.
+    sock = listen(host, port)
+    url = url_of(host, sock)
+    lock.note(url)
+    prov, started = provisioning(fleet, provider, sandboxed, state_dir, None if sandbox else ray_address)
+    if started is not None:
+        from tpufleet.api.server import ray_cluster
+
+        ray_address, where = started, f"the emulated fleet in {state_dir}/fleet (Ray at {started})"
+        try:
+            cluster = ray_cluster(started)
+        except BaseException:
+            prov.close() if prov else None
+            raise
     cp = ControlPlane(
         cluster,
         state_dir=state_dir,
@@ -311,7 +322,6 @@ def serve_cmd(
     if prov is not None:
         prov.create_tenants(cp)
     note = "created" if cp.admin_token_created else "kept"
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
     context.remember(
         server=url,
         server_state_dir=str(cp.state_dir.resolve()),
@@ -327,7 +337,7 @@ def serve_cmd(
 
         HeadWatch(ray_address).start()
     try:
-        cp.serve(host, port)
+        cp.serve(sock)
     finally:
         if prov is not None:
             prov.close()  # --provider emulator: the emulated fleet goes down with the control plane

@@ -5,13 +5,15 @@ rules): every slice as a row of chips grouped by host, coloured by state and by 
 tenant and shaded by duty cycle where one was measured; tenants' chips held against quota and
 their cost (``GET /api/v1/cost``, every 10 frames; a dash where it is unknown); the head of the
 queue with each job's position and why it waits; the running jobs with their goodput.
-``--once`` prints one frame and exits (scripts, tests). User text (job names, reasons) is shown
-escaped: it never carries markup or terminal control sequences.
+``--once`` prints one frame and exits (scripts, tests), as does ``top`` whose stdout is not a
+terminal (saying so on stderr). User text (job names, reasons) is shown escaped: it never carries
+markup or terminal control sequences.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 import zlib
 from typing import Annotated, Any
@@ -23,7 +25,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tpufleet.cli._app import app, console
+from tpufleet.cli._app import app, console, console_err
 from tpufleet.cli.common import ServerOpt, TokenOpt, cell, make_client
 from tpufleet.client.http import DEFAULT_SERVER, Client
 from tpufleet.errors import TpufleetError
@@ -225,6 +227,14 @@ def frame(
     return Group(head, _slices(view), legend, _tenants(view, costs), _queue(view), _running(view, costs))
 
 
+def _terminal() -> bool:
+    """Whether stdout is a terminal a live view can redraw (not a pipe, a file or a test's capture)."""
+    try:
+        return sys.stdout.isatty()
+    except ValueError:  # closed
+        return False
+
+
 @app.command("top")
 def top_cmd(
     ctx: typer.Context,
@@ -234,13 +244,19 @@ def top_cmd(
     interval: Annotated[float, typer.Option("--interval", help="Seconds between frames.", min=0.2)] = 1.0,
 ) -> None:
     """The fleet at a glance, live: slices as chips by state and tenant, tenants' use against quota,
-    the queue head and why it waits, running jobs (what the fleet page at / shows). Ctrl-C quits."""
+    the queue head and why it waits, running jobs (what the fleet page at / shows). Ctrl-C quits.
+    Not in a terminal (a pipe, a file): one frame, as --once."""
     client = make_client(ctx, server, token)
     with client:
         view = client.fleet()  # a bad token or an unreachable server: one line, its exit code
         costs = costs_of(client)
-        if once:
+        if once or not _terminal():
             console.print(frame(view, client.server, costs))
+            if not once:  # piped or redirected: a live view would print nothing worth reading
+                console_err.print(
+                    "tpufleet top: stdout is not a terminal, so one frame was printed (as --once)",
+                    highlight=False,
+                )
             return
         shown = frame(view, client.server, costs)
         with Live(shown, console=console, auto_refresh=False, screen=False) as live:

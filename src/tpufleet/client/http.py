@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -39,6 +39,27 @@ _BY_STATUS: dict[int, type[TpufleetError]] = {
     415: SpecError,
     422: SpecError,
 }
+
+
+def server_url(text: str, field: str = "--server") -> str:
+    """The control plane's base URL from what a user gave: ``http://`` added when there is no
+    scheme (``127.0.0.1:8600``); a SpecError naming ``field`` for anything but
+    ``http(s)://host[:port]`` (a path such as ``/api/v1``, a query, another scheme, a bad port)."""
+    given = text.strip()
+    url = given if "://" in given else f"http://{given}"
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is not None or ":" not in parts.netloc.rpartition("@")[2].rpartition("]")[2]
+    except ValueError:
+        port_ok = False
+    if parts.scheme.lower() in ("http", "https") and parts.hostname and port_ok:
+        base = f"{parts.scheme}://{parts.netloc}"
+        if parts.path in ("", "/") and not parts.query and not parts.fragment:
+            return base
+        expected = f"give {base} (scheme://host:port, no path)"
+    else:
+        expected = f"give http(s)://host:port, e.g. {DEFAULT_SERVER}"
+    raise SpecError(f"{given!r} is not a control plane URL: {expected}", field=field)
 
 
 class Client:
