@@ -16,9 +16,11 @@ from typer.testing import CliRunner
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import app
 from tpufleet.cli.common import Seams
+from tpufleet.cli.jobs import FOLLOW_EXIT_CODES
 from tpufleet.control.cluster.fake import FakeCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.errors import AuthError, ForbiddenError, NotFoundError, SpecError, TpufleetError
+from tpufleet.scheduler.lifecycle import TERMINAL_STATES
 
 
 class Cli:
@@ -145,7 +147,8 @@ def test_submit_run_inspect_log_and_cancel_a_two_slice_job(cli: Cli) -> None:
     assert "cancelling" in cli.run("cancel", job_id, token=token)
     cli.cycle()
     assert "CANCELLED" in cli.run("job", job_id, token=token)
-    assert cli.run("logs", job_id, "--follow", token=token).count("step 1") == 4  # ends: the job ended
+    followed = cli.invoke("logs", job_id, "--follow", token=token)  # ends: the job ended, cancelled
+    assert followed.exit_code == 5 and followed.stdout.count("step 1") == 4
 
 
 def test_a_waiting_job_shows_why(cli: Cli) -> None:
@@ -204,3 +207,23 @@ def test_logs_of_a_finished_job_whose_output_was_cut_warn_and_exit_3(cli: Cli) -
     assert result.exit_code == 3, result.output
     assert "warning: the log of tpu-v4-16-0/1 is incomplete: truncated at 1000 characters" in result.stderr
     assert "step 1 on tpu-v4-16-0/0" in result.stdout
+
+
+def test_logs_follow_exits_with_how_the_job_ended(cli: Cli) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    cluster = cli.cp.cluster
+    assert isinstance(cluster, FakeCluster)
+    codes = {}
+    for state, code in (("SUCCEEDED", 0), ("FAILED", 1), ("CANCELLED", None)):
+        job_id = cli.run("submit", "--type", "v4-16", "--max-retries", "0", "--", "x", token=token).strip()
+        cli.cycle(2)
+        if code is None:
+            cli.run("cancel", job_id, token=token)
+        else:
+            cluster.exit(job_id, code)
+        cli.cycle(2)
+        assert cli.cp.store.job(job_id).state == state
+        codes[state] = cli.invoke("logs", job_id, "--follow", token=token).exit_code
+        assert cli.invoke("logs", job_id, token=token).exit_code == 0  # not followed: printed, that is all
+    assert codes == {"SUCCEEDED": 0, "FAILED": 4, "CANCELLED": 5} == FOLLOW_EXIT_CODES
+    assert set(FOLLOW_EXIT_CODES) == set(TERMINAL_STATES)
