@@ -227,3 +227,20 @@ def test_logs_follow_exits_with_how_the_job_ended(cli: Cli) -> None:
         assert cli.invoke("logs", job_id, token=token).exit_code == 0  # not followed: printed, that is all
     assert codes == {"SUCCEEDED": 0, "FAILED": 4, "CANCELLED": 5} == FOLLOW_EXIT_CODES
     assert set(FOLLOW_EXIT_CODES) == set(TERMINAL_STATES)
+
+
+def test_a_command_not_found_on_every_host_fails_at_once_and_says_so(cli: Cli) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    job_id = cli.run("submit", "--type", "v4-16", "--", "pyhton", "train.py", token=token).strip()
+    cli.cycle(2)
+    cluster = cli.cp.cluster
+    assert isinstance(cluster, FakeCluster)
+    cluster.exit(job_id, 127)  # what host/jobstart.py exits with for a missing program
+    cli.cycle()
+    job = json.loads(cli.run("job", job_id, "--json", token=token))
+    assert (job["state"], job["attempt"], job["failures"], job["max_retries"]) == ("FAILED", 1, 1, 2)
+    assert (
+        "pyhton: command not found or could not start (exit 127 on every host); not retried" in job["reason"]
+    )
+    assert "not retried" in cli.run("job", job_id, token=token)
+    assert cli.invoke("logs", job_id, "--follow", token=token).exit_code == 4

@@ -29,7 +29,12 @@ def submit_cmd(
     num_slices: Annotated[int, typer.Option("--num-slices", help="Slices (multi-slice when > 1).")] = 1,
     priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
     max_retries: Annotated[
-        int | None, typer.Option("--max-retries", help="Retries after failures (default 2).")
+        int | None,
+        typer.Option(
+            "--max-retries",
+            help="Retries after failures (default 2); a command not found or not executable on every "
+            "host (exit 127 or 126) is not retried.",
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Job name (default: from the command).")] = None,
     env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for every host; repeatable.")] = [],  # noqa: B006
