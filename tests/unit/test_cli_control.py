@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from cli_inproc import tpufleet
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -244,3 +245,41 @@ def test_a_command_not_found_on_every_host_fails_at_once_and_says_so(cli: Cli) -
     )
     assert "not retried" in cli.run("job", job_id, token=token)
     assert cli.invoke("logs", job_id, "--follow", token=token).exit_code == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "fixed"),
+    [
+        (("python", "-c", "print(1)"), "tpufleet submit --type v4-16 -- python -c 'print(1)'"),
+        (("python", "train.py", "--steps", "3"), "tpufleet submit --type v4-16 -- python train.py --steps 3"),
+        (("python", "train.py", "--steps=3"), "tpufleet submit --type v4-16 -- python train.py --steps=3"),
+    ],
+)
+def test_a_command_given_without_dashes_gets_the_corrected_line(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], fixed: str
+) -> None:
+    code, out, err = tpufleet(capsys, "submit", "--type", "v4-16", *args)
+    bad = args[2].partition("=")[0] if args[1] == "train.py" else args[1]
+    assert (code, out) == (2, "")
+    assert err == f"error: {bad} is not an option of submit: the command goes after --, as in {fixed}\n"
+
+
+def test_the_corrected_line_never_repeats_the_token(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = tpufleet(capsys, "submit", "--token", "tf_secret", "--type", "v4-16", "python", "-c", "x")
+    assert code == 2 and "tf_secret" not in err
+    assert "as in tpufleet submit --token TOKEN --type v4-16 -- python -c x" in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("submit", "--tpye", "v4-16", "--", "python", "x.py"),  # misspelled, before any command word
+        ("submit", "--tpye", "v4-16", "python", "-c", "x"),  # the first unknown option is submit's own
+    ],
+)
+def test_a_misspelled_option_of_submit_keeps_clicks_message(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    code, out, err = tpufleet(capsys, *args)
+    assert (code, out) == (2, "")
+    assert "No such option: --tpye" in err and "goes after --" not in err
