@@ -283,3 +283,30 @@ def test_a_misspelled_option_of_submit_keeps_clicks_message(
     code, out, err = tpufleet(capsys, *args)
     assert (code, out) == (2, "")
     assert "No such option: --tpye" in err and "goes after --" not in err
+
+
+def test_submit_warns_when_the_fleet_has_no_slice_of_the_type(cli: Cli) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    cli.cycle()  # the loop has seen the fleet: v4-16 x2, v6e-16 x1
+    result = cli.invoke("submit", "--type", "v5e-8", "--", "python", "x.py", token=token)
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()  # queued all the same; stdout is just its id
+    warning = (
+        "the fleet has no v5litepod-8 slice and no pool makes them: the job waits (NO_SUCH_SLICES_IN_FLEET) "
+        "until an operator adds some; the fleet has: v4-16 x2, v6e-16 x1. Submit with one of those types, "
+        "or ask the operator for a pool of v5litepod-8 slices"
+    )
+    assert result.stderr == f"warning: {warning}\n"
+    assert cli.cp.store.job(job_id).state == "QUEUED"
+    assert json.loads(cli.run("job", job_id, "--json", token=token))["warnings"] == [warning]
+    assert "ask the operator for a pool of v5litepod-8 slices" in cli.run("job", job_id, token=token)
+    too_many = cli.invoke("submit", "--type", "v4-16", "--num-slices", "3", "--", "x", token=token)
+    assert "the fleet has 2 v4-16 slices, the job needs 3 and no pool makes them" in too_many.stderr
+    fits = cli.invoke("submit", "--type", "v4-16", "--", "x", token=token)
+    assert (fits.exit_code, fits.stderr) == (0, "")
+    got = cli.http.post(
+        "/api/v1/jobs",
+        json={"command": ["x"], "accelerator_type": "v6e-16"},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert got["warnings"] == [] and got["state"] == "QUEUED"  # the API says it too (empty: it fits)

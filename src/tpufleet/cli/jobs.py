@@ -81,7 +81,8 @@ def job_cmd(
     server: ServerOpt = DEFAULT_SERVER,
     token: TokenOpt = None,
 ) -> None:
-    """Show one job: state, attempt, slices, and why it waits."""
+    """Show one job: state, attempt, slices, and why it waits (with a warning and its fix when it
+    cannot run as the fleet is: no slice of its type, and no pool makes them)."""
     job = make_client(ctx, server, token).job(job_id)
     if as_json:
         print_json(job)
@@ -123,6 +124,7 @@ def _show_job(j: dict[str, Any]) -> None:
         ("priority", str(j["priority"])),
         ("borrowing", "yes" if j["borrowing"] else "no"),
         ("reason", f"{j['reason_code']}: {j['reason']}" if j["reason"] else "-"),
+        *(("warning", w) for w in j.get("warnings") or ()),
         ("exit code", "-" if j["exit_code"] is None else str(j["exit_code"])),
         ("goodput", _goodput_line(j.get("goodput"))),
         ("command", shlex.join(j["command"])),

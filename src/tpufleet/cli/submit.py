@@ -13,7 +13,7 @@ import typer
 from typer.core import TyperCommand
 
 from tpufleet.cli._app import app, console_err, print_json
-from tpufleet.cli.common import ERRORS, JsonOpt, ServerOpt, TokenOpt, make_client, seams
+from tpufleet.cli.common import ERRORS, JsonOpt, ServerOpt, TokenOpt, make_client, safe, seams
 from tpufleet.client.http import DEFAULT_SERVER, Client
 from tpufleet.control.store.values import Limits
 from tpufleet.errors import InputError, SpecError, TpufleetError
@@ -132,7 +132,8 @@ def submit_cmd(
 ) -> None:
     """Queue a job: `tpufleet submit --type v4-16 -- python train.py`. Prints the job id.
 
-    The command goes after `--`.
+    The command goes after `--`. A fleet with no slice of the type (and no pool that could make
+    one) gets a warning on stderr; the job is queued anyway.
 
     Many jobs: `tpufleet submit --batch jobs.jsonl`; a bad line exits 2 naming the line."""
     if batch is not None:
@@ -160,6 +161,8 @@ def submit_cmd(
         tenant=tenant,
         kind="ray" if ray else "spmd",
     )
+    for warning in job.get("warnings") or ():  # queued all the same: stdout keeps just the id
+        console_err.print(f"warning: {safe(warning)}", highlight=False, markup=False)
     if as_json:
         print_json({"id": job["id"]})
     else:
