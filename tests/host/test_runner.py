@@ -133,6 +133,16 @@ def test_a_missing_command_exits_127_with_a_message(runner: HostRunner) -> None:
     assert "cannot start" in _log(runner, "nope")
 
 
+def test_a_command_that_is_not_executable_exits_126(runner: HostRunner) -> None:
+    """As a shell says it: 126 is there but cannot run, 127 not found (scheduler/attempts.py fails
+    a job for good when every host says either)."""
+    payload = _payload("noexec", "")
+    payload["command"] = ["/etc"]  # a directory: there on every host, jailed or not, and not executable
+    _start(runner, payload)
+    assert _wait(runner, "noexec", "EXITED") == ("EXITED", 126)
+    assert "cannot start" in _log(runner, "noexec")
+
+
 def _wait_log(runner: HostRunner, job: str, text: str) -> None:
     deadline = time.monotonic() + 20
     while text not in _log(runner, job):

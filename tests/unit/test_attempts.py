@@ -6,6 +6,7 @@ import pytest
 
 from tpufleet.scheduler.attempts import (
     CANCELLED_WHY,
+    CANNOT_START_SETTLE_S,
     GONE,
     GONE_AT_RESTART,
     INTERRUPTED_AT_RESTART,
@@ -107,6 +108,49 @@ def test_after_poll(state: JobState, seen: Observed, step: Step) -> None:
     assert after_poll(state, seen) == step
 
 
+F127 = "host s/0 exited with code 127"
+NOT_FOUND = "pyhton: command not found or could not start (exit 127 on every host)"
+
+
+@pytest.mark.parametrize(
+    ("seen", "step"),
+    [
+        # every host exited 127 (or 126): the command cannot run anywhere; failed for good, no retry
+        (Observed(True, failure=F127, hosts=2, exited=(127, 127)), BeginStop(K.PERMANENT, NOT_FOUND)),
+        (
+            Observed(True, failure="host s/0 exited with code 126", hosts=1, exited=(126,)),
+            BeginStop(K.PERMANENT, "pyhton: not executable (exit 126 on every host)"),
+        ),
+        (
+            Observed(True, failure=F127, hosts=2, exited=(127, 126)),
+            BeginStop(
+                K.PERMANENT,
+                "pyhton: not executable or command not found or could not start (exit 126/127 on every host)",
+            ),
+        ),
+        # one host 127, the others a moment behind: wait for them, up to the settle time
+        (Observed(True, failure=F127, hosts=3, exited=(127,), unfinished=2), Wait()),
+        (
+            Observed(
+                True, failure=F127, hosts=3, exited=(127,), unfinished=2, failing_s=CANNOT_START_SETTLE_S
+            ),
+            BeginStop(K.FAIL, F127),
+        ),
+        # not on every host: an ordinary failure, retried
+        (Observed(True, failure=F127, hosts=2, exited=(127, 0)), BeginStop(K.FAIL, F127)),
+        (Observed(True, failure=F127, hosts=2, exited=(127, 1)), BeginStop(K.FAIL, F127)),
+        # a host lost, or one its host ended for a reason of its own: not in ``exited``
+        (Observed(True, failure=F127, hosts=2, exited=(127,)), BeginStop(K.FAIL, F127)),
+        (
+            Observed(True, failure="host s/0 exited with code 3", hosts=1, exited=(3,)),
+            BeginStop(K.FAIL, "host s/0 exited with code 3"),
+        ),
+    ],
+)
+def test_a_command_that_cannot_run_on_any_host_is_not_retried(seen: Observed, step: Step) -> None:
+    assert after_poll(R, seen, "pyhton") == step
+
+
 @pytest.mark.parametrize(
     ("state", "stop", "found", "step"),
     [
@@ -192,6 +236,7 @@ def test_after_error() -> None:
         (K.CANCEL, 10.0),
         # the rest get the failure's
         (K.FAIL, 5.0),
+        (K.PERMANENT, 5.0),
         (K.SUCCESS, 5.0),
         (K.INTERRUPTED, 5.0),
     ],

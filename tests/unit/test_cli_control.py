@@ -10,15 +10,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from cli_inproc import tpufleet
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import app
 from tpufleet.cli.common import Seams
+from tpufleet.cli.jobs import FOLLOW_EXIT_CODES
 from tpufleet.control.cluster.fake import FakeCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.errors import AuthError, ForbiddenError, NotFoundError, SpecError, TpufleetError
+from tpufleet.scheduler.lifecycle import TERMINAL_STATES
 
 
 class Cli:
@@ -145,7 +148,8 @@ def test_submit_run_inspect_log_and_cancel_a_two_slice_job(cli: Cli) -> None:
     assert "cancelling" in cli.run("cancel", job_id, token=token)
     cli.cycle()
     assert "CANCELLED" in cli.run("job", job_id, token=token)
-    assert cli.run("logs", job_id, "--follow", token=token).count("step 1") == 4  # ends: the job ended
+    followed = cli.invoke("logs", job_id, "--follow", token=token)  # ends: the job ended, cancelled
+    assert followed.exit_code == 5 and followed.stdout.count("step 1") == 4
 
 
 def test_a_waiting_job_shows_why(cli: Cli) -> None:
@@ -204,3 +208,105 @@ def test_logs_of_a_finished_job_whose_output_was_cut_warn_and_exit_3(cli: Cli) -
     assert result.exit_code == 3, result.output
     assert "warning: the log of tpu-v4-16-0/1 is incomplete: truncated at 1000 characters" in result.stderr
     assert "step 1 on tpu-v4-16-0/0" in result.stdout
+
+
+def test_logs_follow_exits_with_how_the_job_ended(cli: Cli) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    cluster = cli.cp.cluster
+    assert isinstance(cluster, FakeCluster)
+    codes = {}
+    for state, code in (("SUCCEEDED", 0), ("FAILED", 1), ("CANCELLED", None)):
+        job_id = cli.run("submit", "--type", "v4-16", "--max-retries", "0", "--", "x", token=token).strip()
+        cli.cycle(2)
+        if code is None:
+            cli.run("cancel", job_id, token=token)
+        else:
+            cluster.exit(job_id, code)
+        cli.cycle(2)
+        assert cli.cp.store.job(job_id).state == state
+        codes[state] = cli.invoke("logs", job_id, "--follow", token=token).exit_code
+        assert cli.invoke("logs", job_id, token=token).exit_code == 0  # not followed: printed, that is all
+    assert codes == {"SUCCEEDED": 0, "FAILED": 4, "CANCELLED": 5} == FOLLOW_EXIT_CODES
+    assert set(FOLLOW_EXIT_CODES) == set(TERMINAL_STATES)
+
+
+def test_a_command_not_found_on_every_host_fails_at_once_and_says_so(cli: Cli) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    job_id = cli.run("submit", "--type", "v4-16", "--", "pyhton", "train.py", token=token).strip()
+    cli.cycle(2)
+    cluster = cli.cp.cluster
+    assert isinstance(cluster, FakeCluster)
+    cluster.exit(job_id, 127)  # what host/jobstart.py exits with for a missing program
+    cli.cycle()
+    job = json.loads(cli.run("job", job_id, "--json", token=token))
+    assert (job["state"], job["attempt"], job["failures"], job["max_retries"]) == ("FAILED", 1, 1, 2)
+    assert (
+        "pyhton: command not found or could not start (exit 127 on every host); not retried" in job["reason"]
+    )
+    assert "not retried" in cli.run("job", job_id, token=token)
+    assert cli.invoke("logs", job_id, "--follow", token=token).exit_code == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "fixed"),
+    [
+        (("python", "-c", "print(1)"), "tpufleet submit --type v4-16 -- python -c 'print(1)'"),
+        (("python", "train.py", "--steps", "3"), "tpufleet submit --type v4-16 -- python train.py --steps 3"),
+        (("python", "train.py", "--steps=3"), "tpufleet submit --type v4-16 -- python train.py --steps=3"),
+    ],
+)
+def test_a_command_given_without_dashes_gets_the_corrected_line(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], fixed: str
+) -> None:
+    code, out, err = tpufleet(capsys, "submit", "--type", "v4-16", *args)
+    bad = args[2].partition("=")[0] if args[1] == "train.py" else args[1]
+    assert (code, out) == (2, "")
+    assert err == f"error: {bad} is not an option of submit: the command goes after --, as in {fixed}\n"
+
+
+def test_the_corrected_line_never_repeats_the_token(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = tpufleet(capsys, "submit", "--token", "tf_secret", "--type", "v4-16", "python", "-c", "x")
+    assert code == 2 and "tf_secret" not in err
+    assert "as in tpufleet submit --token TOKEN --type v4-16 -- python -c x" in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("submit", "--tpye", "v4-16", "--", "python", "x.py"),  # misspelled, before any command word
+        ("submit", "--tpye", "v4-16", "python", "-c", "x"),  # the first unknown option is submit's own
+    ],
+)
+def test_a_misspelled_option_of_submit_keeps_clicks_message(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    code, out, err = tpufleet(capsys, *args)
+    assert (code, out) == (2, "")
+    assert "No such option: --tpye" in err and "goes after --" not in err
+
+
+def test_submit_warns_when_the_fleet_has_no_slice_of_the_type(cli: Cli) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    cli.cycle()  # the loop has seen the fleet: v4-16 x2, v6e-16 x1
+    result = cli.invoke("submit", "--type", "v5e-8", "--", "python", "x.py", token=token)
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()  # queued all the same; stdout is just its id
+    warning = (
+        "the fleet has no v5litepod-8 slice and no pool makes them: the job waits (NO_SUCH_SLICES_IN_FLEET) "
+        "until an operator adds some; the fleet has: v4-16 x2, v6e-16 x1. Submit with one of those types, "
+        "or ask the operator for a pool of v5litepod-8 slices"
+    )
+    assert result.stderr == f"warning: {warning}\n"
+    assert cli.cp.store.job(job_id).state == "QUEUED"
+    assert json.loads(cli.run("job", job_id, "--json", token=token))["warnings"] == [warning]
+    assert "ask the operator for a pool of v5litepod-8 slices" in cli.run("job", job_id, token=token)
+    too_many = cli.invoke("submit", "--type", "v4-16", "--num-slices", "3", "--", "x", token=token)
+    assert "the fleet has 2 v4-16 slices, the job needs 3 and no pool makes them" in too_many.stderr
+    fits = cli.invoke("submit", "--type", "v4-16", "--", "x", token=token)
+    assert (fits.exit_code, fits.stderr) == (0, "")
+    got = cli.http.post(
+        "/api/v1/jobs",
+        json={"command": ["x"], "accelerator_type": "v6e-16"},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert got["warnings"] == [] and got["state"] == "QUEUED"  # the API says it too (empty: it fits)

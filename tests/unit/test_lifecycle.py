@@ -65,6 +65,7 @@ def test_a_stop_applies_only_to_an_active_attempt(state: JobState, kind: StopKin
                 StopKind.INTERRUPTED: "REQUEUED",
                 StopKind.CANCEL: "CANCELLING",
                 StopKind.FAIL: "ATTEMPT_FAILED",
+                StopKind.PERMANENT: "ATTEMPT_FAILED",
                 StopKind.SPOT: "PREEMPTED_BY_PROVIDER",
             }[kind]
         )
@@ -80,7 +81,7 @@ STOPS = [
         later,
         later
         if later is StopKind.CANCEL
-        and first in (StopKind.PREEMPT, StopKind.PRIORITY, StopKind.FAIL, StopKind.SPOT)
+        and first in (StopKind.PREEMPT, StopKind.PRIORITY, StopKind.FAIL, StopKind.PERMANENT, StopKind.SPOT)
         else first,
     )
     for first in StopKind
@@ -112,6 +113,7 @@ ENDINGS = [
     (StopKind.FAIL, 1, 2, (Q, 2, 2, AttemptState.FAILED, "RETRYING")),
     (StopKind.FAIL, 2, 2, (FAILED, 1, 3, AttemptState.FAILED, "FAILED")),
     (StopKind.FAIL, 0, 0, (FAILED, 1, 1, AttemptState.FAILED, "FAILED")),
+    (StopKind.PERMANENT, 0, 2, (FAILED, 1, 1, AttemptState.FAILED, "FAILED")),  # retries left, none used
 ]
 
 
@@ -123,6 +125,12 @@ def test_how_an_ended_attempt_moves_the_job_on(
     after, recorded = lc.end_attempt(life)
     assert (after.state, after.attempt, after.failures, recorded, after.reason_code) == expected
     assert (after.stop_kind, after.stop_message, after.preempting) == (None, None, False)
+
+
+def test_a_permanent_failure_says_it_was_not_retried() -> None:
+    life = Life(R, attempt=1, stop_kind=StopKind.PERMANENT, stop_message="pyhton: command not found")
+    after, _ = lc.end_attempt(life)
+    assert after.reason_message == "attempt 1 failed: pyhton: command not found; not retried"
 
 
 @pytest.mark.parametrize("state", [Q, OK, FAILED, CANCELLED], ids=str)

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from _executor_helpers import wait_for
 
-from tpufleet.control.cluster.fake import SIGTERM_EXIT, FakeCluster
+from tpufleet.control.cluster.fake import SIGTERM_EXIT, FakeClock, FakeCluster
 from tpufleet.control.cluster.protocol import AttemptSpec, HostState
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import JobRecord, JobRequest
+from tpufleet.scheduler.attempts import CANNOT_START_SETTLE_S
 
 
 class World:
@@ -135,6 +136,36 @@ def test_a_failed_host_ends_the_attempt_everywhere_retries_then_fails(world: Wor
     assert "no retries left (max_retries=1)" in (job.reason or "")
     assert [(a.attempt, a.state) for a in job.attempts] == [(1, "FAILED"), (2, "FAILED")]
     assert set(world.slices().values()) == {("FREE", None)}
+
+
+def test_a_command_not_found_on_every_host_fails_the_job_at_once_without_a_retry(world: World) -> None:
+    job_id = world.submit(world.tenant("a", v4=8), max_retries=2, command=("pyhton", "train.py"))
+    world.cycle()
+    world.cluster.exit(job_id, 127, worker=0)  # the hosts fail one after the other, as they do on Ray
+    world.cycle()
+    assert world.job(job_id).state == "STARTING"  # waits for the other host
+    world.cluster.exit(job_id, 127, worker=1)
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.attempt, job.reason_code, job.exit_code) == ("FAILED", 1, "FAILED", 127)
+    assert job.reason == (
+        "attempt 1 failed: pyhton: command not found or could not start (exit 127 on every host); not retried"
+    )
+    assert len(world.cluster.launches) == 1
+    assert set(world.slices().values()) == {("FREE", None)}
+
+
+def test_exit_127_on_one_host_only_is_an_ordinary_failure(world: World, clock: FakeClock) -> None:
+    job_id = world.submit(world.tenant("a", v4=8), max_retries=2)
+    run_to_running(world, job_id)
+    world.cluster.exit(job_id, 127, worker=1)
+    world.cycle()
+    assert world.job(job_id).state == "RUNNING"  # the other host gets a moment to say the same
+    clock.advance(CANNOT_START_SETTLE_S)
+    world.cycle()
+    job = world.job(job_id)
+    assert (job.state, job.attempt, job.reason_code) == ("QUEUED", 2, "RETRYING")
+    assert "host tpu-v4-16-0/1 exited with code 127" in (job.reason or "")
 
 
 def test_a_lost_host_quarantines_the_slice_and_the_job_resumes_elsewhere(world: World) -> None:

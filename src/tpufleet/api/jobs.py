@@ -15,9 +15,10 @@ from tpufleet.api import auth, logstream
 from tpufleet.api.cursor import decode_cursor, encode_cursor
 from tpufleet.api.deps import API, Db, Who, changed
 from tpufleet.api.errormap import responses
-from tpufleet.api.jobviews import job_with_goodput, jobs_with_goodput
+from tpufleet.api.jobviews import fleet_warnings, job_with_goodput, jobs_with_goodput
 from tpufleet.api.limits import MAX_BATCH_BODY_BYTES, MAX_BATCH_JOBS
 from tpufleet.control.store import listing
+from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import (
     ACTIVE,
     DEFAULT_MAX_RETRIES,
@@ -26,6 +27,7 @@ from tpufleet.control.store.values import (
     QUEUED,
     TENANT_NAME,
     TERMINAL,
+    JobRecord,
     JobRequest,
 )
 from tpufleet.errors import SpecError, TpufleetError
@@ -85,12 +87,25 @@ router = APIRouter(prefix=API)
 @router.post("/jobs", status_code=201, tags=["jobs"], responses=responses(400, 403, 404, 409, 413, 422))
 def submit(body: JobSubmit, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Queue a job. Over the per-tenant cap on queued jobs (``serve --max-queued-per-tenant``,
-    default 100,000) it is a 409; a working_dir package this tenant did not upload is a 404."""
+    default 100,000) it is a 409; a working_dir package this tenant did not upload is a 404.
+    The job as stored, plus ``warnings``: sentences about a job that is queued but cannot run as
+    things are (the fleet has no slice of its type and no pool makes them), with the fix."""
     tenant = auth.submit_tenant(me, body.tenant)
     fields = body.model_dump(exclude={"tenant"})
     job = store.submit(tenant, JobRequest.build(**fields, limits=request.app.state.limits))
     changed(request)
-    return job.to_dict()
+    return {**job.to_dict(), "warnings": _warnings(request, store, job)}
+
+
+def _warnings(request: Request, store: Store, job: JobRecord) -> list[str]:
+    """``jobviews.fleet_warnings`` for a queued job; the autoscaler's pool types are the app's
+    ``pool_types`` (``ControlPlane`` sets them; none without a provider), and the fleet counts as
+    seen once the loop has cycled."""
+    if job.state != QUEUED:
+        return []
+    pools: frozenset[str] = getattr(request.app.state, "pool_types", frozenset())
+    seen = bool(request.app.state.status().get("cycles"))  # the loop has synced the fleet's slices
+    return fleet_warnings(store, job.accelerator_type, job.num_slices, pools, fleet_seen=seen)
 
 
 @router.post(
@@ -166,8 +181,11 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}", tags=["jobs"], responses=responses(404, 422))
-def get_job(job_id: str, me: Who, store: Db) -> dict[str, Any]:
-    return job_with_goodput(store.job(job_id, tenant=auth.job_scope(me)), store.clock())
+def get_job(job_id: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
+    """The whole job, its attempts and goodput, and ``warnings`` as ``POST /api/v1/jobs`` gives
+    them while it is queued."""
+    job = store.job(job_id, tenant=auth.job_scope(me))
+    return {**job_with_goodput(job, store.clock()), "warnings": _warnings(request, store, job)}
 
 
 @router.get("/jobs/{job_id}/events", tags=["jobs"], responses=responses(404, 422))

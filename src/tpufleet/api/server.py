@@ -129,6 +129,11 @@ class ControlPlane:
         )
         # the fleet page's chips are shaded by what the device sampler last read (GET /api/v1/fleet)
         self.app.state.duty_cycles = lambda: duty_cycles(self.devices.view()[2])
+        # the slice types the autoscaler makes on demand (a submit for another missing type is warned)
+        made = options.provision if provider is not None and options.provision is not None else None
+        self.app.state.pool_types = frozenset(
+            p.accelerator_type for p in (made.pools if made and made.autoscale else ()) if p.max_slices > 0
+        )
         self._http: uvicorn.Server | None = None
         self._http_thread: threading.Thread | None = None
         self.url: str | None = None

@@ -81,7 +81,8 @@ def job_cmd(
     server: ServerOpt = DEFAULT_SERVER,
     token: TokenOpt = None,
 ) -> None:
-    """Show one job: state, attempt, slices, and why it waits."""
+    """Show one job: state, attempt, slices, and why it waits (with a warning and its fix when it
+    cannot run as the fleet is: no slice of its type, and no pool makes them)."""
     job = make_client(ctx, server, token).job(job_id)
     if as_json:
         print_json(job)
@@ -123,6 +124,7 @@ def _show_job(j: dict[str, Any]) -> None:
         ("priority", str(j["priority"])),
         ("borrowing", "yes" if j["borrowing"] else "no"),
         ("reason", f"{j['reason_code']}: {j['reason']}" if j["reason"] else "-"),
+        *(("warning", w) for w in j.get("warnings") or ()),
         ("exit code", "-" if j["exit_code"] is None else str(j["exit_code"])),
         ("goodput", _goodput_line(j.get("goodput"))),
         ("command", shlex.join(j["command"])),
@@ -143,7 +145,14 @@ def logs_cmd(
         int | None, typer.Option(help="Only host N of the attempt (slice order, then worker).")
     ] = None,
     attempt: Annotated[int | None, typer.Option(help="An earlier attempt (default: the latest).")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Keep printing until the job ends; the exit code then says how it ended (below).",
+        ),
+    ] = False,
     raw: Annotated[
         bool, typer.Option("--raw", help="Print the output unchanged (control characters included).")
     ] = False,
@@ -152,9 +161,10 @@ def logs_cmd(
 ) -> None:
     """Print a job's output, every host or one (--host), live with --follow.
 
+    With --follow the exit code says how the job ended: 0 SUCCEEDED, 4 FAILED, 5 CANCELLED.
     A finished job whose stored output is not whole (a host's output past the per-host cap, or
     output that could not be collected from a lost host) gets a warning per host on stderr and
-    exit code 3."""
+    exit code 3 (a FAILED or CANCELLED job followed keeps its own code)."""
     client = make_client(ctx, server, token)
     offsets: dict[int, int] = {}  # host -> characters printed
     shown: int | None = None
@@ -174,22 +184,30 @@ def logs_cmd(
             for line in h["data"].splitlines(keepends=True):
                 typer.echo(prefix + (line if raw else safe(line, keep="\n\t")), nl=False, color=raw or None)
         if not follow or got["job_state"] in TERMINAL_STATES:  # a finished job's logs are all stored
-            _warn_incomplete(got)
+            incomplete = _warn_incomplete(got)
+            code = FOLLOW_EXIT_CODES.get(got["job_state"], 0) if follow else 0
+            if code or incomplete:
+                raise typer.Exit(code or 3)
             return
         time.sleep(0.5)
 
 
-def _warn_incomplete(got: dict[str, Any]) -> None:
-    """Say so (stderr, exit 3) when a finished job's stored log is not its whole output."""
+#: ``logs --follow``: how the followed job ended, as the exit code (0 only for SUCCEEDED; 1 and 2
+#: are the client's own errors, 3 a finished job's incomplete log).
+FOLLOW_EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 4, "CANCELLED": 5}
+
+
+def _warn_incomplete(got: dict[str, Any]) -> bool:
+    """Say so (stderr) when a finished job's stored log is not its whole output; True when it did."""
     notes = [h for h in got["hosts"] if h.get("note") or h.get("truncated")]
     if got["job_state"] not in TERMINAL_STATES or not notes:
-        return
+        return False
     for h in notes:
         why = safe(h.get("note") or "truncated")
         console_err.print(
             f"warning: the log of {safe(h['slice'])}/{h['worker_id']} is incomplete: {why}", highlight=False
         )
-    raise typer.Exit(3)
+    return True
 
 
 def _read_logs(

@@ -5,19 +5,79 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from tpufleet.cli._app import app, console_err, print_json
-from tpufleet.cli.common import ERRORS, JsonOpt, ServerOpt, TokenOpt, make_client, seams
+from tpufleet.cli.common import ERRORS, JsonOpt, ServerOpt, TokenOpt, make_client, safe, seams
 from tpufleet.client.http import DEFAULT_SERVER, Client
 from tpufleet.control.store.values import Limits
 from tpufleet.errors import InputError, SpecError, TpufleetError
 
 
-@app.command("submit", epilog=ERRORS)
+class SubmitCommand(TyperCommand):
+    """``submit`` as Click parses it, except for one slip: a command given without ``--`` whose own
+    options (``python -c ...``, ``train.py --steps 3``) Click would call unknown options of submit.
+    That is a :class:`SpecError` with the corrected command line; an unknown option before any
+    command word (a misspelled option of submit) keeps Click's own message."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # Any: the Context of typer's own Click
+        known = {
+            name: bool(getattr(p, "is_flag", False) or getattr(p, "count", False))
+            for p in self.get_params(ctx)
+            if p.param_type_name == "option"
+            for name in (*p.opts, *p.secondary_opts)
+        }
+        found = _forgotten_dashes(args, known)
+        if found is not None:
+            bad, fixed = found
+            line = shlex.join([*ctx.command_path.split(), *_masked(fixed)])
+            raise SpecError(f"{bad} is not an option of submit: the command goes after --, as in {line}")
+        return super().parse_args(ctx, args)
+
+
+def _forgotten_dashes(args: list[str], known: dict[str, bool]) -> tuple[str, list[str]] | None:
+    """The first unknown option in ``args`` and ``args`` with ``--`` put before the first command
+    word, when that option comes after the word (``--type v4-16 python -c x``); None when there is
+    no unknown option, or it comes before any word (a misspelled option of submit). ``known``: each
+    option name of submit, True for one that takes no value."""
+    word = None
+    i = 0
+    while i < len(args) and args[i] != "--":
+        token = args[i]
+        if token.startswith("-") and token != "-":
+            name = token.partition("=")[0] if token.startswith("--") else token[:2]
+            if name not in known:
+                if word is None:
+                    return None  # Click's own message: submit has no such option
+                return name, [*args[:word], "--", *args[word:]]
+            takes_value = not known[name] and "=" not in token and name == token
+            i += 2 if takes_value else 1
+            continue
+        if word is None:
+            word = i
+        i += 1
+    return None
+
+
+def _masked(args: list[str]) -> list[str]:
+    """``args`` with a ``--token`` value shown as ``TOKEN``: an error line never repeats a secret."""
+    out = list(args)
+    for i, token in enumerate(out):
+        if token == "--":
+            break
+        if token == "--token" and i + 1 < len(out):
+            out[i + 1] = "TOKEN"
+        elif token.startswith("--token="):
+            out[i] = "--token=TOKEN"
+    return out
+
+
+@app.command("submit", epilog=ERRORS, cls=SubmitCommand)
 def submit_cmd(
     ctx: typer.Context,
     command: Annotated[
@@ -29,7 +89,12 @@ def submit_cmd(
     num_slices: Annotated[int, typer.Option("--num-slices", help="Slices (multi-slice when > 1).")] = 1,
     priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
     max_retries: Annotated[
-        int | None, typer.Option("--max-retries", help="Retries after failures (default 2).")
+        int | None,
+        typer.Option(
+            "--max-retries",
+            help="Retries after failures (default 2); a command not found or not executable on every "
+            "host (exit 127 or 126) is not retried.",
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Job name (default: from the command).")] = None,
     env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for every host; repeatable.")] = [],  # noqa: B006
@@ -67,6 +132,9 @@ def submit_cmd(
 ) -> None:
     """Queue a job: `tpufleet submit --type v4-16 -- python train.py`. Prints the job id.
 
+    The command goes after `--`. A fleet with no slice of the type (and no pool that could make
+    one) gets a warning on stderr; the job is queued anyway.
+
     Many jobs: `tpufleet submit --batch jobs.jsonl`; a bad line exits 2 naming the line."""
     if batch is not None:
         flags = (command, accelerator_type, name, working_dir, max_retries, env, ray)
@@ -93,6 +161,8 @@ def submit_cmd(
         tenant=tenant,
         kind="ray" if ray else "spmd",
     )
+    for warning in job.get("warnings") or ():  # queued all the same: stdout keeps just the id
+        console_err.print(f"warning: {safe(warning)}", highlight=False, markup=False)
     if as_json:
         print_json({"id": job["id"]})
     else:

@@ -5,12 +5,16 @@ The runner starts it already inside the run's cgroup and as the tenant's identit
 uploaded package read from its standard input (so the bytes never touch a path another user could
 reach), changes into the working directory and ``exec``s the job's command in its place (same pid,
 so stop signals and ``PR_SET_PDEATHSIG`` apply to the command). Anything that goes wrong is one line
-on the job's log and exit code 127: a missing program, a NUL byte in an argument, an unsafe or
-damaged package ("tpufleet: cannot start this job: the package ..."), never a traceback.
+on the job's log and, as a shell would say it, exit code 126 for a program that is there but cannot
+be executed (no permission, not an executable, a directory) and 127 for anything else: a missing
+program, a NUL byte in an argument, an unsafe or damaged package ("tpufleet: cannot start this job:
+the package ..."), never a traceback. The control plane fails a job whose every host exits 126 or
+127 without retrying it (``scheduler/attempts.py``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -19,6 +23,8 @@ from pathlib import Path
 from tpufleet.host.jobfiles import MAX_UNPACKED, JobFilesError, RunPaths, make_run_dirs, unpack
 
 CANNOT_START = 127
+NOT_EXECUTABLE = 126
+_NOT_EXECUTABLE_ERRNOS = frozenset({errno.EACCES, errno.ENOEXEC, errno.EISDIR, errno.EPERM})
 
 
 def main(argv: list[str]) -> int:
@@ -37,9 +43,13 @@ def main(argv: list[str]) -> int:
     try:
         _stdin_from_devnull()
         os.chdir(paths.workdir)
+    except Exception as exc:
+        return _cannot("this job", exc)
+    try:
         os.execvpe(command[0], command, os.environ.copy())
     except Exception as exc:  # OSError: no such program; ValueError: NUL bytes in argv or env
-        return _cannot(str(command[:1]), exc)
+        code = _cannot(str(command[:1]), exc)
+        return NOT_EXECUTABLE if isinstance(exc, OSError) and exc.errno in _NOT_EXECUTABLE_ERRNOS else code
     return CANNOT_START  # not reached: exec replaced this process
 
 

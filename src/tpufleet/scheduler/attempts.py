@@ -16,7 +16,9 @@ Each question the loop asks is one function answering with one :data:`Step`:
 - :func:`after_launch`: once a launch returned: the job turns STARTING (:class:`MarkLaunched`), or a
   launch that failed fails the attempt.
 - :func:`after_poll`: from the hosts' status: requeue without a retry (``INTERRUPTED``), fail,
-  succeed, mark RUNNING when every host runs (:class:`MarkRunning`), or :class:`Wait`.
+  fail for good (``PERMANENT``: the command was not found or not executable on any host, exit
+  127 or 126 on every host, see :data:`CANNOT_START`), succeed, mark RUNNING when every host runs
+  (:class:`MarkRunning`), or :class:`Wait`.
 - :func:`after_stop`: once a stop returned: :class:`Finish` (the attempt ends as its stop kind
   says), or, for a stop that failed fewer than ``MAX_STOP_TRIES`` times, :class:`Wait` (it is
   issued again next turn).
@@ -38,6 +40,8 @@ from tpufleet.scheduler.lifecycle import JobState, StopKind
 
 __all__ = [
     "CANCELLED_WHY",
+    "CANNOT_START",
+    "CANNOT_START_SETTLE_S",
     "GONE",
     "GONE_AT_RESTART",
     "INTERRUPTED_AT_RESTART",
@@ -72,6 +76,12 @@ CANCELLED_WHY = "cancelled by request"
 SUCCEEDED_WHY = "every host exited with code 0"
 MAX_WHY = 2000  # characters of a reason kept on the job
 MAX_STOP_TRIES = 3  # a stop that keeps failing ends the attempt anyway: the job must not hold its slices
+# Exit codes that say the command could not be run at all (the shell's, and ``host/jobstart.py``'s):
+# on every host of an attempt, running it again cannot help, so the job fails without a retry.
+CANNOT_START = {126: "not executable", 127: "command not found or could not start"}
+# A host exited with one of them while others still start or run: how long (seconds since a poll
+# first saw it) the others get to exit the same way before it counts as an ordinary failure.
+CANNOT_START_SETTLE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -162,6 +172,11 @@ class Observed:
     failure: str | None = None  # why a host failed or was lost
     succeeded: bool = False  # every host exited 0
     all_running: bool = False
+    hosts: int = 0  # hosts of the attempt
+    exited: tuple[int, ...] = ()  # exit codes of the hosts that ended by themselves (not lost, not
+    # ended by their host for a reason of its own such as a limit)
+    unfinished: int = 0  # hosts still starting or running
+    failing_s: float = 0.0  # seconds since a poll first saw ``failure``
 
 
 def on_restart(state: JobState, stop: StopKind | None, found: bool) -> Step:
@@ -223,20 +238,37 @@ def after_launch(error: str | None) -> Step:
     return BeginStop(StopKind.FAIL, f"launch failed: {error}"[:MAX_WHY])
 
 
-def after_poll(state: JobState, seen: Observed) -> Step:
+def after_poll(state: JobState, seen: Observed, program: str = "") -> Step:
     """What the hosts said decides: an interruption before a failure (hosts gone included) before
-    success."""
+    success. ``program``: the job's command word, named when it could not be run (:func:`_failed`)."""
     if seen.interrupted is not None:
         return BeginStop(StopKind.INTERRUPTED, seen.interrupted)
     if not seen.present:
         return BeginStop(StopKind.FAIL, GONE)
     if seen.failure is not None:
-        return BeginStop(StopKind.FAIL, seen.failure)
+        return _failed(seen, program)
     if seen.succeeded:
         return BeginStop(StopKind.SUCCESS, SUCCEEDED_WHY)
     if seen.all_running and state == JobState.STARTING:
         return MarkRunning()
     return Wait()
+
+
+def _failed(seen: Observed, program: str) -> Step:
+    """A host failed. Every host exited 126 or 127 (:data:`CANNOT_START`): the command cannot be run,
+    and a retry would fail the same way: a ``PERMANENT`` stop naming ``program``. Some did while the
+    others still start or run: :class:`Wait` for them, up to :data:`CANNOT_START_SETTLE_S` (they
+    are usually a moment behind). Anything else (a host lost, another code) is an ordinary failure."""
+    assert seen.failure is not None
+    codes = set(seen.exited)
+    if not codes or not codes <= CANNOT_START.keys() or len(seen.exited) + seen.unfinished != seen.hosts:
+        return BeginStop(StopKind.FAIL, seen.failure)
+    if seen.unfinished:
+        return Wait() if seen.failing_s < CANNOT_START_SETTLE_S else BeginStop(StopKind.FAIL, seen.failure)
+    what = " or ".join(CANNOT_START[c] for c in sorted(codes))
+    exits = "/".join(str(c) for c in sorted(codes))
+    name = " ".join((program or "the command").split())[:200]
+    return BeginStop(StopKind.PERMANENT, f"{name}: {what} (exit {exits} on every host)")
 
 
 def after_stop(kind: StopKind, error: str | None, failures: int) -> Step:

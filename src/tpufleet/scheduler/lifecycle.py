@@ -10,6 +10,7 @@ validate and show states) and the simulator (which drives the same functions on 
        │                                     end_attempt (after every process ended)
        │                                           ▼
        │         success ▶ SUCCEEDED   cancel ▶ CANCELLED   fail ▶ QUEUED (attempt + 1) or FAILED
+       │         permanent (it cannot succeed by running again) ▶ FAILED, no retry
        │         preempt / spot / interrupted ▶ QUEUED (attempt + 1, no retry used)
        └─request_cancel─▶ CANCELLED
 
@@ -84,6 +85,9 @@ class StopKind(StrEnum):
     SPOT = "spot"  # the provider takes the slice back (a spot preemption notice): requeued, no retry used
     CANCEL = "cancel"  # a user asked
     FAIL = "fail"  # a host failed or was lost, the launch failed or timed out: a retry, if any is left
+    # the job cannot succeed by running again (its command was not found or not executable on any
+    # host: exit 127 or 126 on every host; attempts.after_poll): FAILED at once, no retry
+    PERMANENT = "permanent"
 
 
 class AttemptState(StrEnum):
@@ -179,9 +183,16 @@ _STOP_REASONS = {
     StopKind.INTERRUPTED: ReasonCode.REQUEUED,
     StopKind.CANCEL: ReasonCode.CANCELLING,
     StopKind.FAIL: ReasonCode.ATTEMPT_FAILED,
+    StopKind.PERMANENT: ReasonCode.ATTEMPT_FAILED,
     StopKind.SPOT: ReasonCode.PREEMPTED_BY_PROVIDER,
 }
-_OVERRIDDEN_BY_CANCEL = (StopKind.PREEMPT, StopKind.PRIORITY, StopKind.FAIL, StopKind.SPOT)
+_OVERRIDDEN_BY_CANCEL = (
+    StopKind.PREEMPT,
+    StopKind.PRIORITY,
+    StopKind.FAIL,
+    StopKind.PERMANENT,
+    StopKind.SPOT,
+)
 _POLICY_PREEMPTIONS = (StopKind.PREEMPT, StopKind.PRIORITY)  # the slices are promised to another job
 _REQUEUED = {  # not the job's fault: requeued without using a retry, recorded as
     StopKind.PREEMPT: AttemptState.PREEMPTED,
@@ -257,6 +268,15 @@ def end_attempt(life: Life) -> tuple[Life, AttemptState]:
         )
         return requeued, requeued_as
     failures = life.failures + 1
+    if kind is StopKind.PERMANENT:  # running it again cannot help: no retry, whatever is left
+        failed = replace(
+            done,
+            state=JobState.FAILED,
+            failures=failures,
+            reason_code=str(ReasonCode.FAILED),
+            reason_message=f"attempt {life.attempt} failed: {message}; not retried",
+        )
+        return failed, AttemptState.FAILED
     if failures > life.max_retries:
         failed = replace(
             done,

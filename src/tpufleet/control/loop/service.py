@@ -135,6 +135,7 @@ class Service:
         self._launches: dict[Key, Future[None]] = {}
         self._stops: dict[Key, Future[AttemptStatus | None]] = {}
         self._stop_failures: dict[Key, int] = {}
+        self._failing: dict[Key, float] = {}  # when a poll first saw the attempt's failure (store clock)
         self._status: dict[Key, AttemptStatus] = {}
         self._placed: set[Key] = set()  # Ray jobs whose placement is on record
         self.pool = cluster if isinstance(cluster, WarmPool) else None  # the Ray client keeps one
@@ -387,14 +388,15 @@ class Service:
                 self._note_progress(key, status.progress)
             if status.disk is not None:
                 self.files.measured(job.tenant, status.disk)
-        seen = attempts.Observed(
-            present=present,
-            interrupted=None if status is None else status.interrupted,
-            failure=None if status is None or not present else status.failure,
-            succeeded=status is not None and present and status.succeeded,
-            all_running=status is not None and present and status.all_running,
+        seen = _observed(status, present)
+        if seen.failure is None:
+            self._failing.pop(key, None)
+        else:
+            now = self.store.clock()
+            seen = replace(seen, failing_s=now - self._failing.setdefault(key, now))
+        self._apply(
+            job, attempts.after_poll(JobState(job.state), seen, job.command[0] if job.command else "")
         )
-        self._apply(job, attempts.after_poll(JobState(job.state), seen))
 
     def _note_progress(self, key: Key, progress: StepProgress) -> None:
         """A report to store: the first one at once (start-up ends there), later ones at most every
@@ -447,6 +449,7 @@ class Service:
                         "stop of %s attempt %s failed %s times; ending it anyway: %s", *key, failures, err
                     )
                 self._stop_failures.pop(key, None)
+                self._failing.pop(key, None)
                 after = future.result() if err is None else None
                 self.tr.finish(job.id, job.attempt, _final(after, self._status.pop(key, None)))
             case _:
@@ -616,6 +619,27 @@ def _cyclic_gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def _observed(status: AttemptStatus | None, present: bool) -> attempts.Observed:
+    """What a poll says, as ``attempts.after_poll`` reads it (``failing_s`` is the caller's)."""
+    if status is None or not present:
+        return attempts.Observed(present=False, interrupted=None if status is None else status.interrupted)
+    hosts = status.hosts
+    return attempts.Observed(
+        present=True,
+        interrupted=status.interrupted,
+        failure=status.failure,
+        succeeded=status.succeeded,
+        all_running=status.all_running,
+        hosts=len(hosts),
+        exited=tuple(
+            h.exit_code
+            for h in hosts
+            if h.state is HostState.EXITED and h.exit_code is not None and not h.detail
+        ),
+        unfinished=sum(h.state in (HostState.STARTING, HostState.RUNNING) for h in hosts),
+    )
 
 
 def _final(after_stop: AttemptStatus | None, last: AttemptStatus | None) -> AttemptStatus | None:
