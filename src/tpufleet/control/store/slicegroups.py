@@ -232,13 +232,23 @@ class SliceGroups:
         with self.store.tx() as s:
             return int(s.scalar(select(func.count()).where(SliceGroupRow.pool == pool)) or 0)
 
-    def request_delete(self, name: str, *, force: bool = False) -> GroupRecord:
+    def request_delete(self, name: str, *, force: bool = False, provider: bool = True) -> GroupRecord:
         """Mark the group for deletion: the loop drains it (waits for the holder, or with ``force``
-        preempts it) and then asks the provider to delete it."""
+        preempts it) and then asks the provider to delete it. ``provider=False`` (a control plane
+        serving without one): a group no provider ever made (``REQUESTED``, no slices) is removed at
+        once, as nothing would ever make or delete it."""
         self.get(name)
         with self.store.tx() as s:
             row = s.get(SliceGroupRow, name)
             assert row is not None
+            if not provider and row.state == REQUESTED and not row.slices:
+                row.deleted_at = row.updated_at = self.store.clock()
+                row.delete_requested_at = row.delete_requested_at or row.deleted_at
+                row.state, row.message = "DELETED", "no provider had made it"
+                self.store.add_event(
+                    s, f"slice group {name}: deleted (no provider had made it)", kind="slice-group"
+                )
+                return _record(row)
             row.force = row.force or force
             if row.delete_requested_at is None:
                 row.delete_requested_at = self.store.clock()
