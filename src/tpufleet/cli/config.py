@@ -25,7 +25,7 @@ from tpufleet._yamlpos import read_yaml
 from tpufleet.cli._app import app, console_err
 from tpufleet.errors import InputError, SpecError
 from tpufleet.lint.crds import SchemaSource, find_crd_dir, load_crd_schemas
-from tpufleet.lint.runner import format_json, format_text, has_errors, lint_objects, lint_text
+from tpufleet.lint.runner import RAY_KINDS, format_json, format_text, has_errors, lint_file, lint_objects
 from tpufleet.render.kuberay import render_kuberay
 from tpufleet.render.launcher import render_launcher
 from tpufleet.render.observability import render_observability
@@ -101,7 +101,8 @@ def _render(
     return render_kuberay(spec, rayjob, provider_rbac=provider_rbac)
 
 
-def _check(objects: list[dict[str, Any]], target: Target) -> None:
+def _check(objects: list[dict[str, Any]], target: Target) -> str:
+    """Validate the rendered objects; returns what was checked, or raises SpecError."""
     if target is Target.gce:
         from ray.autoscaler._private.util import prepare_config, validate_config
 
@@ -114,10 +115,14 @@ def _check(objects: list[dict[str, Any]], target: Target) -> None:
             raise SpecError(f"Ray's launcher validation rejects the rendered config: {err}") from None
         finally:
             quiet.setLevel(level)
-        return
-    findings = lint_objects(objects, _schemas(None, structural=False))
+        return "check passed: Ray's cluster launcher accepts the rendered config (its validate_config)"
+    schemas = _schemas(None, structural=False)
+    findings = lint_objects(objects, schemas)
     if findings:
         raise SpecError(f"the rendered objects do not lint clean: {findings[0].code} {findings[0].message}")
+    checked = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in objects if o.get("kind") in RAY_KINDS)
+    rules = "KubeRay's CRDs" if schemas is not None else "the packaged structural rules"
+    return f"check passed: {checked}: no lint finding (tpufleet lint's TPU rules and {rules})"
 
 
 @app.command("render")
@@ -153,19 +158,20 @@ def render_cmd(
         _render_observability(spec, out, rayjob, check)
         return
     objects = _render(spec, target, rayjob, provider_rbac)
-    if check:
-        _check(objects, target)
+    passed = _check(objects, target) if check else None
     if out is None:
         typer.echo(dump_yaml(objects), nl=False)
-        return
-    single = f"{spec.name}-gce.yaml" if target is Target.gce else None
-    for path, obj in zip(write_objects(objects, out, single), objects, strict=False):
-        what = (
-            "Ray cluster launcher config"
-            if target is Target.gce
-            else f"{obj['kind']} {obj['metadata']['name']}"
-        )
-        typer.echo(f"wrote {path} ({what})")
+    else:
+        single = f"{spec.name}-gce.yaml" if target is Target.gce else None
+        for path, obj in zip(write_objects(objects, out, single), objects, strict=False):
+            what = (
+                "Ray cluster launcher config"
+                if target is Target.gce
+                else f"{obj['kind']} {obj['metadata']['name']}"
+            )
+            typer.echo(f"wrote {path} ({what})")
+    if passed:  # on stderr: stdout may be the YAML
+        console_err.print(passed, highlight=False, markup=False)
 
 
 def _render_observability(spec: FleetSpec, out: Path | None, rayjob: str | None, check: bool) -> None:
@@ -214,21 +220,36 @@ def lint_cmd(
         bool, typer.Option(help="Use the packaged structural rules, not the CRDs.")
     ] = False,
 ) -> None:
-    """Lint hand-written Ray YAML for TPU mistakes. Exit 1 on errors, 0 clean, 2 unreadable."""
+    """Lint hand-written Ray YAML (RayCluster, RayJob, RayService) for TPU mistakes.
+
+    Exit codes: 0 clean (warnings at most), 1 error findings, 2 a file that cannot be read or is
+    not YAML, or no RayCluster, RayJob or RayService document in any file (nothing was checked).
+    Each file without one is named on stderr, with what it holds instead."""
     schemas = _schemas(crds, structural)
     findings = []
+    unchecked = []
     for path in files:
         try:
             text = read_yaml(path)
         except (OSError, UnicodeDecodeError) as err:
             raise InputError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
-        findings += lint_text(text, str(path), schemas)
+        found, why = lint_file(text, str(path), schemas)
+        findings += found
+        unchecked += [why] if why else []
     if fmt is Format.json:
         typer.echo(format_json(findings))
     elif findings:
         typer.echo(format_text(findings))
+    nothing = len(unchecked) == len(files)  # the run checked nothing at all: exit 2
+    for why in unchecked:
+        console_err.print(f"{'error' if nothing else 'note'}: {why}", highlight=False, markup=False)
     errors = sum(1 for f in findings if f.severity == "error")
-    console_err.print(f"{len(files)} file(s), {len(findings)} finding(s), {errors} error(s)", highlight=False)
+    summary = f"{len(files)} file(s), {len(findings)} finding(s), {errors} error(s)"
+    if unchecked:
+        summary += f", nothing checked in {len(unchecked)} file(s)"
+    console_err.print(summary, highlight=False)
+    if nothing:
+        raise typer.Exit(2)
     if has_errors(findings):
         raise typer.Exit(1)
 
