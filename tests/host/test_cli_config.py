@@ -181,6 +181,7 @@ def test_launcher_without_google_credentials_is_one_line_exit_2_before_ray_runs(
     assert (
         "no Google Cloud credentials" in out.stderr and "gcloud auth application-default login" in out.stderr
     )
+    assert f"for `ray {action}`" in out.stderr  # `down` once spoke of credentials for `ray up`
     assert "Traceback" not in out.stderr and "ray" not in out.stdout
     assert [p.name for p in tmp_path.iterdir()] == []  # nothing written: not in the cwd, not in HOME
 

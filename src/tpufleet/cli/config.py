@@ -276,8 +276,9 @@ def default_gce_dir() -> Path:
     return Path(os.environ.get("TPUFLEET_GCE_DIR") or Path("~/.cache/tpufleet/gce").expanduser())
 
 
-def google_credentials() -> None:
-    """Application Default Credentials as ``ray up`` on GCP will look for them, or an InputError.
+def google_credentials(action: str = "up") -> None:
+    """Application Default Credentials as ``ray <action>`` on GCP will look for them, or an
+    InputError that names ``ray <action>``.
 
     Reads ``$GOOGLE_APPLICATION_CREDENTIALS`` and gcloud's ADC file; on a GCE VM, the metadata
     server. Also fails, in one line, when the launcher's client libraries are missing.
@@ -288,7 +289,7 @@ def google_credentials() -> None:
         import googleapiclient  # noqa: F401
     except ImportError as err:
         raise InputError(
-            f"`ray up` on GCE needs the Google API client ({err.name} is not installed); "
+            f"`ray {action}` on GCE needs the Google API client ({err.name} is not installed); "
             "reinstall with `make venv` (requirements.lock pins it)"
         ) from None
     from google.auth.exceptions import GoogleAuthError
@@ -298,7 +299,7 @@ def google_credentials() -> None:
     except GoogleAuthError as err:
         cause = str(err).split(". ")[0].rstrip(".")
         raise InputError(
-            f"no Google Cloud credentials for `ray up` ({cause}): run `gcloud auth application-default "
+            f"no Google Cloud credentials for `ray {action}` ({cause}): run `gcloud auth application-default "
             "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file"
         ) from None
 
@@ -309,15 +310,19 @@ def run_launcher(
     out_dir: Path,
     yes: bool = False,
     runner: RayRunner = _subprocess_runner,
-    credentials: Callable[[], None] = google_credentials,
+    credentials: Callable[[], None] | None = None,
 ) -> tuple[Path, list[str], int]:
     """Render the spec for GCE into ``out_dir`` and run ``ray <action>`` on it, once ``credentials``
-    (Application Default Credentials by default) says Ray's launcher can reach the project."""
+    (default: :func:`google_credentials` for ``ray <action>``) says Ray's launcher can reach the
+    project."""
     spec = read_spec(spec_file)
     config = render_launcher(spec)
     if not str(config["provider"].get("project_id") or "").strip():
         raise SpecError("gce.project_id is empty; set the Google Cloud project the TPU VMs go in")
-    credentials()
+    if credentials is None:
+        google_credentials(action)
+    else:
+        credentials()
     (path,) = write_objects([config], out_dir, f"{spec.name}-gce.yaml")
     argv = launcher_argv(action, path, yes)
     return path, argv, runner(argv)

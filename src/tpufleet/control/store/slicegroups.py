@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from tpufleet import catalog
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.tables import AttemptRow, JobRow, SliceGroupRow, SliceRow, TenantRow
-from tpufleet.errors import ConflictError, NotFoundError, SpecError, closest, suggest
+from tpufleet.errors import ConflictError, NotFoundError, SpecError, closest, suggest, unknown_field
 
 __all__ = ["AUTOSCALER", "GROUP_NAME", "MANUAL", "REQUESTED", "GroupRecord", "SliceGroups"]
 
@@ -98,9 +98,7 @@ def slice_config(config: Mapping[str, Any]) -> SliceConfig:
         raise SpecError(f"a slice config is a mapping of {', '.join(CONFIG_KEYS)}", field="config")
     for key in config:
         if key not in CONFIG_KEYS:
-            near = closest(str(key), CONFIG_KEYS)
-            hint = f"; did you mean {' or '.join(near)}?" if near else f"; valid: {', '.join(CONFIG_KEYS)}"
-            raise SpecError(f"unknown key {str(key)[:40]!r}{hint}", field="config")
+            raise SpecError(unknown_field(key, CONFIG_KEYS, "key"), field="config")
     tpu_type, gen, topo = config.get("tpu_type"), config.get("generation"), config.get("topology")
     if tpu_type is not None and (gen is not None or topo is not None):
         raise SpecError("give tpu_type (v4-8) or generation + topology (v4, 2x2x1), not both", field="config")
