@@ -117,6 +117,15 @@ def closest(value: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return get_close_matches(value, pool, n=n, cutoff=0.5)
 
 
+def unknown_field(name: object, valid: Iterable[str], what: str = "field") -> str:
+    """``"unknown field 'num_slice'; did you mean num_slices?"`` (or ``"; valid: a, b"`` when none is
+    close): what a typo'd key gets, in a fleet spec, a job body or a slice config alike."""
+    names = sorted(valid)
+    near = closest(str(name), names)
+    hint = f"; did you mean {' or '.join(near)}?" if near else f"; valid: {', '.join(names)}"
+    return f"unknown {what} {str(name)[:40]!r}{hint}"
+
+
 def suggest(choices: Sequence[str]) -> str:
     """``"; closest: a, b"`` or ``""`` when there is nothing to suggest."""
     return f"; closest: {', '.join(choices)}" if choices else ""

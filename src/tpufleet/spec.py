@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from tpufleet import catalog as cat
 from tpufleet._yamlpos import Document, Path, dotted, load_documents, read_yaml
-from tpufleet.errors import InputError, SpecError, closest, suggest
+from tpufleet.errors import InputError, SpecError, closest, suggest, unknown_field
 
 __all__ = [
     "AutoscalingSpec",
@@ -199,7 +199,8 @@ def read_spec(path: str | FilePath) -> FleetSpec:
 
 
 def load_spec(text: str, file: str = "<spec>") -> FleetSpec:
-    """Parse and validate a fleet spec; the first problem raises a located :class:`SpecError`."""
+    """Parse and validate a fleet spec; its problems raise one :class:`SpecError`, located at the
+    first, one line per problem."""
     docs = load_documents(text, file)
     if len(docs) != 1 or not isinstance(docs[0].data, dict):
         raise SpecError("a fleet spec is one YAML mapping with name, pools, ...", file=file, line=1)
@@ -208,29 +209,39 @@ def load_spec(text: str, file: str = "<spec>") -> FleetSpec:
         spec = FleetSpec.model_validate(doc.data)
     except ValidationError as err:
         problems = [_from_pydantic(e) for e in err.errors()]
-        _raise_first(problems, doc, file)
-        raise  # unreachable: _raise_first always raises
-    _raise_first(list(_semantic_problems(spec)), doc, file)
+        _raise_problems(problems, doc, file)
+        raise  # unreachable: _raise_problems always raises
+    _raise_problems(list(_semantic_problems(spec)), doc, file)
     return spec
 
 
-def _raise_first(problems: list[tuple[Path, str]], doc: Document, file: str) -> None:
+SHOWN_PROBLEMS = 5  # a spec's problems listed in one error, one line each; past it, how many more
+
+
+def _raise_problems(problems: list[tuple[Path, str]], doc: Document, file: str) -> None:
+    """The spec's problems as one SpecError, located at the first (its ``file``, ``line`` and
+    ``field``), each problem on its own line (at most ``SHOWN_PROBLEMS``, then how many more)."""
     if not problems:
         return
-    path, message = problems[0]
-    if len(problems) > 1:
-        message += f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
-    raise SpecError(message, file=file, line=doc.where(path)[0], field=dotted(path) or None)
+    errors = [
+        SpecError(message, file=file, line=doc.where(path)[0], field=dotted(path) or None)
+        for path, message in problems[:SHOWN_PROBLEMS]
+    ]
+    first, rest = errors[0], [str(e) for e in errors[1:]]
+    if len(problems) > SHOWN_PROBLEMS:
+        more = len(problems) - SHOWN_PROBLEMS
+        rest.append(f"(and {more} more problem{'s' if more > 1 else ''})")
+    if rest:
+        first.message = "\n".join([first.message, *rest])
+        first.args = (first.message,)
+    raise first
 
 
 def _from_pydantic(error: Any) -> tuple[Path, str]:
     loc: Path = tuple(error["loc"])
     kind = error["type"]
     if kind == "extra_forbidden":
-        valid = sorted(_model_at(loc[:-1]).model_fields)
-        near = closest(str(loc[-1]), valid)
-        hint = f"; did you mean {' or '.join(near)}?" if near else f"; valid: {', '.join(valid)}"
-        return loc, f"unknown field {loc[-1]!r}{hint}"
+        return loc, unknown_field(loc[-1], _model_at(loc[:-1]).model_fields)
     if kind == "missing":
         return loc, "required field is missing"
     return loc, f"{error['msg']} (got {error.get('input')!r})"

@@ -68,7 +68,10 @@ def test_render_to_a_directory_writes_one_file_per_object_and_says_so(tmp_path):
 def test_render_gce_with_rays_check(tmp_path):
     out = run("render", str(EXAMPLE), "--target", "gce", "-o", str(tmp_path), "--check")
     assert out.returncode == 0, out.stderr
-    assert out.stderr == ""  # no stray Ray `INFO util.py` line from its validation
+    # what passed, and no stray Ray `INFO util.py` line from its validation
+    assert out.stderr.splitlines() == [
+        "check passed: Ray's cluster launcher accepts the rendered config (its validate_config)"
+    ]
     config = yaml.safe_load((tmp_path / "research-fleet-gce.yaml").read_text())
     assert config["provider"]["type"] == "gcp"
     assert "wrote" in out.stdout and "research-fleet-gce.yaml" in out.stdout
@@ -178,6 +181,7 @@ def test_launcher_without_google_credentials_is_one_line_exit_2_before_ray_runs(
     assert (
         "no Google Cloud credentials" in out.stderr and "gcloud auth application-default login" in out.stderr
     )
+    assert f"for `ray {action}`" in out.stderr  # `down` once spoke of credentials for `ray up`
     assert "Traceback" not in out.stderr and "ray" not in out.stdout
     assert [p.name for p in tmp_path.iterdir()] == []  # nothing written: not in the cwd, not in HOME
 

@@ -144,6 +144,7 @@ def test_admin_submits_for_a_named_tenant_only(api: Api) -> None:
     api.tenant("team-a", v4=8)
     resp = api.call("POST", "/jobs", api.admin, json={"command": ["x"], "accelerator_type": "v4-16"})
     assert resp.status_code == 400 and "tenant" in resp.json()["error"]
+    assert "`tpufleet submit --tenant NAME`" in resp.json()["error"]  # was "give tenant"
     job_id = api.submit(api.admin, tenant="team-a")
     assert api.store.job(job_id).tenant == "team-a"
     resp = api.call(

@@ -108,7 +108,8 @@ def test_a_batch_answers_the_ids_in_order(api: Api) -> None:
         ({"num_slices": 0}, 400, "jobs[2].num_slices: must be an integer from 1 to 4096, got 0"),
         ({"num_slices": "2"}, 400, "jobs[2].num_slices: Input should be a valid integer"),
         ({"command": ["python", 1]}, 400, "jobs[2].command[1]: Input should be a valid string"),
-        ({"colour": "red"}, 400, "jobs[2].colour: Extra inputs are not permitted"),
+        ({"colour": "red"}, 400, "jobs[2].colour: unknown field 'colour'; valid: accelerator_type, command,"),
+        ({"num_slice": 2}, 400, "jobs[2].num_slice: unknown field 'num_slice'; did you mean num_slices?"),
         ({"env": {"TPU_NAME": "x"}}, 400, "jobs[2].env: TPU_NAME is set by tpufleet"),
         ({"accelerator_type": "v4-15"}, 400, "jobs[2]"),
         ({"tenant": "team-b"}, 403, "jobs[2]: your token is for tenant 'team-a'"),
@@ -192,6 +193,10 @@ def test_submit_batch_prints_the_ids(cli: Callable[..., Any], api: Api, tmp_path
         ((json.dumps(JOB), "{not json"), "jobs.jsonl:2: not JSON"),
         ((json.dumps(JOB), "", "[1, 2]"), "jobs.jsonl:3: each line is one job body"),
         ((json.dumps(JOB), "", json.dumps(JOB | {"num_slices": 0})), "jobs.jsonl:3: num_slices: must be"),
+        (
+            (json.dumps(JOB | {"num_slice": 2}),),  # the suggestion `render` gives a fleet spec's typo
+            "jobs.jsonl:1: num_slice: unknown field 'num_slice'; did you mean num_slices?",
+        ),
         (("",), "no jobs in the file"),
     ],
 )

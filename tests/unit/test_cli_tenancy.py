@@ -106,6 +106,11 @@ def test_events_show_who_changed_what(cli: Cli) -> None:  # noqa: F811
     [
         (("tenant", "update", "team-a", "--quota", "v4:32"), SpecError, "'v4:32' is not GEN=CHIPS"),
         (("tenant", "update", "team-a", "--quota", "v4=32,v9=1"), SpecError, "'v9' is not a TPU generation"),
+        (
+            ("tenant", "update", "team-a", "--quota", "v4=-8"),
+            SpecError,
+            "--quota: v4=-8: chips must be >= 0, e.g.",
+        ),
         (("tenant", "update", "team-a"), SpecError, "nothing to change"),
         (("tenant", "update", "team-a", "--preemption", "always"), SpecError, "'always' is not a preemption"),
         (("tenant", "update", "team-z", "--weight", "2"), NotFoundError, "tenant 'team-z' not found"),

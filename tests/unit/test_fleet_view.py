@@ -117,6 +117,21 @@ def test_the_script_never_parses_text_as_html_and_keeps_the_token_out_of_urls() 
     assert not re.search(r"[?&]token=", js)
 
 
+def test_the_legend_draws_held_in_the_tenants_colour_as_the_chips_are() -> None:
+    js = STATIC.joinpath("fleet.js").read_text()
+    css = STATIC.joinpath("fleet.css").read_text()
+    legend = js[js.index("function renderLegend(") : js.index("// -- tables")]
+    chip = js[js.index("function chipNode(") : js.index("function sliceNode(")]
+    # a held chip of a tenant: the class "tenant" and the tenant's hue (fleet.css draws it in that hue)
+    assert 'chip.classList.add("tenant")' in chip and "hue(slice.tenant)" in chip
+    assert ".chip.tenant { background: hsl(var(--hue)" in css
+    # the legend once showed HELD in .chip[data-state="HELD"]'s fixed blue, which no held chip has
+    assert '["HELD", "held"]' not in legend
+    assert 'chip("HELD", "tenant")' in legend and "hue(name)" in legend
+    assert "held: the tenant's colour (as in the tenants table)" in legend
+    assert "renderLegend(f.tenants.map((t) => t.name))" in js  # the tenants on view
+
+
 def test_the_fleet_view_needs_a_token(http: TestClient) -> None:
     resp = http.get("/api/v1/fleet")
     assert resp.status_code == 401 and resp.headers["www-authenticate"] == "Bearer"

@@ -141,3 +141,22 @@ def test_not_yaml_and_not_a_mapping_are_input_errors(tmp_path):
 def test_the_longest_fleet_name_fits_kuberays_limits():
     spec = load_fleet(name="f" * 43)
     assert len(spec.name) == 43 and len(f"{spec.name}-job") == 47  # KubeRay's RayJob name limit
+
+
+def test_two_typos_are_both_shown_each_on_its_line():
+    text = EXAMPLE.read_text().replace("type: v4-16", "typ: v4-16").replace("weight: 2", "wieght: 2")
+    with pytest.raises(SpecError) as info:
+        load_spec(text, "fleet.yaml")
+    assert str(info.value).splitlines() == [
+        "fleet.yaml:9: pools[0].typ: unknown field 'typ'; did you mean type?",
+        "fleet.yaml:13: tenants[0].wieght: unknown field 'wieght'; did you mean weight?",
+    ]  # once: the first, then "(and 1 more problem)"
+    assert (info.value.line, info.value.field) == (9, "pools[0].typ")
+
+
+def test_past_five_problems_the_rest_are_counted():
+    pools = [{"name": f"p{i}", "typ": "v4-8"} for i in range(7)]
+    with pytest.raises(SpecError) as info:
+        load_spec(yaml.safe_dump({"name": "f", "pools": pools}), "fleet.yaml")
+    lines = str(info.value).splitlines()
+    assert len(lines) == 6 and lines[-1] == "(and 2 more problems)"

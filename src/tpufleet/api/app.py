@@ -79,6 +79,7 @@ def create_app(
     prices: Any = None,
     admin_token_path: Path | None = None,
     auth_guard: AuthGuard | None = None,
+    provider: str | None = None,
 ) -> FastAPI:
     """The API over ``store``. ``status`` is the loop's health (``cycles``, ``stalled``,
     ``last_error``, ``cycle_ms_last``, ``cycle_ms_p50``; missing keys read as their defaults):
@@ -87,7 +88,9 @@ def create_app(
     ``CollectorRegistry`` ``GET /metrics`` serves (default: the store's, ``observe.registry``);
     ``prices``: the ``pricing.PriceTable`` for cost (default: the shipped one). ``admin_token_path``:
     the file ``POST /api/v1/tokens/rotate-admin`` writes the new admin token to (mode 0600).
-    ``auth_guard``: counts and slows failed authentications (default: 10 a minute per address)."""
+    ``auth_guard``: counts and slows failed authentications (default: 10 a minute per address).
+    ``provider``: the kind of provider that makes slices (``serve --provider``); without one, asking
+    for a slice group is refused (409) and deleting one no provider made removes it at once."""
     app = FastAPI(
         title="tpufleet",
         version=tpufleet.__version__,
@@ -102,6 +105,7 @@ def create_app(
     app.state.limits = store.limits
     app.state.store, app.state.on_change = store, on_change
     app.state.admin_token_path = admin_token_path
+    app.state.provider = provider
     app.state.status = lambda: {**health.STATUS_DEFAULTS, **(status() or {})}
     app.state.duty_cycles = dict  # the fleet view's measured duty cycles (ControlPlane: its sampler's)
     app.state.metrics = metrics if metrics is not None else metrics_registry(store, prices=prices)

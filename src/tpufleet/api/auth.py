@@ -62,7 +62,11 @@ def submit_tenant(who: Principal, requested: str | None) -> str:
     """The tenant a job is submitted for: the caller's own; the admin names one."""
     if who.admin:
         if not requested:
-            raise SpecError("the admin token submits on behalf of a tenant: give tenant", field="tenant")
+            raise SpecError(
+                "the admin token submits on behalf of a tenant: name it with `tpufleet submit --tenant "
+                'NAME` (in the API: "tenant" in the job body); `tpufleet tenants` lists them',
+                field="tenant",
+            )
         return requested
     if requested and requested != who.tenant:
         raise ForbiddenError(f"your token is for tenant {who.tenant!r}; it cannot submit for {requested!r}")

@@ -30,7 +30,7 @@ from tpufleet.control.store.values import (
     JobRecord,
     JobRequest,
 )
-from tpufleet.errors import SpecError, TpufleetError
+from tpufleet.errors import SpecError, TpufleetError, unknown_field
 
 __all__ = ["BatchOut", "JobBatch", "JobPage", "JobSubmit", "router"]
 
@@ -137,9 +137,13 @@ def submit_batch(body: JobBatch, me: Who, store: Db, request: Request) -> dict[s
 
 
 def _first_problem(err: ValidationError) -> str:
-    """``.num_slices: Input should be a valid integer`` (or ``[0]`` for a list item)."""
+    """``.num_slices: Input should be a valid integer`` (or ``[0]`` for a list item); an unknown
+    field names the closest valid one, as a fleet spec's does."""
     e = err.errors()[0]
-    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.get("loc", ()))
+    loc = e.get("loc", ())
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+    if e.get("type") == "extra_forbidden" and len(loc) == 1:
+        return f"{where}: {unknown_field(loc[0], JobSubmit.model_fields)}"
     return f"{where}: {e.get('msg', 'invalid')}"
 
 

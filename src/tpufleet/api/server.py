@@ -126,6 +126,7 @@ class ControlPlane:
             status=self.status,
             limits=limits,
             admin_token_path=self.admin_token_path,
+            provider=provider.kind if provider is not None else None,
         )
         # the fleet page's chips are shaded by what the device sampler last read (GET /api/v1/fleet)
         self.app.state.duty_cycles = lambda: duty_cycles(self.devices.view()[2])

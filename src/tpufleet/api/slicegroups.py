@@ -5,7 +5,9 @@ name, shared or private to a tenant (only its jobs run there, counted against it
 one stores it; the provisioning loop (``control/loop/provisioner.py``) asks the provider, and ``GET``
 shows the provider's state and the physical slices with their scheduler state. ``DELETE`` drains
 (waits for the holder to finish, or with ``?force=true`` preempts it) and then releases the slices.
-Utilization is measured from the store's attempt records over a window.
+Utilization is measured from the store's attempt records over a window. A control plane without a
+provider (``serve`` without ``--provider``) refuses to create a group (409: nothing would ever make
+it), and removes at once a group that no provider made when it is deleted.
 """
 
 from __future__ import annotations
@@ -25,8 +27,15 @@ from tpufleet.control.store.slicegroups import (
     parse_window,
     slice_config,
 )
+from tpufleet.errors import ConflictError
 
-__all__ = ["GroupCreate", "group_view", "router"]
+__all__ = ["NO_PROVIDER", "GroupCreate", "group_view", "router"]
+
+NO_PROVIDER = (
+    "this control plane has no provider, so nothing would ever make slice group {name!r}: serve it "
+    "with one, e.g. `tpufleet serve --provider emulator` (or --provider gce|kuberay --fleet SPEC; "
+    "--sandbox SLICES --provider memory), see docs/provisioning.md"
+)
 
 
 class GroupCreate(BaseModel):
@@ -55,7 +64,9 @@ def group_view(store: Store, group: GroupRecord) -> dict[str, Any]:
 
 @router.post("/slice-groups", status_code=201, responses=responses(400, 403, 404, 409, 413, 422))
 def create_group(body: GroupCreate, store: Db, request: Request) -> dict[str, Any]:
-    """Ask for a named slice group (admin)."""
+    """Ask for a named slice group (admin); refused (409) where the control plane has no provider."""
+    if request.app.state.provider is None:
+        raise ConflictError(NO_PROVIDER.format(name=body.name[:40]))
     conf = slice_config(body.config)
     group = SliceGroups(store).create(
         body.name, conf.accelerator_type, conf.count, spot=conf.spot, tenant=body.tenant
@@ -77,8 +88,11 @@ def get_group(name: str, store: Db) -> dict[str, Any]:
 @router.delete("/slice-groups/{name}", responses=responses(403, 404, 422))
 def delete_group(name: str, store: Db, request: Request, force: bool = False) -> dict[str, Any]:
     """Drain and delete (admin): waits for the holder to finish, or with ``force`` preempts it
-    (checkpoint signal and grace, requeued without using a retry), then releases the slices."""
-    group = SliceGroups(store).request_delete(name, force=force)
+    (checkpoint signal and grace, requeued without using a retry), then releases the slices. On a
+    control plane without a provider, a group no provider made is removed at once (``DELETED``)."""
+    group = SliceGroups(store).request_delete(
+        name, force=force, provider=request.app.state.provider is not None
+    )
     changed(request)
     return group_view(store, group)
 

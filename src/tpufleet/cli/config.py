@@ -25,7 +25,7 @@ from tpufleet._yamlpos import read_yaml
 from tpufleet.cli._app import app, console_err
 from tpufleet.errors import InputError, SpecError
 from tpufleet.lint.crds import SchemaSource, find_crd_dir, load_crd_schemas
-from tpufleet.lint.runner import format_json, format_text, has_errors, lint_objects, lint_text
+from tpufleet.lint.runner import RAY_KINDS, format_json, format_text, has_errors, lint_file, lint_objects
 from tpufleet.render.kuberay import render_kuberay
 from tpufleet.render.launcher import render_launcher
 from tpufleet.render.observability import render_observability
@@ -101,7 +101,8 @@ def _render(
     return render_kuberay(spec, rayjob, provider_rbac=provider_rbac)
 
 
-def _check(objects: list[dict[str, Any]], target: Target) -> None:
+def _check(objects: list[dict[str, Any]], target: Target) -> str:
+    """Validate the rendered objects; returns what was checked, or raises SpecError."""
     if target is Target.gce:
         from ray.autoscaler._private.util import prepare_config, validate_config
 
@@ -114,10 +115,14 @@ def _check(objects: list[dict[str, Any]], target: Target) -> None:
             raise SpecError(f"Ray's launcher validation rejects the rendered config: {err}") from None
         finally:
             quiet.setLevel(level)
-        return
-    findings = lint_objects(objects, _schemas(None, structural=False))
+        return "check passed: Ray's cluster launcher accepts the rendered config (its validate_config)"
+    schemas = _schemas(None, structural=False)
+    findings = lint_objects(objects, schemas)
     if findings:
         raise SpecError(f"the rendered objects do not lint clean: {findings[0].code} {findings[0].message}")
+    checked = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in objects if o.get("kind") in RAY_KINDS)
+    rules = "KubeRay's CRDs" if schemas is not None else "the packaged structural rules"
+    return f"check passed: {checked}: no lint finding (tpufleet lint's TPU rules and {rules})"
 
 
 @app.command("render")
@@ -153,19 +158,20 @@ def render_cmd(
         _render_observability(spec, out, rayjob, check)
         return
     objects = _render(spec, target, rayjob, provider_rbac)
-    if check:
-        _check(objects, target)
+    passed = _check(objects, target) if check else None
     if out is None:
         typer.echo(dump_yaml(objects), nl=False)
-        return
-    single = f"{spec.name}-gce.yaml" if target is Target.gce else None
-    for path, obj in zip(write_objects(objects, out, single), objects, strict=False):
-        what = (
-            "Ray cluster launcher config"
-            if target is Target.gce
-            else f"{obj['kind']} {obj['metadata']['name']}"
-        )
-        typer.echo(f"wrote {path} ({what})")
+    else:
+        single = f"{spec.name}-gce.yaml" if target is Target.gce else None
+        for path, obj in zip(write_objects(objects, out, single), objects, strict=False):
+            what = (
+                "Ray cluster launcher config"
+                if target is Target.gce
+                else f"{obj['kind']} {obj['metadata']['name']}"
+            )
+            typer.echo(f"wrote {path} ({what})")
+    if passed:  # on stderr: stdout may be the YAML
+        console_err.print(passed, highlight=False, markup=False)
 
 
 def _render_observability(spec: FleetSpec, out: Path | None, rayjob: str | None, check: bool) -> None:
@@ -214,21 +220,36 @@ def lint_cmd(
         bool, typer.Option(help="Use the packaged structural rules, not the CRDs.")
     ] = False,
 ) -> None:
-    """Lint hand-written Ray YAML for TPU mistakes. Exit 1 on errors, 0 clean, 2 unreadable."""
+    """Lint hand-written Ray YAML (RayCluster, RayJob, RayService) for TPU mistakes.
+
+    Exit codes: 0 clean (warnings at most), 1 error findings, 2 a file that cannot be read or is
+    not YAML, or no RayCluster, RayJob or RayService document in any file (nothing was checked).
+    Each file without one is named on stderr, with what it holds instead."""
     schemas = _schemas(crds, structural)
     findings = []
+    unchecked = []
     for path in files:
         try:
             text = read_yaml(path)
         except (OSError, UnicodeDecodeError) as err:
             raise InputError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
-        findings += lint_text(text, str(path), schemas)
+        found, why = lint_file(text, str(path), schemas)
+        findings += found
+        unchecked += [why] if why else []
     if fmt is Format.json:
         typer.echo(format_json(findings))
     elif findings:
         typer.echo(format_text(findings))
+    nothing = len(unchecked) == len(files)  # the run checked nothing at all: exit 2
+    for why in unchecked:
+        console_err.print(f"{'error' if nothing else 'note'}: {why}", highlight=False, markup=False)
     errors = sum(1 for f in findings if f.severity == "error")
-    console_err.print(f"{len(files)} file(s), {len(findings)} finding(s), {errors} error(s)", highlight=False)
+    summary = f"{len(files)} file(s), {len(findings)} finding(s), {errors} error(s)"
+    if unchecked:
+        summary += f", nothing checked in {len(unchecked)} file(s)"
+    console_err.print(summary, highlight=False)
+    if nothing:
+        raise typer.Exit(2)
     if has_errors(findings):
         raise typer.Exit(1)
 
@@ -255,8 +276,9 @@ def default_gce_dir() -> Path:
     return Path(os.environ.get("TPUFLEET_GCE_DIR") or Path("~/.cache/tpufleet/gce").expanduser())
 
 
-def google_credentials() -> None:
-    """Application Default Credentials as ``ray up`` on GCP will look for them, or an InputError.
+def google_credentials(action: str = "up") -> None:
+    """Application Default Credentials as ``ray <action>`` on GCP will look for them, or an
+    InputError that names ``ray <action>``.
 
     Reads ``$GOOGLE_APPLICATION_CREDENTIALS`` and gcloud's ADC file; on a GCE VM, the metadata
     server. Also fails, in one line, when the launcher's client libraries are missing.
@@ -267,7 +289,7 @@ def google_credentials() -> None:
         import googleapiclient  # noqa: F401
     except ImportError as err:
         raise InputError(
-            f"`ray up` on GCE needs the Google API client ({err.name} is not installed); "
+            f"`ray {action}` on GCE needs the Google API client ({err.name} is not installed); "
             "reinstall with `make venv` (requirements.lock pins it)"
         ) from None
     from google.auth.exceptions import GoogleAuthError
@@ -277,7 +299,7 @@ def google_credentials() -> None:
     except GoogleAuthError as err:
         cause = str(err).split(". ")[0].rstrip(".")
         raise InputError(
-            f"no Google Cloud credentials for `ray up` ({cause}): run `gcloud auth application-default "
+            f"no Google Cloud credentials for `ray {action}` ({cause}): run `gcloud auth application-default "
             "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file"
         ) from None
 
@@ -288,15 +310,19 @@ def run_launcher(
     out_dir: Path,
     yes: bool = False,
     runner: RayRunner = _subprocess_runner,
-    credentials: Callable[[], None] = google_credentials,
+    credentials: Callable[[], None] | None = None,
 ) -> tuple[Path, list[str], int]:
     """Render the spec for GCE into ``out_dir`` and run ``ray <action>`` on it, once ``credentials``
-    (Application Default Credentials by default) says Ray's launcher can reach the project."""
+    (default: :func:`google_credentials` for ``ray <action>``) says Ray's launcher can reach the
+    project."""
     spec = read_spec(spec_file)
     config = render_launcher(spec)
     if not str(config["provider"].get("project_id") or "").strip():
         raise SpecError("gce.project_id is empty; set the Google Cloud project the TPU VMs go in")
-    credentials()
+    if credentials is None:
+        google_credentials(action)
+    else:
+        credentials()
     (path,) = write_objects([config], out_dir, f"{spec.name}-gce.yaml")
     argv = launcher_argv(action, path, yes)
     return path, argv, runner(argv)

@@ -143,7 +143,13 @@ def create_cmd(
     server: ServerOpt = DEFAULT_SERVER,
     token: TokenOpt = None,
 ) -> None:
-    """Ask the provider for a named slice group (admin token)."""
+    """Ask the provider for a named slice group (admin token; the control plane must run with a
+    provider: `tpufleet serve --provider ...`)."""
+    from tpufleet.control.store.slicegroups import MAX_COUNT
+    from tpufleet.errors import SpecError
+
+    if not 1 <= count <= MAX_COUNT:  # the CLI's name for it, not the API's num_slices
+        raise SpecError(f"must be a whole number from 1 to {MAX_COUNT}, got {count}", field="--count")
     sm = _manager(ctx, server, token)
     config = {"tpu_type": tpu_type, "num_slices": count, "preemptible": spot}
     group = sm.create_slice(name, config, tenant=tenant, wait=wait, timeout_s=timeout)
@@ -184,6 +190,8 @@ def delete_cmd(
         return
     held = [s["name"] for s in group["slices"] if s.get("holder")]
     what = f"draining (held: {', '.join(held)})" if held and not force else "deleting"
+    if group["state"] == "DELETED":  # no provider had made it: gone at once
+        what = f"deleted ({group.get('message') or 'at once'})"
     typer.echo(safe(f"{group['name']} {what}"))
 
 

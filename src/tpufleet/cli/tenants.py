@@ -61,8 +61,13 @@ def parse_quota(values: list[str]) -> dict[str, int]:
         gen, sep, value = item.partition("=")
         if not item or not sep or not gen.strip():
             raise SpecError(f"{item!r} is not GEN=CHIPS; write e.g. --quota v4=32,v6e=16", field="--quota")
-        if not value.strip().isdigit():
-            raise SpecError(f"{gen}={value!r}: chips must be a whole number, e.g. v4=32", field="--quota")
+        text = value.strip()
+        if text.startswith("-") and text[1:].isdigit():
+            raise SpecError(f"{gen}={text}: chips must be >= 0, e.g. v4=32", field="--quota")
+        if not text.isdigit():
+            raise SpecError(
+                f"{gen}={value!r}: chips must be a whole number >= 0, e.g. v4=32", field="--quota"
+            )
         chips[gen.strip()] = int(value)
     return chips
 

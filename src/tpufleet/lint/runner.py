@@ -3,7 +3,8 @@
 ``lint_text(text, file, schemas)`` finds each RayCluster, RayJob (``spec.rayClusterSpec``) and
 RayService (``spec.rayClusterConfig``) document, runs the TPU rules on its head and worker groups,
 checks ``apiVersion`` and checks the whole object against the schema source (KubeRay's CRDs, or the
-packaged structural subset when ``schemas`` is None). Other kinds are skipped. Pure: the caller
+packaged structural subset when ``schemas`` is None). Other kinds are skipped; ``lint_file`` also says
+why a text holds nothing to check (empty, a fleet spec, only other kinds). Pure: the caller
 reads files; unparsable YAML raises :class:`~tpufleet.errors.InputError`.
 """
 
@@ -26,6 +27,7 @@ __all__ = [
     "format_json",
     "format_text",
     "has_errors",
+    "lint_file",
     "lint_objects",
     "lint_text",
 ]
@@ -76,12 +78,39 @@ def _finding(file: str, doc: Document, problem: Problem) -> Finding:
 
 def lint_text(text: str, file: str = "<input>", schemas: SchemaSource | None = None) -> list[Finding]:
     """Findings for every Ray object in ``text``, in file order."""
+    return lint_file(text, file, schemas)[0]
+
+
+def lint_file(
+    text: str, file: str = "<input>", schemas: SchemaSource | None = None
+) -> tuple[list[Finding], str | None]:
+    """:func:`lint_text`'s findings and, when ``text`` holds no RayCluster, RayJob or RayService
+    document, why nothing was checked (naming what it holds instead); else None."""
     source = schemas or fallback_schemas
     findings: list[Finding] = []
-    for doc in load_documents(text, file):
+    docs = load_documents(text, file)
+    for doc in docs:
         if isinstance(doc.data, dict) and doc.data.get("kind") in RAY_KINDS:
             findings += sorted(_finding(file, doc, p) for p in _problems(doc.data, source))
-    return findings
+    return findings, _unchecked([d.data for d in docs], file)
+
+
+def _unchecked(docs: list[Any], file: str) -> str | None:
+    kinds = [d.get("kind") for d in docs if isinstance(d, dict)]
+    if any(kind in RAY_KINDS for kind in kinds):
+        return None
+    names = list(RAY_KINDS)
+    checks = f"lint checks {', '.join(names[:-1])} and {names[-1]} documents"
+    if not [d for d in docs if d is not None]:
+        return f"{file}: no YAML document in it: nothing checked ({checks})"
+    if any(isinstance(d, dict) and "pools" in d and "kind" not in d for d in docs):
+        return (
+            f"{file}: a tpufleet fleet spec: nothing checked ({checks}); "
+            f"check a fleet spec with `tpufleet render {file} --check`"
+        )
+    found = sorted({str(k)[:60] for k in kinds if k is not None})
+    what = f"found {', '.join(found)}" if found else "no document has a kind"
+    return f"{file}: no {', '.join(names[:-1])} or {names[-1]} document ({what}): nothing checked"
 
 
 def lint_objects(objects: Iterable[dict[str, Any]], schemas: SchemaSource | None = None) -> list[Finding]:

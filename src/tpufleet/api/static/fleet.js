@@ -221,14 +221,28 @@
     return node;
   }
 
-  function renderLegend() {
-    const items = [["FREE", "free"], ["HELD", "held"], ["BROKEN", "broken"], ["DRAINING", "draining"]];
-    const nodes = items.map(([state, label]) =>
-      el("span", { cls: "legend-item" }, [el("span", { cls: "chip", data: { state } }), el("span", { text: label })])
+  // A held chip is drawn in its tenant's colour (the swatch in the tenants table), so the legend's
+  // "held" item shows the colours of the tenants on view (the first few), never one fixed colour.
+  const LEGEND_HUES = 4;
+  let legendFor = null;
+  function renderLegend(tenants) {
+    const names = (tenants || []).slice(0, LEGEND_HUES);
+    if (legendFor === names.join("\n")) return;
+    legendFor = names.join("\n");
+    const item = (chips, label) => el("span", { cls: "legend-item" }, [...chips, el("span", { text: label })]);
+    const chip = (state, cls) => el("span", { cls: "chip" + (cls ? " " + cls : ""), data: { state } });
+    const held = (names.length ? names : [""]).map((name) => {
+      const c = chip("HELD", "tenant");
+      c.style.setProperty("--hue", String(hue(name)));
+      return c;
+    });
+    $("legend").replaceChildren(
+      item([chip("FREE")], "free"),
+      item(held, "held: the tenant's colour (as in the tenants table)"),
+      item([chip("BROKEN")], "broken"),
+      item([chip("DRAINING")], "draining"),
+      item([chip("HELD", "other")], "another tenant's")
     );
-    const other = el("span", { cls: "chip other", data: { state: "HELD" } });
-    nodes.push(el("span", { cls: "legend-item" }, [other, el("span", { text: "another tenant's" })]));
-    $("legend").replaceChildren(...nodes);
   }
 
   // -- tables ---------------------------------------------------------------------------------------
@@ -297,6 +311,7 @@
       $("slices").replaceChildren(...f.slices.map((s) => sliceNode(s, false)));
       slicesDrawn = drawn;
     }
+    renderLegend(f.tenants.map((t) => t.name));
     rows("tenants", f.tenants, (t) =>
       el("tr", { data: { tenant: t.name } }, [tenantCell(t.name), usage(t), td(borrowed(t)), td(t.running), td(t.queued), td(cost(t))])
     );

@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from tpufleet import catalog
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.tables import AttemptRow, JobRow, SliceGroupRow, SliceRow, TenantRow
-from tpufleet.errors import ConflictError, NotFoundError, SpecError, closest, suggest
+from tpufleet.errors import ConflictError, NotFoundError, SpecError, closest, suggest, unknown_field
 
 __all__ = ["AUTOSCALER", "GROUP_NAME", "MANUAL", "REQUESTED", "GroupRecord", "SliceGroups"]
 
@@ -98,9 +98,7 @@ def slice_config(config: Mapping[str, Any]) -> SliceConfig:
         raise SpecError(f"a slice config is a mapping of {', '.join(CONFIG_KEYS)}", field="config")
     for key in config:
         if key not in CONFIG_KEYS:
-            near = closest(str(key), CONFIG_KEYS)
-            hint = f"; did you mean {' or '.join(near)}?" if near else f"; valid: {', '.join(CONFIG_KEYS)}"
-            raise SpecError(f"unknown key {str(key)[:40]!r}{hint}", field="config")
+            raise SpecError(unknown_field(key, CONFIG_KEYS, "key"), field="config")
     tpu_type, gen, topo = config.get("tpu_type"), config.get("generation"), config.get("topology")
     if tpu_type is not None and (gen is not None or topo is not None):
         raise SpecError("give tpu_type (v4-8) or generation + topology (v4, 2x2x1), not both", field="config")
@@ -232,13 +230,23 @@ class SliceGroups:
         with self.store.tx() as s:
             return int(s.scalar(select(func.count()).where(SliceGroupRow.pool == pool)) or 0)
 
-    def request_delete(self, name: str, *, force: bool = False) -> GroupRecord:
+    def request_delete(self, name: str, *, force: bool = False, provider: bool = True) -> GroupRecord:
         """Mark the group for deletion: the loop drains it (waits for the holder, or with ``force``
-        preempts it) and then asks the provider to delete it."""
+        preempts it) and then asks the provider to delete it. ``provider=False`` (a control plane
+        serving without one): a group no provider ever made (``REQUESTED``, no slices) is removed at
+        once, as nothing would ever make or delete it."""
         self.get(name)
         with self.store.tx() as s:
             row = s.get(SliceGroupRow, name)
             assert row is not None
+            if not provider and row.state == REQUESTED and not row.slices:
+                row.deleted_at = row.updated_at = self.store.clock()
+                row.delete_requested_at = row.delete_requested_at or row.deleted_at
+                row.state, row.message = "DELETED", "no provider had made it"
+                self.store.add_event(
+                    s, f"slice group {name}: deleted (no provider had made it)", kind="slice-group"
+                )
+                return _record(row)
             row.force = row.force or force
             if row.delete_requested_at is None:
                 row.delete_requested_at = self.store.clock()
