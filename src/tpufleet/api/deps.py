@@ -49,7 +49,8 @@ def principal_of(request: HTTPConnection, token: Callable[[], str | None]) -> Pr
     address = request.client.host if request.client else "unknown"
     method = request.scope.get("method", "WEBSOCKET")
     try:
-        who = request.app.state.store.authenticate(token())
+        db: Store = request.app.state.store
+        who = db.authenticate(token())
         auth.check_scope(who, request.url.path)
     except AuthError as err:
         guard.check(address)

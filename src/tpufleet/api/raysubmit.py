@@ -13,7 +13,8 @@
 - ``runtime_env``: ``working_dir`` (a package the tenant uploaded through the package API, which is
   what ``ray job submit --working-dir DIR`` does, or a URL the operator allows; never a path),
   ``env_vars`` (the job's ``env``, same rules), ``excludes`` (already applied by the client's
-  upload) and ``config`` (Ray's setup options, ignored); any other key (``pip``, ``py_modules``, ``conda``, ...) is refused, naming these;
+  upload) and ``config`` (Ray's setup options, ignored); any other key (``pip``, ``py_modules``,
+  ``conda``, ...) is refused, naming these;
 - the entrypoint: a plain command line is split into the job's command; one with shell syntax runs
   as ``sh -c ENTRYPOINT``, as Ray's job supervisor runs it through a shell;
 - ``entrypoint_num_cpus`` and ``entrypoint_memory`` are ignored (the driver runs on the Ray head,
