@@ -10,6 +10,7 @@ server runs with no Ray importable, as ``tpufleet serve --sandbox`` does."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -155,6 +156,7 @@ def test_ray_job_cli_queues_follows_stops_and_deletes_and_refuses_what_it_cannot
     assert b_job["state"] == "SUCCEEDED" and len(b_job["slices"]) == 1 and b_job["kind"] == "ray"
     assert f"sandbox: {b_job['slices'][0]}/0 running" in out  # the driver's log, followed
     assert f"sandbox: {b_job['slices'][0]}/0 running" in b.get_job_logs("b-train")
+    assert "".join(asyncio.run(_tail(b, "b-train"))) == b.get_job_logs("b-train")  # logs -f of an ended job
     assert [j.submission_id for j in b.list_jobs()] == ["b-train"]  # not team-a's
     deleted = ray_job(plane, "team-b", "delete", "b-train")
     assert deleted.returncode == 0 and b.list_jobs() == [], deleted.stderr
@@ -179,6 +181,10 @@ def test_ray_job_cli_queues_follows_stops_and_deletes_and_refuses_what_it_cannot
     assert raw.status_code == 400 and "is a path, which the control plane never reads" in raw.text
     with pytest.raises(AuthenticationError, match="RAY_JOB_HEADERS"):
         JobSubmissionClient(f"{plane.url}/ray")
+
+
+async def _tail(client: JobSubmissionClient, submission_id: str) -> list[str]:
+    return [lines async for lines in client.tail_job_logs(submission_id)]
 
 
 def _info(client: JobSubmissionClient, submission_id: str) -> Any:

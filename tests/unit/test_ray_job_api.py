@@ -5,6 +5,7 @@ drives the same routes with Ray's own CLI and ``JobSubmissionClient``."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import zipfile
 from typing import Any
@@ -239,3 +240,26 @@ def test_every_ray_route_authenticates_through_the_apis_one_guard() -> None:
     routes = [r for r in rayjobs.router.routes if isinstance(r, APIRoute)]
     assert len(routes) == 10
     assert all(rayjobs.caller in {d.call for d in r.dependant.dependencies} for r in routes)
+
+
+class GoneSocket:
+    """A WebSocket (Starlette's interface) whose client has gone: what the tail must notice."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.sent = app, []
+
+    async def receive(self) -> dict[str, Any]:
+        return {"type": "websocket.disconnect", "code": 1000}
+
+    async def send_text(self, text: str) -> None:
+        self.sent.append(text)
+
+
+def test_a_log_tail_ends_when_its_client_goes_while_the_job_still_waits(store: Store) -> None:
+    http, a, _ = _api(store)
+    http.app.state.ray_tail_poll_s = 0.01  # type: ignore[attr-defined]
+    http.post("/ray/api/jobs/", json={**SUBMIT, "submission_id": "waits"}, headers=a)
+    job_id = http.get("/ray/api/jobs/waits", headers=a).json()["job_id"]
+    follow = rayjobs.follow_until_gone(GoneSocket(http.app), store, job_id, "team-a")  # type: ignore[arg-type]
+    assert asyncio.run(asyncio.wait_for(follow, timeout=60)) is False  # gone, not followed to the end
+    assert http.get("/ray/api/jobs/waits", headers=a).json()["status"] == "PENDING"

@@ -274,11 +274,31 @@ async def tail(websocket: WebSocket, submission_id: str) -> None:
             await websocket.close(code=1008, reason=str(err)[:120])
         return
     await websocket.accept()
+    if await follow_until_gone(websocket, _store(websocket), sub.job.id, auth.job_scope(me)):
+        await websocket.close()
+
+
+async def follow_until_gone(ws: WebSocket, store: Store, job_id: str, scope: str | None) -> bool:
+    """Follow the job's log on ``ws`` until it ends (True) or the client goes (False): a tail of a
+    job queued for hours must not outlive its client."""
+    follow = asyncio.ensure_future(_follow(ws, store, job_id, scope))
+    gone = asyncio.ensure_future(_until_gone(ws))
+    done, pending = await asyncio.wait({follow, gone}, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    if follow not in done:
+        return False
     try:
-        await _follow(websocket, _store(websocket), sub.job.id, auth.job_scope(me))
+        follow.result()
     except WebSocketDisconnect:
-        return
-    await websocket.close()
+        return False
+    return True
+
+
+async def _until_gone(ws: WebSocket) -> None:
+    """Return when the client has gone (a tail of a job queued for hours must not outlive it)."""
+    while (await ws.receive())["type"] != "websocket.disconnect":
+        pass
 
 
 def _text(store: Store, span: logs.Span) -> str:
