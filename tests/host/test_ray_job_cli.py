@@ -24,8 +24,11 @@ from typing import Any
 import httpx
 import planes
 import pytest
+import ray
 from ray.exceptions import AuthenticationError
 from ray.job_submission import JobSubmissionClient
+
+from tpufleet.api import raysubmit
 
 RAY_CLI = str(Path(sys.executable).parent / "ray")
 SHORT = json.dumps({"env_vars": {"TPUFLEET_SANDBOX_SECONDS": "1"}})
@@ -112,6 +115,7 @@ def test_ray_job_cli_queues_follows_stops_and_deletes_and_refuses_what_it_cannot
     queued behind another tenant and following the log to the end; a stop; a delete. The rest
     through ``JobSubmissionClient``, Ray's API of the same requests."""
     a, b = client(plane, "team-a"), client(plane, "team-b")
+    assert a.get_version() == raysubmit.JOBS_API_VERSION and ray.__version__ == raysubmit.RAY_VERSION
     a.submit_job(
         entrypoint="python long.py",
         submission_id="a-long",
