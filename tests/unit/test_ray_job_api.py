@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import zipfile
 from typing import Any
 
@@ -263,3 +264,13 @@ def test_a_log_tail_ends_when_its_client_goes_while_the_job_still_waits(store: S
     follow = rayjobs.follow_until_gone(GoneSocket(http.app), store, job_id, "team-a")  # type: ignore[arg-type]
     assert asyncio.run(asyncio.wait_for(follow, timeout=60)) is False  # gone, not followed to the end
     assert http.get("/ray/api/jobs/waits", headers=a).json()["status"] == "PENDING"
+
+
+def test_a_ray_package_upload_has_the_package_cap_not_the_json_one(store: Store) -> None:
+    http, a, _ = _api(store, Limits(ray_jobs=True, max_body_bytes=1024, max_package_bytes=64 * 1024))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("data.bin", os.urandom(8 * 1024))  # incompressible: the zip is over 8 KiB
+    path = "/ray/api/packages/gcs/_ray_pkg_big.zip"
+    assert http.put(path, content=buf.getvalue(), headers=a).status_code == 200
+    assert http.put(path, content=b"x" * (65 * 1024), headers=a).status_code == 413
