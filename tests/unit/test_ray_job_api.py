@@ -274,3 +274,18 @@ def test_a_ray_package_upload_has_the_package_cap_not_the_json_one(store: Store)
     path = "/ray/api/packages/gcs/_ray_pkg_big.zip"
     assert http.put(path, content=buf.getvalue(), headers=a).status_code == 200
     assert http.put(path, content=b"x" * (65 * 1024), headers=a).status_code == 413
+
+
+def test_the_admin_submits_for_a_tenant_named_in_the_metadata_and_sees_every_submission(store: Store) -> None:
+    http, a, _ = _api(store)
+    admin = {"Authorization": f"Bearer {store.issue_token()}"}
+    nobody = http.post("/ray/api/jobs/", json=SUBMIT, headers=admin)
+    assert nobody.status_code == 400 and "give tenant" in nobody.text
+    body = {**SUBMIT, "submission_id": "for-a", "metadata": {"tpufleet.tenant": "team-a"}}
+    assert http.post("/ray/api/jobs/", json=body, headers=admin).status_code == 200
+    assert [j["submission_id"] for j in http.get("/ray/api/jobs/", headers=a).json()] == ["for-a"]
+    assert [j["submission_id"] for j in http.get("/ray/api/jobs/", headers=admin).json()] == ["for-a"]
+    theirs = http.post("/ray/api/jobs/", json={**body, "submission_id": "x"}, headers=a)
+    assert theirs.status_code == 200  # its own tenant named: allowed
+    other = {**SUBMIT, "metadata": {"tpufleet.tenant": "team-b"}}
+    assert http.post("/ray/api/jobs/", json=other, headers=a).status_code == 403
