@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from starlette.testclient import WebSocketDenialResponse
 
 from tpufleet.api import rayjobs, raysubmit
 from tpufleet.api.app import create_app
@@ -289,3 +290,14 @@ def test_the_admin_submits_for_a_tenant_named_in_the_metadata_and_sees_every_sub
     assert theirs.status_code == 200  # its own tenant named: allowed
     other = {**SUBMIT, "metadata": {"tpufleet.tenant": "team-b"}}
     assert http.post("/ray/api/jobs/", json=other, headers=a).status_code == 403
+
+
+def test_a_log_tail_of_another_tenants_job_is_refused_before_the_upgrade(store: Store) -> None:
+    http, a, b = _api(store)
+    http.post("/ray/api/jobs/", json={**SUBMIT, "submission_id": "mine"}, headers=a)
+    with (
+        pytest.raises(WebSocketDenialResponse) as denied,
+        http.websocket_connect("/ray/api/jobs/mine/logs/tail", headers=b),
+    ):
+        pass
+    assert denied.value.status_code == 404 and "does not exist" in denied.value.text
