@@ -1,4 +1,5 @@
-"""The REST API: ``create_app(store)`` -> a FastAPI app with routes under ``/api/v1`` and ``/healthz``.
+"""The REST API: ``create_app(store)`` -> a FastAPI app with routes under ``/api/v1`` and ``/healthz``,
+and, with Ray jobs on, Ray's own job submission API under ``/ray`` (``rayjobs.py``).
 
 This module only assembles: the app's state, the body cap, the error mapping and one router per
 resource, each added the same way (``app.include_router``), in the order of ``ROUTERS`` (the order
@@ -40,6 +41,7 @@ from tpufleet.api import (
     metrics,
     packages,
     page,
+    rayjobs,
     slicegroups,
     slices,
     tenants,
@@ -65,6 +67,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     jobs.router,
     metrics.router,  # /metrics, /api/v1/cost
     slicegroups.router,
+    rayjobs.router,  # /ray: Ray's job submission API (serve --allow-ray-jobs; not in the OpenAPI schema)
     page.router,  # the fleet page at / (static files only; its data comes from /api/v1 with a token)
 )
 
@@ -112,7 +115,11 @@ def create_app(
     app.state.prices = prices or pricing.shipped()
     app.state.cost_reports = CostReports(store, app.state.prices)
     app.add_middleware(
-        BodyLimit, limits=app.state.limits, upload_path=f"{API}/packages", batch_path=f"{API}/jobs/batch"
+        BodyLimit,
+        limits=app.state.limits,
+        upload_path=f"{API}/packages",
+        upload_prefixes=(f"{rayjobs.PREFIX}/api/packages/",),
+        batch_path=f"{API}/jobs/batch",
     )
     errormap.install(app)
     for router in ROUTERS:

@@ -12,9 +12,11 @@ the app.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.requests import HTTPConnection
 
 from tpufleet.api import auth
 from tpufleet.api.authguard import AuthGuard
@@ -22,7 +24,7 @@ from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import Principal
 from tpufleet.errors import AuthError, ForbiddenError
 
-__all__ = ["API", "AdminOnly", "Db", "Who", "changed", "principal", "store"]
+__all__ = ["API", "AdminOnly", "Db", "Who", "changed", "principal", "principal_of", "store"]
 
 API = "/api/v1"
 
@@ -37,17 +39,25 @@ def principal(request: Request) -> Principal:
     """The caller, or the error: 401 for no or a wrong token (429 instead while its address is over
     the failure limit), 403 for a token out of its scope; each failure is counted and logged
     (``authguard.py``). A valid token always passes, whoever else shares its address."""
+    return principal_of(request, lambda: auth.bearer_token(request))
+
+
+def principal_of(request: HTTPConnection, token: Callable[[], str | None]) -> Principal:
+    """:func:`principal` with the token read by ``token()`` (``rayjobs.py``: where Ray's clients
+    send it), for a request or a WebSocket."""
     guard: AuthGuard = request.app.state.auth_guard
     address = request.client.host if request.client else "unknown"
+    method = request.scope.get("method", "WEBSOCKET")
     try:
-        who = store(request).authenticate(auth.bearer_token(request))
+        db: Store = request.app.state.store
+        who = db.authenticate(token())
         auth.check_scope(who, request.url.path)
     except AuthError as err:
         guard.check(address)
-        guard.failed(address, err.reason, request.method, request.url.path)
+        guard.failed(address, err.reason, method, request.url.path)
         raise
     except ForbiddenError:
-        guard.failed(address, "scope", request.method, request.url.path)
+        guard.failed(address, "scope", method, request.url.path)
         raise
     return who
 

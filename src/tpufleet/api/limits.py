@@ -2,9 +2,9 @@
 
 A pure ASGI middleware: a ``Content-Length`` over the cap is refused before any byte of the body
 is read; a body without one (chunked) is counted while it streams and refused as soon as it passes
-the cap. The cap is ``Limits.max_body_bytes`` (JSON bodies), on the package upload route
-``Limits.max_package_bytes``, and on the batch submission route ``MAX_BATCH_BODY_BYTES`` (up to
-``MAX_BATCH_JOBS`` job bodies in one request).
+the cap. The cap is ``Limits.max_body_bytes`` (JSON bodies), on the package upload routes (ours,
+and Ray's under ``/ray/api/packages/``) ``Limits.max_package_bytes``, and on the batch submission
+route ``MAX_BATCH_BODY_BYTES`` (up to ``MAX_BATCH_JOBS`` job bodies in one request).
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ class BodyLimit:
         *,
         limits: Limits,
         upload_path: str,
+        upload_prefixes: tuple[str, ...] = (),
         batch_path: str | None = None,
         batch_bytes: int = MAX_BATCH_BODY_BYTES,
     ) -> None:
         self.app = app
         self.limits = limits
         self.upload_path = upload_path
+        self.upload_prefixes = upload_prefixes  # more upload routes: Ray's package API, one path per package
         self.batch_path = batch_path
         self.batch_bytes = batch_bytes
 
@@ -42,7 +44,7 @@ class BodyLimit:
             return
         path = scope["path"].rstrip("/")
         cap = self.limits.max_body_bytes
-        if path == self.upload_path:
+        if path == self.upload_path or path.startswith(self.upload_prefixes):
             cap = self.limits.max_package_bytes
         elif path == self.batch_path:
             cap = max(self.batch_bytes, cap)

@@ -75,7 +75,8 @@ def serve_cmd(
         bool,
         typer.Option(
             "--allow-ray-jobs",
-            help="Accept Ray jobs (submit --ray): a Ray driver holds the Ray cluster's power, so enable "
+            help="Accept Ray jobs (submit --ray, and Ray's own job API under /ray: ray job submit "
+            "--address http://HOST:PORT/ray): a Ray driver holds the Ray cluster's power, so enable "
             "them only for tenants you trust with it (docs/ray-jobs.md). Off by default.",
         ),
     ] = False,

@@ -35,6 +35,7 @@ from sqlalchemy.pool import StaticPool
 
 from tpufleet.control.store import logs, migrations, packages
 from tpufleet.control.store import values as r
+from tpufleet.control.store.raysubmissions import RayOps
 from tpufleet.control.store.tables import (
     AttemptRow,
     EventRow,
@@ -105,9 +106,10 @@ def _private_file(path: str) -> None:
             os.chmod(p, 0o600)
 
 
-class Store(TenantOps):
+class Store(TenantOps, RayOps):
     """Tenants, tokens, jobs and slices as the API sees them. Thread-safe (one session per call).
-    Tenants, tokens and the audit log: :class:`~tpufleet.control.store.tenants.TenantOps`.
+    Tenants, tokens and the audit log: :class:`~tpufleet.control.store.tenants.TenantOps`; what came
+    through Ray's job API: :class:`~tpufleet.control.store.raysubmissions.RayOps`.
 
     The constructor does no I/O: ``Store(url)`` builds an engine that connects on first use and
     assumes the schema is there. :meth:`open` is the usual way in: it checks (and by default
@@ -225,46 +227,53 @@ class Store(TenantOps):
         raise ConflictError("could not allocate a unique job id; try again")
 
     def _insert_job(self, tenant: str, req: r.JobRequest) -> r.JobRecord:
-        now = self.clock()
         with self.tx() as s:
-            self.check_live_tenant(s, tenant)
-            self._check_can_queue(s, tenant, req)
+            return self._add_job(s, tenant, req)
+
+    def _job_from_row(self, row: JobRow) -> r.JobRecord:
+        return job_record(row)
+
+    def _add_job(self, s: Session, tenant: str, req: r.JobRequest) -> r.JobRecord:
+        """Queue one job in ``s`` (the caller's transaction): the tenant's caps, its id, its event."""
+        now = self.clock()
+        self.check_live_tenant(s, tenant)
+        self._check_can_queue(s, tenant, req)
+        job_id = self.new_id()
+        while s.scalar(select(JobRow.seq).where(JobRow.id == job_id)) is not None:
             job_id = self.new_id()
-            while s.scalar(select(JobRow.seq).where(JobRow.id == job_id)) is not None:
-                job_id = self.new_id()
-            row = JobRow(
-                id=job_id,
-                tenant=tenant,
-                name=req.name,
-                command=list(req.command),
-                accelerator_type=req.accelerator_type,
-                num_slices=req.num_slices,
-                priority=req.priority,
-                max_retries=req.max_retries,
-                env=dict(req.env),
-                working_dir=req.working_dir,
-                kind=req.kind,
-                body_bytes=req.body_bytes,
-                state=r.QUEUED,
-                attempt=1,
-                failures=0,
-                slices=[],
-                borrowing=False,
-                preempting=False,
-                cancel_requested=False,
-                submitted_at=now,
-                updated_at=now,
-            )
-            s.add(row)
-            s.flush()
-            self.add_event(
-                s,
-                f"submitted by {tenant}: {r.command_line(req.command)}",
-                job_id=job_id,
-                kind="submit",
-                tenant=tenant,
-            )
-            return job_record(row)
+        row = JobRow(
+            id=job_id,
+            tenant=tenant,
+            name=req.name,
+            command=list(req.command),
+            accelerator_type=req.accelerator_type,
+            num_slices=req.num_slices,
+            priority=req.priority,
+            max_retries=req.max_retries,
+            env=dict(req.env),
+            working_dir=req.working_dir,
+            kind=req.kind,
+            body_bytes=req.body_bytes,
+            state=r.QUEUED,
+            attempt=1,
+            failures=0,
+            slices=[],
+            borrowing=False,
+            preempting=False,
+            cancel_requested=False,
+            submitted_at=now,
+            updated_at=now,
+        )
+        s.add(row)
+        s.flush()
+        self.add_event(
+            s,
+            f"submitted by {tenant}: {r.command_line(req.command)}",
+            job_id=job_id,
+            kind="submit",
+            tenant=tenant,
+        )
+        return job_record(row)
 
     def submit_many(self, tenant: str | Sequence[str], requests: Sequence[r.JobRequest]) -> list[str]:
         """Queue ``requests`` all or none, in ONE transaction with bulk inserts (jobs and events);

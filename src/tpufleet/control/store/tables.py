@@ -247,3 +247,33 @@ class CheckpointUsageRow(Base):
     entries: Mapped[int] = mapped_column(BigInteger)
     complete: Mapped[bool]
     measured_at: Mapped[float]
+
+
+class RaySubmissionRow(Base):
+    """A job submitted through Ray's job API (``/ray``, ``api/rayjobs.py``): the submission id Ray's
+    clients name it by (unique per tenant: one tenant cannot learn another's ids), the tpufleet job
+    it is, and what Ray's clients read back (the entrypoint as given, the metadata, the runtime_env
+    with its working_dir as the client named it). ``ray job delete`` removes this row, not the job."""
+
+    __tablename__ = "ray_submissions"
+
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
+    submission_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(16), unique=True)
+    entrypoint: Mapped[str] = mapped_column(Text)
+    meta: Mapped[dict[str, Any]]  # the submission's metadata (Ray's JobDetails.metadata)
+    runtime_env: Mapped[dict[str, Any]]
+    created_at: Mapped[float]
+
+
+class RayPackageRow(Base):
+    """A package uploaded through Ray's package API (``PUT /ray/api/packages/gcs/_ray_pkg_<hash>.zip``):
+    the URI Ray's client names it by, per tenant, and the tenant's package (``packages.sha256``) it is.
+    A row whose package was collected reads as absent, so the client uploads it again."""
+
+    __tablename__ = "ray_packages"
+
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
+    uri: Mapped[str] = mapped_column(String(160), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float]
