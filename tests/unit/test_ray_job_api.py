@@ -281,7 +281,7 @@ def test_the_admin_submits_for_a_tenant_named_in_the_metadata_and_sees_every_sub
     http, a, _ = _api(store)
     admin = {"Authorization": f"Bearer {store.issue_token()}"}
     nobody = http.post("/ray/api/jobs/", json=SUBMIT, headers=admin)
-    assert nobody.status_code == 400 and "give tenant" in nobody.text
+    assert nobody.status_code == 400 and '"tpufleet.tenant": "NAME"' in nobody.text
     body = {**SUBMIT, "submission_id": "for-a", "metadata": {"tpufleet.tenant": "team-a"}}
     assert http.post("/ray/api/jobs/", json=body, headers=admin).status_code == 200
     assert [j["submission_id"] for j in http.get("/ray/api/jobs/", headers=a).json()] == ["for-a"]

@@ -172,7 +172,14 @@ def submit(body: raysubmit.JobSubmitBody, me: RayWho, request: Request) -> dict[
     caller as ``POST /api/v1/jobs`` queues one. Answers ``{"job_id", "submission_id"}`` (both the
     submission id, as Ray answers)."""
     store = _store(request)
-    owner = auth.submit_tenant(me, (body.metadata or {}).get(raysubmit.META + "tenant"))
+    named = (body.metadata or {}).get(raysubmit.META + "tenant")
+    if me.admin and not named:
+        raise SpecError(
+            f"the admin token submits on behalf of a tenant: name it in the metadata, e.g. "
+            f"""--metadata-json '{{"{raysubmit.META}tenant": "NAME"}}'; `tpufleet tenants` lists them""",
+            field="metadata",
+        )
+    owner = auth.submit_tenant(me, named)
     got = raysubmit.translate(
         body, package_of=lambda uri: store.ray_package(owner, uri), example=lambda: _example(store)
     )
