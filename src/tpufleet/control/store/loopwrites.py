@@ -14,6 +14,7 @@ one-member methods (``admit``, ``begin_stop``, ...) are groups of one.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import groupby, repeat
 from operator import attrgetter
@@ -52,6 +53,8 @@ MISSING = "not in the cluster's inventory"
 Stored = tuple[str | None, str | None, bool]  # a queued job's reason code, message, head of line
 _Chunk = tuple[list[str], Stored]  # job ids that get one stored reason
 _ID = attrgetter("id")
+_JOBS = cast(Table, JobRow.__table__)
+_SLICES = cast(Table, SliceRow.__table__)
 _IN_LIST = 500  # job ids per UPDATE of wait reasons (SQLite takes up to 32,766 parameters)
 
 
@@ -84,6 +87,13 @@ class Transitions:
         self._canonical: dict[Stored, Stored] = {}
         # The stored tuple of each NotFit object seen (kept with it, so a reused id is not mistaken).
         self._said: dict[tuple[int, bool], tuple[NotFit, Stored]] = {}
+
+    @contextmanager
+    def _group(self) -> Iterator[Session]:
+        """The transaction of one grouped write: flushed once, at its commit (each member's
+        statements would otherwise flush the events and rows the members before it added)."""
+        with self.store.tx() as s, s.no_autoflush:
+            yield s
 
     # -- inventory ---------------------------------------------------------------------------
     def sync_slices(self, infos: Iterable[SliceInfo]) -> None:
@@ -186,7 +196,7 @@ class Transitions:
             return []
         now = self.clock()
         out: list[bool] = []
-        with self.store.tx() as s:
+        with self._group() as s:
             admit_seq = s.scalar(select(func.max(JobRow.admit_seq))) or 0
             for d in decisions:
                 ok = self._admit(s, d, admit_seq + 1, now)
@@ -208,11 +218,10 @@ class Transitions:
             return False
         names = list(d.slices)
         taken = _rowcount(
-            s.execute(
-                update(SliceRow)
-                .where(SliceRow.name.in_(names), SliceRow.state == r.FREE, SliceRow.holder.is_(None))
+            s.connection().execute(
+                update(_SLICES)
+                .where(_SLICES.c.name.in_(names), _SLICES.c.state == r.FREE, _SLICES.c.holder.is_(None))
                 .values(holder=d.job, state=r.HELD, updated_at=now)
-                .execution_options(synchronize_session=False)
             )
         )
         moved = taken == len(set(names)) and _cas(
@@ -230,11 +239,10 @@ class Transitions:
         )
         if not moved:  # give back what this admission took: they were FREE a moment ago
             if taken:
-                s.execute(
-                    update(SliceRow)
-                    .where(SliceRow.name.in_(names), SliceRow.holder == d.job, SliceRow.state == r.HELD)
+                s.connection().execute(
+                    update(_SLICES)
+                    .where(_SLICES.c.name.in_(names), _SLICES.c.holder == d.job, _SLICES.c.state == r.HELD)
                     .values(holder=None, state=r.FREE)
-                    .execution_options(synchronize_session=False)
                 )
             return False
         s.add(
@@ -373,7 +381,7 @@ class Transitions:
         True for each stop written, False for each that changed nothing (one on record won)."""
         if not stops:
             return []
-        with self.store.tx() as s:
+        with self._group() as s:
             return [self._begin_stop(s, job_id, kind, message) for job_id, kind, message in stops]
 
     def _begin_stop(self, s: Session, job_id: str, kind: lc.StopKind, message: str) -> bool:
@@ -428,7 +436,7 @@ class Transitions:
         if not keys:
             return []
         now = self.clock()
-        with self.store.tx() as s:
+        with self._group() as s:
             return [self._launched(s, job_id, attempt, now) for job_id, attempt in keys]
 
     def _launched(self, s: Session, job_id: str, attempt: int, now: float) -> bool:
@@ -458,7 +466,7 @@ class Transitions:
         if not keys:
             return []
         now = self.clock()
-        with self.store.tx() as s:
+        with self._group() as s:
             return [self._running(s, job_id, attempt, now) for job_id, attempt in keys]
 
     def _running(self, s: Session, job_id: str, attempt: int, now: float) -> bool:
@@ -480,7 +488,7 @@ class Transitions:
         if not ends:
             return []
         now = self.clock()
-        with self.store.tx() as s:
+        with self._group() as s:
             return [self._finish(s, job_id, attempt, status, now) for job_id, attempt, status in ends]
 
     def _finish(
@@ -535,7 +543,7 @@ class Transitions:
         """Each ``placed``, as events in one transaction."""
         if not placements:
             return
-        with self.store.tx() as s:
+        with self._group() as s:
             for job_id, attempt, where in placements:
                 what = (
                     f"attempt {attempt}: Ray Train's placement groups are on {', '.join(where)}, as admitted"
@@ -679,12 +687,10 @@ def _jid(holder: str | None) -> JobId | None:
 
 
 def _cas(s: Session, seq: int, states: Sequence[str], **values: Any) -> bool:
-    """Compare-and-set: update the job only while it is in one of ``states``."""
-    result = s.execute(
-        update(JobRow)
-        .where(JobRow.seq == seq, JobRow.state.in_(states))
-        .values(**values)
-        .execution_options(synchronize_session=False)
+    """Compare-and-set: update the job only while it is in one of ``states`` (a Core statement in
+    the session's transaction: the ORM's own UPDATE costs several times the row's write)."""
+    result = s.connection().execute(
+        update(_JOBS).where(_JOBS.c.seq == seq, _JOBS.c.state.in_(states)).values(**values)
     )
     return bool(_rowcount(result))
 
