@@ -1,5 +1,5 @@
 """A throwaway PostgreSQL server for the benchmarks, started the way the tests start one
-(tests/unit/conftest.py's ``PostgresServer``: its own data dir and port, stopped by PID)."""
+(tests/support/dbserver.py's ``PostgresServer``: its own data dir and port, stopped by PID)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Any
 @contextlib.contextmanager
 def postgres_server() -> Iterator[Any | None]:
     """A running server (``new_database()`` gives a URL), or None when PostgreSQL is not installed."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"))
-    from conftest import PostgresServer, _pg_bindir
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.support.dbserver import PostgresServer, pg_bindir
 
-    bindir = _pg_bindir()
+    bindir = pg_bindir()
     if bindir is None:
         print("postgresql: skipped (initdb not found)")
         yield None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from _executor_helpers import wait_for
 
 from tpufleet.control.cluster.fake import SIGTERM_EXIT, FakeClock, FakeCluster
 from tpufleet.control.cluster.protocol import AttemptSpec, HostState
-from tpufleet.control.loop.service import Service, ServiceConfig
+from tpufleet.control.loop.service import AfterWrite, Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import JobRecord, JobRequest
 from tpufleet.scheduler.attempts import CANNOT_START_SETTLE_S
@@ -24,9 +25,11 @@ class World:
         self.cluster = FakeCluster.of(fleet)
         self.service = self.restart()
 
-    def restart(self) -> Service:
+    def restart(self, after_write: AfterWrite | None = None) -> Service:
         """A new service on the same store and cluster: what a restarted control plane is."""
-        self.service = Service(self.store, self.cluster, state_dir=self.state_dir, config=CONFIG)
+        self.service = Service(
+            self.store, self.cluster, state_dir=self.state_dir, config=CONFIG, after_write=after_write
+        )
         return self.service
 
     def tenant(self, name: str, **quota: int) -> str:
@@ -293,6 +296,48 @@ def test_attempts_whose_processes_vanished_during_a_restart_are_retried(world: W
     world.cycle()
     assert world.job(job_id).state == "STARTING"
     assert "gone when the control plane restarted" in (job.attempts[0].message or "")
+
+
+class Killed(BaseException):
+    """The control plane dies (kill -9): nothing after this point of the cycle runs."""
+
+
+@pytest.mark.parametrize("group", ["admit", "launched", "running", "stop", "finish"])
+def test_killed_between_a_grouped_write_and_its_actions_a_restart_loses_and_repeats_nothing(
+    world: World, group: str
+) -> None:
+    written: list[tuple[str, list[str]]] = []
+
+    def kill(kind: str, job_ids: Sequence[str]) -> None:
+        written.append((kind, list(job_ids)))
+        if kind == group:
+            raise Killed  # the group is committed; none of its members has been acted on
+
+    world.cluster = FakeCluster.of("v4-16:4")
+    world.restart(after_write=kill)
+    tenant = world.tenant("a", v4=64)
+    jobs = sorted(world.submit(tenant) for _ in range(3))
+    killed = False
+    for _ in range(12):
+        try:
+            world.cycle()
+        except Killed:
+            killed = True
+            world.restart()  # a new control plane on the same store and fleet
+            continue
+        for job_id in jobs:  # the fleet moves on: hosts start, then exit 0
+            state = world.job(job_id).state
+            if state == "STARTING":
+                world.cluster.start(job_id)
+            elif state == "RUNNING":
+                world.cluster.exit(job_id, 0)
+    assert killed and (group, jobs) in [(kind, sorted(ids)) for kind, ids in written]  # one group, 3 jobs
+    for job_id in jobs:
+        job = world.job(job_id)
+        assert (job.state, job.attempt, job.failures) == ("SUCCEEDED", 1, 0)
+        assert [(a.attempt, a.state) for a in job.attempts] == [(1, "SUCCEEDED")]
+    assert sorted(spec.job_id for spec in world.cluster.launches) == jobs  # each launched exactly once
+    assert set(world.slices().values()) == {("FREE", None)}
 
 
 def test_a_launch_that_fails_counts_as_a_failed_attempt(world: World) -> None:

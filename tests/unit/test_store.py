@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sqlalchemy import func, select
 
@@ -11,6 +13,7 @@ from tpufleet.control.store.loopwrites import Transitions
 from tpufleet.control.store.tables import JobRow, TenantRow, TokenRow
 from tpufleet.control.store.values import JobRequest
 from tpufleet.errors import AuthError, ConflictError, NotFoundError, SpecError
+from tpufleet.scheduler.lifecycle import StopKind
 from tpufleet.scheduler.model import Admit, JobId, SliceName
 
 
@@ -23,6 +26,11 @@ def req(accelerator_type: str = "v4-16", **kw: object) -> JobRequest:
 def count(store: Store, column: object) -> int:
     with store.tx() as s:
         return int(s.scalar(select(func.count(column))))  # type: ignore[call-overload]
+
+
+def column(store: Store, column: Any, job_id: str) -> object:
+    with store.tx() as s:
+        return s.scalar(select(column).where(JobRow.id == job_id))
 
 
 def test_tenant_token_authenticates_as_that_tenant_and_admin_token_as_admin(store: Store) -> None:
@@ -152,6 +160,51 @@ def test_admission_is_all_or_nothing_and_never_takes_a_held_slice(store: Store) 
         "tpu-v4-16-0": ("HELD", first.id),
         "tpu-v4-16-1": ("FREE", None),
     }
+
+
+def test_a_cycles_admissions_are_one_write_that_answers_for_each(store: Store) -> None:
+    tr = Transitions(store)
+    tr.sync_slices(FakeCluster.of("v4-16:3").inventory())
+    store.create_tenant("t", {"v4": 64})
+    a, b, c, d = (store.submit("t", req()).id for _ in range(4))
+    store.request_cancel(c)
+    s0, s1, s2 = (SliceName(f"tpu-v4-16-{i}") for i in range(3))
+    answers = tr.admit_all(
+        [
+            Admit(JobId(a), (s0,), False),
+            Admit(JobId(b), (s1, s0), False),  # s0 was just taken: b is dropped whole, s1 stays free
+            Admit(JobId(c), (s2,), False),  # cancelled meanwhile
+            Admit(JobId(d), (s1,), False),
+        ]
+    )
+    assert answers == [True, False, False, True]
+    assert [store.job(j).state for j in (a, b, c, d)] == ["ADMITTED", "QUEUED", "CANCELLED", "ADMITTED"]
+    assert {s.name: (s.state, s.holder) for s in store.slices()} == {
+        "tpu-v4-16-0": ("HELD", a),
+        "tpu-v4-16-1": ("HELD", d),
+        "tpu-v4-16-2": ("FREE", None),
+    }
+    assert [column(store, JobRow.admit_seq, j) for j in (a, d)] == [1, 2]
+
+
+def test_a_group_of_stops_keeps_each_compare_and_set(store: Store) -> None:
+    tr = Transitions(store)
+    tr.sync_slices(FakeCluster.of("v4-16:2").inventory())
+    store.create_tenant("t", {"v4": 64})
+    a, b = (store.submit("t", req()).id for _ in range(2))
+    assert tr.admit_all(
+        [Admit(JobId(j), (SliceName(f"tpu-v4-16-{i}"),), False) for i, j in enumerate((a, b))]
+    )
+    assert tr.launched_all([(a, 1), (b, 1)]) == [True, True]
+    assert tr.launched_all([(a, 1)]) == [False]  # already STARTING
+    assert tr.begin_stops([(a, StopKind.CANCEL, "cancelled by request")]) == [True]
+    answers = tr.begin_stops(
+        [(a, StopKind.PREEMPT, "preempted"), (b, StopKind.SUCCESS, "done"), (b, StopKind.FAIL, "late")]
+    )
+    assert answers == [False, True, False]  # a cancel on record wins; the first stop of b stands
+    assert [column(store, JobRow.stop_kind, j) for j in (a, b)] == ["cancel", "success"]
+    assert tr.finish_all([(a, 1, None), (b, 1, None)]) == ["CANCELLED", "SUCCEEDED"]
+    assert {s.state for s in store.slices()} == {"FREE"}
 
 
 def test_a_cancelled_job_is_not_admitted(store: Store) -> None:

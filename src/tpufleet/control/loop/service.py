@@ -17,6 +17,10 @@ One cycle (:meth:`Service.run_once`):
    ``QUEUED`` with ``attempt + 1``) and its slices come free. What happens next to each attempt
    (here, in step 1 and after a restart) is decided by ``scheduler/attempts.py``, purely, and
    applied here: ``_record`` writes an answer, ``_apply`` writes it, then acts.
+   The writes are grouped per cycle and per kind (:class:`Writes`): every admission of a cycle in
+   one transaction, every stop begun in one, every STARTING and RUNNING mark in one, every ending
+   in one (``Transitions.admit_all``, ``begin_stops``, ...). A group is written first; then each
+   member that was written is acted on.
 4. **Logs.** New output of running attempts is copied into the store (within a time budget per
    cycle), so logs outlive the job. Each host's stored log is capped (``max_log_bytes``): past the
    cap it is marked truncated, never silently cut.
@@ -30,9 +34,10 @@ ends that attempt with the error as its reason, and launches and stops (which ma
 period, or unpack a large package) run on a small thread pool so the loop goes on for everyone.
 ``stats()`` says whether the loop is cycling (``/healthz``, ``GET /api/v1/status``).
 
-Because every decision is in the store before it is acted on, a control plane killed at any point
-restarts (:meth:`Service.reconcile`), finds its running attempts again through
-``running_attempts()``, re-issues unfinished stops, stops orphans, and loses no job.
+Because every decision is in the store before it is acted on (a group's transaction commits before
+any of its members is acted on), a control plane killed at any point restarts
+(:meth:`Service.reconcile`), finds its running attempts again through ``running_attempts()``,
+re-issues unfinished stops, stops orphans, and loses no job.
 ``stop_threads=0`` runs launches and stops inline (deterministic tests).
 """
 
@@ -77,6 +82,10 @@ log = logging.getLogger(__name__)
 
 Decide = Callable[[Snapshot], Sequence[RunDecision]]  # ``policy.decide_runs``, or ``decide``
 Key = tuple[str, int]
+# Called with a group's kind ("admit", "preempt", "stop", "launched", "running", "finish") and the
+# job ids it wrote, once the group is committed and before any member is acted on (a fault
+# injection point: tests kill the control plane there).
+AfterWrite = Callable[[str, Sequence[str]], None]
 FINAL_IDLE_READS = 20  # empty reads in a row (~1 s) after an attempt ended: its stream will not complete
 
 
@@ -117,8 +126,10 @@ class Service:
         decide: Decide | None = None,
         config: ServiceConfig | None = None,
         provisioner: Provisioner | None = None,
+        after_write: AfterWrite | None = None,
     ) -> None:
         self.store = store
+        self.after_write = after_write
         self.cluster = cluster
         self.provisioner = provisioner  # slices made and deleted with a provider (serve --provider)
         self.tr = Transitions(store)
@@ -177,8 +188,10 @@ class Service:
         self._sync()
         self._schedule()
         active = self.tr.active_jobs()
+        writes = Writes()
         for job in active:
-            self._act_safely(job)
+            self._act_safely(job, writes)
+        self._write_and_act(writes)
         self._busy = bool(self._stops or self._launches) or any(
             j.state != r.RUNNING or j.stop_kind for j in active
         )
@@ -210,11 +223,13 @@ class Service:
         written only: every stop is issued at its job's turn), stop orphans."""
         running = set(self.cluster.adopt())
         active = self.tr.active_jobs()
+        writes = Writes()
         for job in active:
             step = attempts.on_restart(JobState(job.state), job.stop_kind, (job.id, job.attempt) in running)
             if isinstance(step, attempts.Adopt):
                 step = attempts.after_adopt(self._launch_lost(job))
-            self._record(job, step)
+            self._record(job, step, writes)
+        self._write_and_act(writes)
         for job_id, attempt in sorted(running - {(j.id, j.attempt) for j in active}):
             log.warning("stopping orphan attempt %s of job %s", attempt, job_id)
             self._run_stop((job_id, attempt), self.config.cancel_grace_s)
@@ -236,8 +251,10 @@ class Service:
         self.tr.sync_slices(self.cluster.inventory())
         slices = self.store.slices()
         broken = {s.name: s.problems for s in slices if s.state == r.BROKEN}
+        writes = Writes()
         for job in self.tr.active_jobs():  # written now, so the policy sees them; issued at the job's turn
-            self._record(job, attempts.on_inventory(job.cancel_requested, job.slices, broken))
+            self._record(job, attempts.on_inventory(job.cancel_requested, job.slices, broken), writes)
+        self._write_and_act(writes)
         self._pool_draining(slices)
 
     def _schedule(self) -> None:
@@ -249,12 +266,16 @@ class Service:
             decisions = self.provisioner.decide(self.decide, snapshot)
         # Most of them are waits (runs of them as one ``Waits`` each): one pass picks out the rest,
         # and wait_reasons skips them in its own.
-        for d in [d for d in decisions if type(d) is not Wait and type(d) is not Waits]:
-            if isinstance(d, Admit):
-                if not self.tr.admit(d):
-                    log.warning("dropped admission of %s on %s: no longer applies", d.job, d.slices)
-            elif isinstance(d, Preempt):
-                self.tr.preempt(d)
+        rest = [d for d in decisions if type(d) is not Wait and type(d) is not Waits]
+        admits = [d for d in rest if isinstance(d, Admit)]
+        admitted = self.tr.admit_all(admits)  # one transaction
+        for d, ok in zip(admits, admitted, strict=True):
+            if not ok:
+                log.warning("dropped admission of %s on %s: no longer applies", d.job, d.slices)
+        self._written("admit", [d.job for d, ok in zip(admits, admitted, strict=True) if ok])
+        preempts = [d for d in rest if isinstance(d, Preempt)]
+        won = self.tr.preempt_all(preempts)  # one transaction; each stop is issued at its job's turn
+        self._written("preempt", [d.job for d, ok in zip(preempts, won, strict=True) if ok])
         refresh = self.config.reason_rewrites_per_cycle if self.config.incremental else None
         self.state.reasons_written(self.tr.wait_reasons(decisions, reasons, refresh=refresh))
 
@@ -265,58 +286,111 @@ class Service:
         except Exception:  # the queue goes on with what the provider last said
             log.exception("provisioning step failed")
 
-    def _act_safely(self, job: ActiveJob) -> None:
+    def _act_safely(self, job: ActiveJob, writes: Writes) -> None:
         """Act on one job; whatever goes wrong ends that job's attempt, never the cycle."""
         try:
-            self._act(job)
+            self._act(job, writes)
         except Exception as err:
-            log.exception("job %s attempt %s: acting on it failed", job.id, job.attempt)
-            if self._record(job, attempts.after_error(f"{type(err).__name__}: {err}")):
-                self._stops.pop((job.id, job.attempt), None)  # the new stop is issued at its next turn
+            self._failed(job, err, writes)
 
-    def _act(self, job: ActiveJob) -> None:
+    def _failed(self, job: ActiveJob, err: Exception, writes: Writes) -> None:
+        """Acting on ``job`` raised ``err``: its attempt is failed (``attempts.after_error``), written
+        with the cycle's stops; once written, the new stop is issued at the job's next turn."""
+        log.exception("job %s attempt %s: acting on it failed", job.id, job.attempt, exc_info=err)
+        self._record(job, attempts.after_error(f"{type(err).__name__}: {err}"), writes, reissue=True)
+
+    def _act(self, job: ActiveJob, writes: Writes) -> None:
         """Decide (``scheduler.attempts.next_step``), then write and act (:meth:`_apply`)."""
         starting = self._starting_hosts(job)
         now, timeout = self.store.clock(), self.config.start_timeout_s
         self._apply(
             job,
             attempts.next_step(JobState(job.state), job.stop_kind, job.admitted_at, now, timeout, starting),
+            writes,
         )
 
-    def _apply(self, job: ActiveJob, step: attempts.Step) -> None:
-        """Carry out one step at the job's turn: write it (:meth:`_record`), then act. A stop is
-        written before it is issued (``begin_stop`` is a compare-and-set: a cancel or preemption
-        already on record wins, and nothing is issued)."""
+    def _apply(self, job: ActiveJob, step: attempts.Step, writes: Writes) -> None:
+        """Carry out one step at the job's turn: write it (:meth:`_record`, into the cycle's
+        groups), then act once its group is written (:meth:`_write_and_act`). A stop is written
+        before it is issued (``begin_stops`` is a compare-and-set per member: a cancel or
+        preemption already on record wins, and nothing is issued)."""
         match step:
-            case attempts.BeginStop(kind, _):
-                if self._record(job, step):
-                    self._stopping(job, kind)
+            case attempts.BeginStop():
+                self._record(job, step, writes, issue=True)
             case attempts.Stopping(kind):
-                self._stopping(job, kind)
+                self._stopping(job, kind, writes)
             case attempts.Launch():
-                self._launch(job)
+                self._launch(job, writes)
             case attempts.Poll():
-                self._poll(job)
+                self._poll(job, writes)
             case attempts.MarkLaunched() | attempts.MarkRunning() | attempts.Wait():
-                self._record(job, step)
+                self._record(job, step, writes)
             case attempts.Adopt() | attempts.Finish():  # answers of on_restart and after_stop only
                 raise ValueError(f"{step} is not a step at a job's turn")
 
-    def _record(self, job: ActiveJob, step: attempts.Step) -> bool:
-        """Write what a step decides, and nothing else: a stop (False when one on record wins),
-        ADMITTED -> STARTING, STARTING -> RUNNING. True when it wrote. The steps to act on
-        (:class:`~tpufleet.scheduler.attempts.Stopping`, ``Launch``, ``Poll``, ``Adopt``) and
-        ``Finish`` (which needs the hosts' final state, :meth:`_stopping`) write nothing here."""
+    def _record(
+        self,
+        job: ActiveJob,
+        step: attempts.Step,
+        writes: Writes,
+        *,
+        issue: bool = False,
+        reissue: bool = False,
+    ) -> None:
+        """Put what a step decides into its group of the cycle's writes, and nothing else: a stop,
+        ADMITTED -> STARTING, STARTING -> RUNNING. ``issue``: once written (a stop on record may
+        win instead), the stop is issued; ``reissue``: a stop under way is issued again at the
+        job's next turn. The steps to act on (:class:`~tpufleet.scheduler.attempts.Stopping`,
+        ``Launch``, ``Poll``, ``Adopt``) and ``Finish`` (which needs the hosts' final state,
+        :meth:`_stopping`) write nothing here."""
         match step:
-            case attempts.BeginStop(kind, why):
-                return self.tr.begin_stop(job.id, kind, why)
+            case attempts.BeginStop():
+                writes.stops.append(_Stop(job, step, issue, reissue))
             case attempts.MarkLaunched():
-                self.tr.launched(job.id, job.attempt)
-                return True
+                writes.launched.append(job)
             case attempts.MarkRunning():
-                self.tr.running(job.id, job.attempt)
-                return True
-        return False
+                writes.running.append(job)
+
+    def _write_and_act(self, writes: Writes) -> None:
+        """Write each group of ``writes`` in one transaction, then act on its members that were
+        written: begun stops are issued (those that returned at once end their attempts, which
+        join the endings), then the STARTING and RUNNING marks, then the endings. A member whose
+        action raises fails its attempt, written in the next round."""
+        while writes:
+            stops, launched, running, ends, placed = (
+                writes.stops,
+                writes.launched,
+                writes.running,
+                writes.ends,
+                writes.placed,
+            )
+            writes.stops, writes.launched, writes.running, writes.ends, writes.placed = [], [], [], [], []
+            won = self.tr.begin_stops([(x.job.id, x.step.kind, x.step.why) for x in stops])
+            self._written("stop", [x.job.id for x, ok in zip(stops, won, strict=True) if ok])
+            for x, ok in zip(stops, won, strict=True):
+                if not ok:
+                    continue
+                if x.reissue:
+                    self._stops.pop(x.key, None)  # the new stop is issued at its next turn
+                if x.issue:
+                    try:
+                        self._stopping(x.job, x.step.kind, writes)
+                    except Exception as err:
+                        self._failed(x.job, err, writes)
+            self.tr.launched_all([(j.id, j.attempt) for j in launched])
+            self._written("launched", [j.id for j in launched])
+            self.tr.running_all([(j.id, j.attempt) for j in running])
+            self._written("running", [j.id for j in running])
+            self.tr.placed_all(placed)
+            ends += writes.ends  # the stops just issued that returned at once
+            writes.ends = []
+            self.tr.finish_all(ends)
+            self._written("finish", [j for j, _, _ in ends])
+
+    def _written(self, kind: str, job_ids: Sequence[str]) -> None:
+        """A group of ``kind`` is in the store; nothing of it has been acted on yet."""
+        if job_ids and self.after_write is not None:
+            self.after_write(kind, job_ids)
 
     def _starting_hosts(self, job: ActiveJob) -> tuple[str, ...]:
         """The hosts the last poll saw still starting (a start timeout names them)."""
@@ -326,7 +400,7 @@ class Service:
         return tuple(f"{h.slice}/{h.worker_id}" for h in status.hosts if h.state is HostState.STARTING)
 
     # -- act ----------------------------------------------------------------------------------
-    def _launch(self, job: ActiveJob) -> None:
+    def _launch(self, job: ActiveJob, writes: Writes) -> None:
         """Launch off the loop (a package may be large); the job turns STARTING once it returned."""
         key = (job.id, job.attempt)
         future = self._launches.get(key)
@@ -343,7 +417,7 @@ class Service:
             what = f"{type(err).__name__}: {err}"
             log.error("launch of %s attempt %s failed", job.id, job.attempt, exc_info=err)
         step = attempts.after_launch(what)
-        self._apply(job, step)
+        self._apply(job, step, writes)
         if isinstance(step, attempts.MarkLaunched):
             self.wake()  # poll the hosts next (a Notifying cluster wakes the loop again once they started)
 
@@ -374,7 +448,7 @@ class Service:
             )
         )
 
-    def _poll(self, job: ActiveJob) -> None:
+    def _poll(self, job: ActiveJob, writes: Writes) -> None:
         key = (job.id, job.attempt)
         try:
             status: AttemptStatus | None = self.cluster.poll(job.id, job.attempt)
@@ -383,7 +457,7 @@ class Service:
         present = status is not None and bool(status.hosts)
         if status is not None and present:
             self._status[key] = status
-            self._note_placed(key, status)
+            self._note_placed(key, status, writes)
             if status.progress is not None:
                 self._note_progress(key, status.progress)
             if status.disk is not None:
@@ -394,9 +468,8 @@ class Service:
         else:
             now = self.store.clock()
             seen = replace(seen, failing_s=now - self._failing.setdefault(key, now))
-        self._apply(
-            job, attempts.after_poll(JobState(job.state), seen, job.command[0] if job.command else "")
-        )
+        program = job.command[0] if job.command else ""
+        self._apply(job, attempts.after_poll(JobState(job.state), seen, program), writes)
 
     def _note_progress(self, key: Key, progress: StepProgress) -> None:
         """A report to store: the first one at once (start-up ends there), later ones at most every
@@ -420,16 +493,16 @@ class Service:
         for key in [k for k in self._progress if k not in live]:
             del self._progress[key]
 
-    def _note_placed(self, key: Key, status: AttemptStatus) -> None:
+    def _note_placed(self, key: Key, status: AttemptStatus, writes: Writes) -> None:
         """A Ray job: say on the job (an event) where Ray placed its trainer, once it is known."""
         if status.placed and key not in self._placed:
             self._placed.add(key)
-            self.tr.placed(key[0], key[1], status.placed)
+            writes.placed.append((key[0], key[1], status.placed))
 
-    def _stopping(self, job: ActiveJob, kind: StopKind) -> None:
+    def _stopping(self, job: ActiveJob, kind: StopKind, writes: Writes) -> None:
         """Issue the stop (once per process lifetime, with its kind's grace), and once it returned
-        apply ``attempts.after_stop``: finish the attempt with each host's final state, or issue
-        the stop again at the next turn."""
+        apply ``attempts.after_stop``: finish the attempt with each host's final state (with the
+        cycle's endings), or issue the stop again at the next turn."""
         key = (job.id, job.attempt)
         if key in self._launches and not self._launches[key].done():
             return  # stop once the launch returned, so no host starts after its stop
@@ -451,7 +524,7 @@ class Service:
                 self._stop_failures.pop(key, None)
                 self._failing.pop(key, None)
                 after = future.result() if err is None else None
-                self.tr.finish(job.id, job.attempt, _final(after, self._status.pop(key, None)))
+                writes.ends.append((job.id, job.attempt, _final(after, self._status.pop(key, None))))
             case _:
                 self._stop_failures[key] = failures
                 log.warning("stop of %s attempt %s failed (try %s), retrying: %s", *key, failures, err)
@@ -597,6 +670,35 @@ class Service:
                 log.exception("scheduling cycle failed")
             self._wake.wait(self.config.busy_interval_s if self._busy else self.config.interval_s)
             self._wake.clear()
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """A stop to begin (``attempts.BeginStop``); ``issue``: issue it once written."""
+
+    job: ActiveJob
+    step: attempts.BeginStop
+    issue: bool = False
+    reissue: bool = False
+
+    @property
+    def key(self) -> Key:
+        return (self.job.id, self.job.attempt)
+
+
+@dataclass
+class Writes:
+    """A cycle's writes, grouped by kind; each group is one transaction (``Transitions.*_all``),
+    written before any of its members is acted on (:meth:`Service._write_and_act`)."""
+
+    stops: list[_Stop] = field(default_factory=list)
+    launched: list[ActiveJob] = field(default_factory=list)  # ADMITTED -> STARTING
+    running: list[ActiveJob] = field(default_factory=list)  # STARTING -> RUNNING
+    ends: list[tuple[str, int, AttemptStatus | None]] = field(default_factory=list)  # finish
+    placed: list[tuple[str, int, Sequence[str]]] = field(default_factory=list)  # Ray's placement
+
+    def __bool__(self) -> bool:
+        return bool(self.stops or self.launched or self.running or self.ends or self.placed)
 
 
 @contextlib.contextmanager
