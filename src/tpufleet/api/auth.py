@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import ADMIN_SCOPE, METRICS_SCOPE, Principal
@@ -22,9 +22,10 @@ ADMIN_TOKEN_FILE = "admin-token"
 METRICS_PATHS = frozenset({"/metrics", "/api/v1/metrics"})  # all a metrics-scope token may read
 
 
-def bearer_token(request: Request) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, or None."""
-    header = request.headers.get("authorization", "")
+def bearer_token(conn: HTTPConnection, headers: tuple[str, ...] = ("authorization",)) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (the first of ``headers`` that is
+    there: Ray's clients may send ``X-Ray-Authorization`` in the same form), or None."""
+    header = next((value for name in headers if (value := conn.headers.get(name))), "")
     scheme, _, token = header.partition(" ")
     if not header:
         return None

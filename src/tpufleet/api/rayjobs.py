@@ -82,17 +82,6 @@ def _plain(err: TpufleetError) -> Response:
     return PlainTextResponse(" ".join(str(err).split()), status_code=err.http_status, headers=headers)
 
 
-def _ray_token(conn: HTTPConnection) -> str | None:
-    """The token of ``Authorization: Bearer`` or Ray's ``X-Ray-Authorization`` (the same form)."""
-    header = conn.headers.get("authorization") or conn.headers.get("x-ray-authorization") or ""
-    scheme, _, token = header.partition(" ")
-    if not header:
-        return None
-    if scheme.lower() != "bearer" or not token.strip():
-        raise AuthError("the Authorization header must be 'Bearer <token>'")
-    return token.strip()
-
-
 def caller(conn: HTTPConnection) -> Principal:
     """The caller of a ``/ray`` route: 404 where Ray jobs are off, 401 without a token, 403 with a
     wrong one or one out of its scope (Ray's clients explain 401 and 403 themselves)."""
@@ -102,7 +91,7 @@ def caller(conn: HTTPConnection) -> Principal:
             "tpufleet serve --allow-ray-jobs"
         )
     try:
-        return principal_of(conn, lambda: _ray_token(conn))
+        return principal_of(conn, lambda: auth.bearer_token(conn, ("authorization", "x-ray-authorization")))
     except AuthError as err:
         if err.reason == "missing":
             raise AuthError(f"no tpufleet token: {TOKEN_HINT}", reason="missing") from None
