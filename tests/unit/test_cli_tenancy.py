@@ -114,7 +114,7 @@ def test_events_of_one_job_tell_its_story_to_its_tenant(cli: Cli) -> None:  # no
     assert {e["job_id"] for e in rows} == {job}
     assert [e["kind"] for e in json.loads(cli.run("events", "--job", job, "--limit", "1", "--json"))] == kinds[-1:]
     table = cli.run("events", "--job", job, token=token)
-    assert f"events of job {job} ({len(rows)})" in table and "tpu-v4-16-0" in table
+    assert f"events of job {job} ({len(rows)})" in table and "attempt 1 admitted on tpu-v4-16-0" in table
     assert isinstance(cli.fail("events", "--job", job, token=other), NotFoundError)  # another tenant's job
     err = cli.fail("events", "--job", job, "--tenant", "team-a")
     assert isinstance(err, SpecError) and "--job ID or --tenant NAME, not both" in str(err)

@@ -76,9 +76,9 @@ def events_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def job_events_table(job_id: str, rows: list[dict[str, Any]]) -> Table:
-    """One job's events, oldest first: when, what kind, on which slice, what happened."""
+    """One job's events, oldest first: when, what kind, what happened (the message names slices)."""
     title = f"events of job {escape(safe(job_id))} ({len(rows)})"
-    table = Table("at (UTC)", "kind", "slice", "what", title=title, title_justify="left")
+    table = Table("at (UTC)", "kind", "what", title=title, title_justify="left")
     for e in rows:
-        table.add_row(when(e["at"]), cell(e["kind"]), cell(e["slice"] or "-"), cell(e["message"]))
+        table.add_row(when(e["at"]), cell(e["kind"]), cell(e["message"]))
     return table
