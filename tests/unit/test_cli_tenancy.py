@@ -112,7 +112,9 @@ def test_events_of_one_job_tell_its_story_to_its_tenant(cli: Cli) -> None:  # no
     kinds = [e["kind"] for e in rows]
     assert kinds[:3] == ["submit", "admit", "launch"] and {"run", "cancel", "end"} <= set(kinds)
     assert {e["job_id"] for e in rows} == {job}
-    assert [e["kind"] for e in json.loads(cli.run("events", "--job", job, "--limit", "1", "--json"))] == kinds[-1:]
+    assert [
+        e["kind"] for e in json.loads(cli.run("events", "--job", job, "--limit", "1", "--json"))
+    ] == kinds[-1:]
     table = cli.run("events", "--job", job, token=token)
     assert f"events of job {job} ({len(rows)})" in table and "attempt 1 admitted on tpu-v4-16-0" in table
     assert isinstance(cli.fail("events", "--job", job, token=other), NotFoundError)  # another tenant's job

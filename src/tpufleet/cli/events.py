@@ -42,10 +42,7 @@ def events_cmd(
     if job is not None and tenant is not None:
         raise SpecError("give --job ID or --tenant NAME, not both (a job's events are its tenant's)")
     client = make_client(ctx, server, token)
-    if job is not None:
-        rows = client.events(job)[-limit:]
-    else:
-        rows = client.audit(tenant, last=limit)
+    rows = client.events(job)[-limit:] if job is not None else client.audit(tenant, last=limit)
     if as_json:
         print_json(rows)
         return
