@@ -67,6 +67,40 @@ def test_the_tour_has_the_commands_the_readme_promises() -> None:
         assert f"tpufleet {command}" in scripts
 
 
+RESEARCHERS = REPO / "docs" / "researchers.md"
+# `tpufleet WORD` in a page's inline code (a command it tells the reader to run; not `tpufleet.runtime`)
+INLINE_COMMAND = re.compile(r"`tpufleet ([a-z][a-z-]*)")
+
+
+def test_the_researchers_page_is_linked_first_and_runs_every_command_it_names() -> None:
+    """The researcher's page (issue 31): the README's first link to a page of docs/, above its
+    first section; every shell block on it is run by the tour, and so is every `tpufleet` command
+    its text names, and the job it writes is submitted, followed and debugged there."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    first_section = readme.index("\n## ")
+    links = re.findall(r"\]\((docs/[^)#]+)", readme)
+    assert links and links[0] == "docs/researchers.md", f"the README's first page link is {links[:1]}"
+    assert readme.index("](docs/researchers.md)") < first_section, "link it above the README's first section"
+
+    text = RESEARCHERS.read_text(encoding="utf-8")
+    infos = [m.group(2).split() for m in FENCE.finditer(text) if m.group(2) is not None]
+    untested = [info for info in infos if info[:1] == ["sh"] and info[:2] != ["sh", "test"]]
+    assert untested == [], "every shell block of docs/researchers.md runs in the tour: tag it `sh test`"
+    page = [b for b in tour() if isinstance(b, Block) and b.page == RESEARCHERS.name]
+    scripts = "\n".join(b.script for b in page)
+    named = set(INLINE_COMMAND.findall(text))
+    assert sorted(c for c in named if f"tpufleet {c}" not in scripts) == [], "named on the page, never run"
+    shown = "tpufleet submit", "--working-dir", "tpufleet logs", "--follow", "tpufleet job ", "tpufleet jobs"
+    shown += (
+        "tpufleet cancel",
+        "tpufleet events --job",
+        "initialize_jax()",
+        "report_step(",
+        "TPUFLEET_CHECKPOINT_DIR",
+    )
+    assert [what for what in shown if what not in scripts] == [], "the page's tested blocks must show these"
+
+
 def _free_port() -> int:
     return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 

@@ -101,6 +101,27 @@ def test_events_show_who_changed_what(cli: Cli) -> None:  # noqa: F811
     assert "weight 1 -> 4" in cli.run("events")
 
 
+def test_events_of_one_job_tell_its_story_to_its_tenant(cli: Cli) -> None:  # noqa: F811
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=8", "--json"))["token"]
+    other = json.loads(cli.run("tenant", "create", "team-b", "--json"))["token"]
+    job = cli.run("submit", "--type", "v4-16", "--", "python", "t.py", token=token).strip()
+    cli.cycle(3)  # admitted, launched, running
+    cli.run("cancel", job, token=token)
+    cli.cycle(2)
+    rows = json.loads(cli.run("events", "--job", job, "--json", token=token))
+    kinds = [e["kind"] for e in rows]
+    assert kinds[:3] == ["submit", "admit", "launch"] and {"run", "cancel", "end"} <= set(kinds)
+    assert {e["job_id"] for e in rows} == {job}
+    assert [
+        e["kind"] for e in json.loads(cli.run("events", "--job", job, "--limit", "1", "--json"))
+    ] == kinds[-1:]
+    table = cli.run("events", "--job", job, token=token)
+    assert f"events of job {job} ({len(rows)})" in table and "attempt 1 admitted on tpu-v4-16-0" in table
+    assert isinstance(cli.fail("events", "--job", job, token=other), NotFoundError)  # another tenant's job
+    err = cli.fail("events", "--job", job, "--tenant", "team-a")
+    assert isinstance(err, SpecError) and "--job ID or --tenant NAME, not both" in str(err)
+
+
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [

@@ -94,6 +94,19 @@ def test_one_slice_job_runs_with_the_host_contract_and_succeeds(world: World) ->
     assert world.cluster.running_attempts() == []
 
 
+def test_a_relative_state_dir_gives_the_hosts_absolute_job_files(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve --state-dir my-fleet`: the hosts (each its own working directory) refuse a relative job
+    root, so the control plane names its job files from where it was started."""
+    monkeypatch.chdir(tmp_path)
+    w = World(store, Path("my-fleet"))
+    job_id = w.submit(w.tenant("a", v4=8))
+    run_to_running(w, job_id)
+    ckpt = tmp_path / "my-fleet" / "checkpoints" / "a" / job_id
+    assert {p.env["TPUFLEET_CHECKPOINT_DIR"] for p in w.cluster.processes(job_id)} == {str(ckpt)}
+
+
 def test_two_slice_job_gets_megascale_on_every_host(world: World) -> None:
     job_id = world.submit(world.tenant("a", v4=16), num_slices=2)
     run_to_running(world, job_id)

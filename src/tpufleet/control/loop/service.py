@@ -137,7 +137,8 @@ class Service:
         self.decide = decide or _policy()
         self.state_dir = Path(state_dir)
         self.config = config or ServiceConfig()
-        self.job_root = self.config.checkpoint_root or str(self.state_dir / "checkpoints")
+        # absolute: every host resolves it from its own working directory, and refuses a relative one
+        self.job_root = self.config.checkpoint_root or str(self.state_dir.absolute() / "checkpoints")
         c = self.config
         self.graces = attempts.Graces(c.preempt_grace_s, c.cancel_grace_s, c.fail_grace_s)
         self.cycles = 0
