@@ -7,7 +7,7 @@ UV_PIN := uv==0.13.8
 UV     := $(BIN)/uv pip install --python $(BIN)/python
 # make test fails, never skips, when a service the tests start is missing
 REQUIRE := TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1
-.PHONY: venv bytecode test lint services unit host integration demo bench clean help
+.PHONY: venv bytecode test lint lint-beside tests-side-by-side services unit host integration demo bench clean help
 
 help:
 	@echo "make demo   - start an emulated TPU fleet and run the main job end to end"
@@ -48,12 +48,20 @@ services:
 	./scripts/ensure-test-services.sh
 
 test:
-	@$(MAKE) --no-print-directory -j2 lint services bytecode
-	@# The tests by kind (tests/unit/test_test_layout.py keeps them in place), three pytest processes
-	@# side by side (side-by-side-tests.sh): the unit, host and in-memory conformance tests (niced, a
-	@# test at a time on two workers; no two host tests that sweep or scan processes overlap, see
-	@# tests/host/conftest.py), the tests that share an emulated Ray fleet (with the conformance suites'
-	@# Ray cases) and those that start a fleet of their own, each on two workers a file at a time.
+	@$(MAKE) --no-print-directory -j2 services bytecode
+	@# The linters (niced) beside the tests, three pytest processes side by side (side-by-side-tests.sh):
+	@# the unit, host and in-memory conformance tests (niced, a test at a time on two workers; no two
+	@# host tests that sweep or scan processes overlap, see tests/host/conftest.py), the tests that
+	@# share an emulated Ray fleet (with the conformance suites' Ray cases) and those that start a
+	@# fleet of their own, each on two workers a file at a time. The fleet tests wait much of the
+	@# time; the niced work fills those gaps instead of running first on its own (tests/unit/
+	@# test_test_layout.py keeps the tests in place by kind).
+	@$(MAKE) --no-print-directory -j2 lint-beside tests-side-by-side
+
+lint-beside: venv
+	@nice -n 10 $(MAKE) --no-print-directory lint
+
+tests-side-by-side: bytecode
 	$(REQUIRE) ./scripts/side-by-side-tests.sh $(BIN)/python
 
 unit: venv
