@@ -230,6 +230,44 @@ def test_logs_follow_exits_with_how_the_job_ended(cli: Cli) -> None:
     assert set(FOLLOW_EXIT_CODES) == set(TERMINAL_STATES)
 
 
+def test_logs_follow_prints_the_end_of_an_attempt_before_the_next_one(cli: Cli) -> None:
+    """Output an attempt wrote after the follower's last read of it is printed when the follower
+    finds the next attempt, before that attempt's output (it was dropped)."""
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    job_id = cli.run("submit", "--type", "v4-16", "--max-retries", "1", "--", "x", token=token).strip()
+    cluster = cli.cp.cluster
+    assert isinstance(cluster, FakeCluster)
+    cli.cycle(3)
+    assert cli.cp.store.job(job_id).state == "RUNNING"
+
+    def until(attempt: int, state: str) -> None:
+        for _ in range(30):
+            job = cli.cp.store.job(job_id)
+            if (job.attempt, job.state) == (attempt, state):
+                cli.cycle()  # and its output copied
+                return
+            cli.cycle()
+        raise AssertionError(f"attempt {attempt} never {state}: {cli.cp.store.job(job_id)}")
+
+    def end_attempt_1() -> None:
+        cluster.write(job_id, "the end of attempt 1 on {TPU_WORKER_ID}\n")
+        cluster.exit(job_id, 1)
+        until(2, "RUNNING")
+
+    def end_attempt_2() -> None:
+        cluster.exit(job_id, 0)
+        until(2, "SUCCEEDED")
+
+    steps = [end_attempt_1, end_attempt_2]
+    cli.seams = replace(cli.seams, pause=lambda _s: steps.pop(0)() if steps else None)
+    result = cli.invoke("logs", job_id, "--follow", token=token)
+    assert result.exit_code == 0, (result.output, result.exception)
+    out = result.stdout
+    assert "the end of attempt 1 on 0" in out and "the end of attempt 1 on 1" in out, out
+    assert out.rindex("the end of attempt 1") < out.rindex("step 1 on"), out  # then attempt 2's output
+    assert out.count("step 1 on tpu-v4-16-") == 4, out  # both hosts' first line, of each attempt
+
+
 def test_a_command_not_found_on_every_host_fails_at_once_and_says_so(cli: Cli) -> None:
     token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
     job_id = cli.run("submit", "--type", "v4-16", "--", "pyhton", "train.py", token=token).strip()

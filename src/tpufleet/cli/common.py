@@ -11,7 +11,9 @@ a token they use the admin token that a local ``tpufleet serve`` wrote to
 
 from __future__ import annotations
 
+import time
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,10 +44,12 @@ class Seams:
     """What the commands take from their caller instead of the real thing (Click's ``obj=``):
     ``http``, the httpx client the API client sends through (None: its own); ``limits``, the caps
     a command checks on this side before it sends (``submit --working-dir`` packs to at most
-    ``limits.max_package_bytes``; the server's own limits still apply)."""
+    ``limits.max_package_bytes``; the server's own limits still apply); ``pause``, how a command
+    that polls (``logs --follow``) waits between two reads."""
 
     http: httpx.Client | None = None
     limits: Limits = DEFAULT_LIMITS
+    pause: Callable[[float], None] = time.sleep
 
 
 def seams(ctx: typer.Context) -> Seams:

@@ -5,7 +5,6 @@ escaped before it reaches the terminal (``common.safe``)."""
 from __future__ import annotations
 
 import shlex
-import time
 from typing import Annotated, Any
 
 import typer
@@ -14,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tpufleet.cli._app import app, console, console_err, print_json
-from tpufleet.cli.common import ERRORS, JsonOpt, ServerOpt, TokenOpt, cell, make_client, safe
+from tpufleet.cli.common import ERRORS, JsonOpt, ServerOpt, TokenOpt, cell, make_client, safe, seams
 from tpufleet.client.http import DEFAULT_SERVER, Client
 from tpufleet.scheduler.lifecycle import TERMINAL_STATES
 
@@ -171,25 +170,32 @@ def logs_cmd(
     while True:
         got = _read_logs(client, job_id, attempt, host, offsets)
         if shown is not None and got["attempt"] != shown:
-            offsets.clear()  # a new attempt started: print it from its beginning
+            # A new attempt started: first the end of the one shown (stored whole before the job
+            # moved on), then the new one from its beginning.
+            _print_hosts(_read_logs(client, job_id, shown, host, offsets), host, offsets, raw)
+            offsets.clear()
             console_err.print(f"--- attempt {got['attempt']} ---", highlight=False)
             shown = got["attempt"]
             continue
         shown = got["attempt"]
-        many = host is None and len(got["hosts"]) > 1
-        for h in got["hosts"]:
-            offsets[h["host"]] = h["next_offset"]
-            prefix = f"[{h['slice']}/{h['worker_id']}] " if many else ""
-            prefix = safe(prefix)
-            for line in h["data"].splitlines(keepends=True):
-                typer.echo(prefix + (line if raw else safe(line, keep="\n\t")), nl=False, color=raw or None)
+        _print_hosts(got, host, offsets, raw)
         if not follow or got["job_state"] in TERMINAL_STATES:  # a finished job's logs are all stored
             incomplete = _warn_incomplete(got)
             code = FOLLOW_EXIT_CODES.get(got["job_state"], 0) if follow else 0
             if code or incomplete:
                 raise typer.Exit(code or 3)
             return
-        time.sleep(0.5)
+        seams(ctx).pause(0.5)
+
+
+def _print_hosts(got: dict[str, Any], host: int | None, offsets: dict[int, int], raw: bool) -> None:
+    """Print what one read brought, each line prefixed with its host when there are several."""
+    many = host is None and len(got["hosts"]) > 1
+    for h in got["hosts"]:
+        offsets[h["host"]] = h["next_offset"]
+        prefix = safe(f"[{h['slice']}/{h['worker_id']}] " if many else "")
+        for line in h["data"].splitlines(keepends=True):
+            typer.echo(prefix + (line if raw else safe(line, keep="\n\t")), nl=False, color=raw or None)
 
 
 #: ``logs --follow``: how the followed job ended, as the exit code (0 only for SUCCEEDED; 1 and 2
