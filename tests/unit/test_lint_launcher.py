@@ -163,3 +163,11 @@ def test_render_target_gce_output_lints_clean(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["lint", "--structural", str(path)])
     assert result.exit_code == 0, result.output
     assert "0 finding(s)" in result.output
+
+
+def test_ray_examples_shape_a_tpu_token_and_an_older_v4_runtime_lint_clean() -> None:
+    """Ray's GCP TPU pod examples claim {"TPU": 1} as a scheduling token and use an older v4
+    image; neither is wrong. More chips than a host has is."""
+    text = CLEAN.replace('{"TPU": 4}', '{"TPU": 1}').replace("tpu-ubuntu2204-base", "tpu-vm-v4-base")
+    assert lint(text) == []
+    assert [c for _, c, _ in lint(CLEAN.replace('{"TPU": 4}', '{"TPU": 0}', 1))] == ["TPF013"]

@@ -42,7 +42,7 @@ RULES: dict[str, Rule] = {
             "an acceleratorType/acceleratorConfig that does not exist",
         ),
         Rule("TPF012", "launcher-runtime-version", "error", "no runtimeVersion, or another generation's"),
-        Rule("TPF013", "launcher-tpu-resources", "error", "resources.TPU is not the chips of one host"),
+        Rule("TPF013", "launcher-tpu-resources", "error", "resources.TPU above the chips of one host"),
         Rule(
             "TPF014", "launcher-max-workers", "error", "max_workers below min_workers or above the cluster's"
         ),

@@ -10,7 +10,7 @@ is what each host's ``ray start`` advertises (``TPU``: the chips of one host).
 The checks: the shape exists in :mod:`tpufleet.catalog` (TPF011); the ``runtimeVersion`` is there
 and is not another generation's TPU software (TPF012; the versions are
 :data:`tpufleet.catalog.RUNTIME_VERSIONS`, the table ``render --target gce`` writes, which cites
-Google's docs); ``resources.TPU`` is the chips of one host (TPF013); ``min_workers <= max_workers``
+Google's docs); ``resources.TPU`` is at most the chips of one host (TPF013); ``min_workers <= max_workers``
 and a node type's ``max_workers`` fits the cluster's ``max_workers`` (TPF014). A generation the
 catalog does not know (v2, v3) is reported as not checked (TPF015, info), never as wrong.
 """
@@ -135,7 +135,8 @@ def _resources(name: str, node: dict[str, Any], st: cat.SliceType) -> Iterator[P
     if not isinstance(res, dict) or "TPU" not in res:
         return
     chips = _int(res["TPU"])
-    if chips != st.chips_per_host:
+    # Fewer is allowed: Ray's own GCP TPU examples claim {"TPU": 1} as a scheduling token.
+    if chips is None or not 0 < chips <= st.chips_per_host:
         yield (
             "TPF013",
             ("available_node_types", name, "resources", "TPU"),
