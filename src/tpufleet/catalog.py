@@ -40,6 +40,7 @@ from tpufleet.errors import SpecError, closest, suggest
 
 __all__ = [
     "GENERATIONS",
+    "RUNTIME_VERSIONS",
     "Generation",
     "SliceType",
     "Topology",
@@ -50,6 +51,19 @@ __all__ = [
     "parse_slice_list",
     "slice_type",
 ]
+
+
+# TPU software (runtime) versions for JAX/PyTorch, per generation (what ``render --target gce``
+# writes and ``lint`` checks a launcher config's runtimeVersion against):
+# https://cloud.google.com/tpu/docs/runtimes (v4, v5e, v5p, v6e) and
+# https://cloud.google.com/tpu/docs/tpu7x (Ironwood: "--version=v2-alpha-tpu7-ubuntu2404").
+RUNTIME_VERSIONS: dict[str, str] = {
+    "v4": "tpu-ubuntu2204-base",
+    "v5e": "v2-alpha-tpuv5-lite",
+    "v5p": "v2-alpha-tpuv5",
+    "v6e": "v2-alpha-tpuv6e",
+    "tpu7x": "v2-alpha-tpu7-ubuntu2404",
+}
 
 
 @dataclass(frozen=True, order=True)

@@ -49,7 +49,7 @@ def test_wrong_example_is_flagged_and_right_one_is_clean(code, schemas):
     wrong, right = EXAMPLES[code]
     flagged = lint_text(wrong, f"{code}-wrong.yaml", source)
     assert {f.code for f in flagged} == {code}, [f.text() for f in flagged]  # its own rule, no other
-    assert all(f.severity == "error" for f in flagged)
+    assert all(f.severity == RULES[code].severity for f in flagged)  # TPF015 is info
     assert lint_text(right, f"{code}-right.yaml", source) == []
 
 
@@ -218,7 +218,8 @@ def test_bad_example_has_exactly_one_finding_per_marked_line(schemas):
     }
     found = [(f.line, f.code) for f in lint_text(text, str(BAD), _source(schemas))]
     assert sorted(found) == sorted(marked.items()), [f"{line}: {code}" for line, code in found]
-    assert sorted(marked.values()) == sorted(RULES)  # one mistake per rule
+    kuberay = [c for c, r in RULES.items() if not r.name.startswith("launcher-")]  # not `ray up` configs
+    assert sorted(marked.values()) == sorted(kuberay)  # one mistake per rule
 
 
 @pytest.mark.parametrize("schemas", ["crd", "structural"])

@@ -209,7 +209,7 @@ def _schemas(crds: Path | None, structural: bool) -> SchemaSource | None:
 
 @app.command("lint")
 def lint_cmd(
-    files: Annotated[list[Path], typer.Argument(help="RayCluster / RayJob / RayService YAML files.")],
+    files: Annotated[list[Path], typer.Argument(help="RayCluster/RayJob/RayService YAML, `ray up` configs.")],
     fmt: Annotated[
         Format, typer.Option("--format", help="text: file:line:col: CODE message; json.")
     ] = Format.text,
@@ -220,10 +220,11 @@ def lint_cmd(
         bool, typer.Option(help="Use the packaged structural rules, not the CRDs.")
     ] = False,
 ) -> None:
-    """Lint hand-written Ray YAML (RayCluster, RayJob, RayService) for TPU mistakes.
+    """Lint hand-written Ray YAML (RayCluster, RayJob, RayService, `ray up` on GCE) for TPU mistakes.
 
     Exit codes: 0 clean (warnings at most), 1 error findings, 2 a file that cannot be read or is
     not YAML, or no RayCluster, RayJob or RayService document in any file (nothing was checked).
+    A `ray up` config counts as a checked document.
     Each file without one is named on stderr, with what it holds instead."""
     schemas = _schemas(crds, structural)
     findings = []

@@ -7,7 +7,7 @@ from typing import Literal
 
 __all__ = ["RULES", "Finding", "Rule", "Severity"]
 
-Severity = Literal["error", "warning"]
+Severity = Literal["error", "warning", "info"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,24 @@ RULES: dict[str, Rule] = {
         ),
         Rule("TPF009", "crd-schema", "error", "a field the CRD does not define, or a value it rejects"),
         Rule("TPF010", "ray-start-param", "error", "a rayStartParams key that `ray start` does not accept"),
+        # Ray cluster-launcher configs (GCE): tpufleet.lint.launcher
+        Rule(
+            "TPF011",
+            "launcher-tpu-shape",
+            "error",
+            "an acceleratorType/acceleratorConfig that does not exist",
+        ),
+        Rule("TPF012", "launcher-runtime-version", "error", "no runtimeVersion, or another generation's"),
+        Rule("TPF013", "launcher-tpu-resources", "error", "resources.TPU above the chips of one host"),
+        Rule(
+            "TPF014", "launcher-max-workers", "error", "max_workers below min_workers or above the cluster's"
+        ),
+        Rule(
+            "TPF015",
+            "launcher-tpu-not-checked",
+            "info",
+            "a TPU generation the catalog does not know (v2, v3)",
+        ),
     )
 }
 

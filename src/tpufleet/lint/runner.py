@@ -2,6 +2,7 @@
 
 ``lint_text(text, file, schemas)`` finds each RayCluster, RayJob (``spec.rayClusterSpec``) and
 RayService (``spec.rayClusterConfig``) document, runs the TPU rules on its head and worker groups,
+(a Ray cluster-launcher config gets :mod:`tpufleet.lint.launcher`'s TPU node-type rules instead),
 checks ``apiVersion`` and checks the whole object against the schema source (KubeRay's CRDs, or the
 packaged structural subset when ``schemas`` is None). Other kinds are skipped; ``lint_file`` also says
 why a text holds nothing to check (empty, a fleet spec, only other kinds). Pure: the caller
@@ -17,6 +18,7 @@ from typing import Any
 from tpufleet._yamlpos import Document, Path, dotted, load_documents
 from tpufleet.lint.crds import SchemaSource
 from tpufleet.lint.findings import RULES, Finding
+from tpufleet.lint.launcher import is_launcher_config, launcher_problems
 from tpufleet.lint.rules import GROUP_RULES, Problem, api_version_problems, groups_of
 from tpufleet.lint.schema import schema_problems
 from tpufleet.lint.structure import FALLBACK
@@ -85,19 +87,22 @@ def lint_file(
     text: str, file: str = "<input>", schemas: SchemaSource | None = None
 ) -> tuple[list[Finding], str | None]:
     """:func:`lint_text`'s findings and, when ``text`` holds no RayCluster, RayJob or RayService
-    document, why nothing was checked (naming what it holds instead); else None."""
+    document nor a Ray cluster-launcher config, why nothing was checked (naming what it holds
+    instead); else None."""
     source = schemas or fallback_schemas
     findings: list[Finding] = []
     docs = load_documents(text, file)
     for doc in docs:
         if isinstance(doc.data, dict) and doc.data.get("kind") in RAY_KINDS:
             findings += sorted(_finding(file, doc, p) for p in _problems(doc.data, source))
+        elif is_launcher_config(doc.data):
+            findings += sorted(_finding(file, doc, p) for p in launcher_problems(doc.data))
     return findings, _unchecked([d.data for d in docs], file)
 
 
 def _unchecked(docs: list[Any], file: str) -> str | None:
     kinds = [d.get("kind") for d in docs if isinstance(d, dict)]
-    if any(kind in RAY_KINDS for kind in kinds):
+    if any(kind in RAY_KINDS for kind in kinds) or any(is_launcher_config(d) for d in docs):
         return None
     names = list(RAY_KINDS)
     checks = f"lint checks {', '.join(names[:-1])} and {names[-1]} documents"

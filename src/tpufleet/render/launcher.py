@@ -21,16 +21,8 @@ __all__ = ["RUNTIME_VERSIONS", "render_launcher", "tpu_node_config"]
 
 Obj = dict[str, Any]
 
-# TPU software (runtime) versions for JAX/PyTorch, per generation:
-# https://cloud.google.com/tpu/docs/runtimes (v4, v5e, v5p, v6e) and
-# https://cloud.google.com/tpu/docs/tpu7x (Ironwood: "--version=v2-alpha-tpu7-ubuntu2404").
-RUNTIME_VERSIONS: dict[str, str] = {
-    "v4": "tpu-ubuntu2204-base",
-    "v5e": "v2-alpha-tpuv5-lite",
-    "v5p": "v2-alpha-tpuv5",
-    "v6e": "v2-alpha-tpuv6e",
-    "tpu7x": "v2-alpha-tpu7-ubuntu2404",
-}
+# TPU software (runtime) versions per generation: the catalog's table (it cites Google's docs).
+RUNTIME_VERSIONS = cat.RUNTIME_VERSIONS
 
 # acceleratorConfig.type values of the TPU API (AcceleratorConfig.Type) per generation.
 _CONFIG_TYPES = {"v4": "V4", "v5e": "V5LITE_POD", "v5p": "V5P", "v6e": "V6E"}
