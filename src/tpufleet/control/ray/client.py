@@ -96,6 +96,8 @@ class _Host:
     started: Any = None  # ObjectRef of runner.start; None for an adopted attempt
     last: HostStatus | None = None
     disk: DiskUsage | None = None  # the tenant directory as this host last measured it
+    asked: Any = None  # a report call the last poll made that has not answered yet (asked once)
+    asked_after_start: bool = False  # whether the start call had returned when ``asked`` was made
 
 
 @dataclass
@@ -296,13 +298,29 @@ class RayExecutor:
         returned = set(ray.wait(starts, num_returns=len(starts), timeout=0)[0]) if starts else set()
         started = [h.started is None or h.started in returned for h in rec.hosts]
         # A host adopted after a restart without a runner (its node died meanwhile) has nobody to ask.
-        refs = [_ask_report(h.runner, job_id, attempt) if h.runner is not None else None for h in rec.hosts]
+        # A call a runner has not answered yet is waited for again, not made again: on a loaded
+        # machine answers can take longer than a poll waits, and a poll every 50 ms asking anew
+        # piled calls up on the runners faster than they answered, so the hosts never read RUNNING.
+        refs = [
+            self._asked(h, job_id, attempt, was) if h.runner is not None else None
+            for h, was in zip(rec.hosts, started, strict=True)
+        ]
+        started = [
+            h.asked_after_start if h.asked is not None else was
+            for h, was in zip(rec.hosts, started, strict=True)
+        ]
         first = rec.hosts[0].runner if rec.hosts else None
-        progress_ref = first.progress.remote(job_id, attempt) if first is not None else None
+        progress_ref = rec.extra.get("asked_progress")
+        if progress_ref is None and first is not None:
+            progress_ref = rec.extra["asked_progress"] = first.progress.remote(job_id, attempt)
         asked = [r for r in refs if r is not None] + ([progress_ref] if progress_ref is not None else [])
         ready, _ = ray.wait(asked, num_returns=len(asked), timeout=_POLL_WAIT_S)
         done = set(ready)
+        for host, ref in zip(rec.hosts, refs, strict=True):
+            if ref is not None and ref in done:
+                host.asked = None  # answered: the next poll asks again
         if progress_ref is not None and progress_ref in done:
+            rec.extra.pop("asked_progress", None)
             self._keep_progress(rec, progress_ref)
         dead_nodes: set[str] | None = None
         statuses = []
@@ -323,6 +341,14 @@ class RayExecutor:
         disks = [h.disk for h in rec.hosts if h.disk is not None]
         disk = max(disks, key=lambda d: (d.bytes, d.at)) if disks else None
         return AttemptStatus(job_id, attempt, tuple(statuses), rec.extra.get("progress"), disk=disk)
+
+    @staticmethod
+    def _asked(host: _Host, job_id: str, attempt: int, started: bool) -> Any:
+        """The host's report call: the one still unanswered from the last poll (with whether its
+        start had returned when it was asked), else a new one."""
+        if host.asked is None:
+            host.asked, host.asked_after_start = _ask_report(host.runner, job_id, attempt), started
+        return host.asked
 
     @staticmethod
     def _keep_progress(rec: _Attempt, ref: Any) -> None:
