@@ -156,22 +156,6 @@ def test_two_ray_jobs_of_the_same_type_each_train_on_their_slice_then_one_beside
     assert b.job(spmd)["state"] == "RUNNING"
 
 
-@pytest.mark.timeout(900)  # a Ray Train start-up with four workers on a shared 2-core machine
-def test_a_multi_slice_ray_job_trains_on_every_host_of_both_admitted_slices(plane: Plane) -> None:
-    """``--num-slices 2``: the trainer (``runtime.scaling_config()``: one worker per host of every
-    admitted slice) gets exactly the two slices tpufleet admitted, one Train worker on each host,
-    and JAX sees one computation over all four processes."""
-    a = plane.tenant(v4=16)
-    job = plane.ray_job(a, "--steps", "4", *MEMORY, num_slices=2)
-    slices = wait_state(a, job, "STARTING", "RUNNING")["slices"]
-    assert sorted(slices) == ["tpu-v4-16-0", "tpu-v4-16-1"]
-    assert workers_on(a, job, 4) == {(s, w) for s in slices for w in (0, 1)}
-    done = wait_state(a, job, "SUCCEEDED")
-    assert done["exit_code"] == 0 and done["slices"] == slices
-    log = _driver_log(a, job)
-    assert "(4 processes, 16 devices)" in log and "RESULT " in log, log[-3000:]
-
-
 def _alive_actors(plane: Plane, ray_job: str) -> int:
     """The job's live actors that share its fate: not the detached ones, which Ray Data makes on
     purpose to outlive the job that first asks for them (its stats actors, get_if_exists)."""
@@ -190,12 +174,13 @@ def _free(plane: Plane, name: str) -> bool:
     return any(s["name"] == name and s["state"] == "FREE" for s in plane.admin.slices())
 
 
-@pytest.mark.timeout(900)  # three Ray Train start-ups on a shared 2-core machine
-def test_a_preempted_then_host_lost_ray_job_restores_its_checkpoint_each_time(
+@pytest.mark.timeout(1200)  # four Ray Train start-ups on a shared 2-core machine
+def test_a_preempted_by_a_multi_slice_job_then_host_lost_ray_job_restores_its_checkpoint_each_time(
     plane: Plane, fleet: Any
 ) -> None:
     """Quota and recovery apply to Ray jobs. One that borrows (its tenant has no v4 quota) is
-    preempted when a tenant owed the chips needs them: its driver gets SIGTERM through Ray's job stop,
+    preempted when a tenant owed the chips needs them for a multi-slice Ray job, which trains on
+    every host of both admitted slices: the borrower's driver gets SIGTERM through Ray's job stop,
     the job is requeued without using a retry, and attempt 2 restores a checkpoint attempt 1
     reported. Then a host of attempt 2's slice dies: the attempt ends, the slice is quarantined, and
     attempt 3 runs elsewhere from attempt 2's newest checkpoint to the end."""
@@ -207,13 +192,22 @@ def test_a_preempted_then_host_lost_ray_job_restores_its_checkpoint_each_time(
     # The worker says "checkpoint at step N" before it reports the checkpoint, which Ray Train
     # records at its controller's next poll: preempt once one is recorded, or there is none to restore.
     wait_for("a checkpoint of attempt 1 recorded", lambda: max(_recorded(borrower, job), default=0) > 0, 60)
-    both = owner.submit([PY, "-c", "import time; time.sleep(600)"], "v4-16", num_slices=2)["id"]
-    wait_state(owner, both, "RUNNING")
+    # The owner's job is a multi-slice Ray job (--num-slices 2): the trainer
+    # (runtime.scaling_config(): one worker per host of every admitted slice) gets exactly the two
+    # slices tpufleet admitted, one Train worker on each host, and JAX sees one computation over
+    # all four processes.
+    both = plane.ray_job(owner, "--steps", "4", *MEMORY, num_slices=2)
+    slices = wait_state(owner, both, "STARTING", "RUNNING")["slices"]
+    assert sorted(slices) == ["tpu-v4-16-0", "tpu-v4-16-1"]
     first = borrower.job(job)["attempts"][0]
     assert first["state"] == "PREEMPTED" and "preempted" in (first["message"] or ""), first
     assert "SIGTERM (the checkpoint signal)" in _driver_log(borrower, job, 1)
     assert borrower.job(job)["state"] == "QUEUED" and borrower.job(job)["failures"] == 0
-    owner.cancel(both)
+    assert workers_on(owner, both, 4) == {(s, w) for s in slices for w in (0, 1)}
+    done = wait_state(owner, both, "SUCCEEDED")
+    assert done["exit_code"] == 0 and done["slices"] == slices
+    log = _driver_log(owner, both)
+    assert "(4 processes, 16 devices)" in log and "RESULT " in log, log[-3000:]
 
     second = wait_for("attempt 2 to run", lambda: _running(borrower, job, 2), 300)
     from_first = _restored(borrower, job, 2)
