@@ -108,7 +108,9 @@ def test_prometheus_scrapes_the_sandbox_control_plane_with_a_token_file(
 
 # -- the emulated fleet: device metrics measured on the hosts ----------------------------------------
 
-BURN = "import time\nt = time.time()\nwhile time.time() - t < 120: pass\n"
+# Busy until cancelled at the end of the test (at most 15 minutes): on a loaded machine the waits
+# before the duty cycle is read can take minutes, and a burn that ended by then reads idle.
+BURN = "import time\nt = time.time()\nwhile time.time() - t < 900: pass\n"
 
 
 def test_prometheus_sees_the_measured_duty_cycle_of_a_busy_emulated_host(
@@ -138,7 +140,9 @@ def test_prometheus_sees_the_measured_duty_cycle_of_a_busy_emulated_host(
                 'tpufleet_tpu_metrics_source_up{slice="tpu-v6e-4-0",emulated="true"} == 1', 120
             )
             assert src[0]["metric"]["source"] == "device_plugin"
-            busy = prom.wait_for('tpufleet_tpu_duty_cycle_percent{slice="tpu-v6e-4-0"} > 20', 120)
+            # Busy, measured: above the idle hosts' 10 % below, though on a loaded 2-core machine
+            # the burning process gets only its share of a core.
+            busy = prom.wait_for('tpufleet_tpu_duty_cycle_percent{slice="tpu-v6e-4-0"} > 10', 120)
             assert {r["metric"]["chip"] for r in busy} == {"0", "1", "2", "3"}
             assert {r["metric"]["tenant"] for r in busy} == {tenant}
             # Both hosts of a free slice answer (each scrape asks every host; under load one may
