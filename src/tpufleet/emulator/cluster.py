@@ -46,6 +46,11 @@ from tpufleet.emulator.raynodes import read_nodes
 from tpufleet.emulator.state import EmulatedSlice, FleetState, HostRecord
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecError, closest, suggest
 
+# How long a wave of hosts (and each restore or add) has to join: longer than a node's own wait to
+# register (rayhost.REGISTER_WAIT_S), so that a node a loaded machine starts slowly fails for its
+# own reason first; a few seconds on a quiet machine.
+JOIN_WAIT_S = 300.0
+
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"
 HEAD_ENV = {
@@ -92,7 +97,7 @@ class EmulatedFleet:
         state_dir: str | os.PathLike[str] | None = None,
         object_store_mb: int = 128,
         log_monitor: bool = True,
-        timeout_s: float = 120.0,
+        timeout_s: float = JOIN_WAIT_S,
         lean: bool = True,
         wave_size: int = 8,
     ) -> None:
