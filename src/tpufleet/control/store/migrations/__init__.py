@@ -26,6 +26,7 @@ migrated schema with ``Base.metadata`` on SQLite and PostgreSQL and prints the o
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +80,10 @@ class Migration:
         return f"upgraded the schema from revision {self.before} to {self.after}"
 
 
+@functools.cache
 def script_directory() -> ScriptDirectory:
+    """The package's revisions, read once per process: a new ``ScriptDirectory`` executes every
+    revision file again to learn the graph (~30 ms; each ``Store.open`` asked for it three times)."""
     return ScriptDirectory(str(HERE))
 
 
