@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import planes
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from sqlalchemy import select
-from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import app
+from tpufleet.cli import command
 from tpufleet.control.cluster.fake import SIGTERM_EXIT, FakeClock
 from tpufleet.control.cluster.protocol import AttemptSpec, HostState
 from tpufleet.control.cluster.sandbox import EXIT_VAR, SECONDS_VAR, SandboxCluster, sandbox_slices
@@ -189,7 +189,7 @@ def test_a_batch_of_mixed_shapes_from_two_tenants_all_succeed_exactly_once(
     assert status["cycle_ms_last"] > 0 and status["cycle_ms_p50"] > 0
     assert status["slices"] == {"FREE": 16}
     shown = CliRunner().invoke(
-        app, ["status", "--json", "--token", cp.admin_token, "--server", "http://testserver"], obj=http
+        command(), ["status", "--json", "--token", cp.admin_token, "--server", "http://testserver"], obj=http
     )
     assert shown.exit_code == 0, shown.output
     assert {"cycles", "cycle_ms_last", "cycle_ms_p50"} <= set(json.loads(shown.stdout))
@@ -280,7 +280,7 @@ def test_serve_sandbox_answers_healthz_without_ray(tmp_path: Path) -> None:
     [("--ray-address", "127.0.0.1:6379"), ("--emulator",), ("--emulator-dir", "/tmp/x")],
 )
 def test_sandbox_and_ray_exclude_each_other(flags: tuple[str, ...]) -> None:
-    result = CliRunner().invoke(app, ["serve", "--sandbox", "v4-16:2", *flags])
+    result = CliRunner().invoke(command(), ["serve", "--sandbox", "v4-16:2", *flags])
     assert isinstance(result.exception, SpecError) and result.exception.exit_code == 2
     assert "not both" in str(result.exception) and "\n" not in str(result.exception)
 
@@ -295,7 +295,7 @@ def test_the_exclusion_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_job_seconds_goes_with_sandbox() -> None:
-    result = CliRunner().invoke(app, ["serve", "--job-seconds", "2"])
+    result = CliRunner().invoke(command(), ["serve", "--job-seconds", "2"])
     assert isinstance(result.exception, SpecError) and "--sandbox" in str(result.exception)
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import planes
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from tpufleet import SliceManager
-from tpufleet.cli import app
+from tpufleet.cli import command
 from tpufleet.client.http import Client
 from tpufleet.control.store.slicegroups import slice_config
 from tpufleet.errors import NotFoundError, SpecError
@@ -102,24 +102,26 @@ def test_cli_create_utilization_delete(served: tuple[str, str, Path]) -> None:
     url, token, tmp = served
     env = {"TPUFLEET_SERVER": url, "TPUFLEET_TOKEN": token, "TPUFLEET_CONFIG": str(tmp / "cli.yaml")}
     run = CliRunner(env=env)
-    made = run.invoke(app, ["slice", "create", "cli-g", "--type", "v4-8", "--wait", "--json"])
+    made = run.invoke(command(), ["slice", "create", "cli-g", "--type", "v4-8", "--wait", "--json"])
     assert made.exit_code == 0, made.output
     assert json.loads(made.output)["state"] == "ACTIVE"
     listed = _until(  # the loop's next cycle puts the new slice in the fleet's table
         lambda: [
-            s for s in json.loads(run.invoke(app, ["slices", "--json"]).output) if s["name"] == "cli-g-0"
+            s
+            for s in json.loads(run.invoke(command(), ["slices", "--json"]).output)
+            if s["name"] == "cli-g-0"
         ]
     )
     assert listed[0]["group"] == "cli-g"
-    shown = run.invoke(app, ["slices"], terminal_width=200)
+    shown = run.invoke(command(), ["slices"], terminal_width=200)
     assert shown.exit_code == 0 and "slice groups" in shown.output and "cli-g-0" in shown.output
-    used = run.invoke(app, ["slice", "utilization", "cli-g", "--window", "5m", "--json"])
+    used = run.invoke(command(), ["slice", "utilization", "cli-g", "--window", "5m", "--json"])
     assert used.exit_code == 0 and json.loads(used.output)["name"] == "cli-g"
-    bad = run.invoke(app, ["slice", "utilization", "cli-g", "--window", "ten"])
+    bad = run.invoke(command(), ["slice", "utilization", "cli-g", "--window", "ten"])
     assert isinstance(bad.exception, SpecError) and bad.exception.exit_code == 2
-    gone = run.invoke(app, ["slice", "delete", "cli-g"])
+    gone = run.invoke(command(), ["slice", "delete", "cli-g"])
     assert gone.exit_code == 0 and "cli-g" in gone.output
-    _until(lambda: "cli-g" not in run.invoke(app, ["slices"], terminal_width=200).output)
+    _until(lambda: "cli-g" not in run.invoke(command(), ["slices"], terminal_width=200).output)
 
 
 def test_a_pool_with_min_zero_autoscales_for_a_job_and_back(served: tuple[str, str, Path]) -> None:

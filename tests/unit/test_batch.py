@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from test_api import Api
-from typer.testing import CliRunner
 
 from tpufleet.api.app import create_app
 from tpufleet.api.limits import MAX_BATCH_JOBS
-from tpufleet.cli import app
+from tpufleet.cli import command
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.tables import EventRow, JobRow
 from tpufleet.control.store.values import JobRequest
@@ -166,7 +166,7 @@ def cli(api: Api, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[.
 
     def run(*args: str) -> Any:
         extra = ["--token", token, "--server", "http://testserver"]
-        return CliRunner().invoke(app, [*args, *extra], obj=api.http)
+        return CliRunner().invoke(command(), [*args, *extra], obj=api.http)
 
     return run
 

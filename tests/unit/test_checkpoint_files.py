@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from test_cli_control import Cli
-from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import app
+from tpufleet.cli import command
 from tpufleet.control.cluster.fake import FakeClock, FakeCluster
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
@@ -206,6 +206,6 @@ def test_tpufleet_tenants_shows_the_measured_usage_of_the_quota(cli: Cli) -> Non
     ],
 )
 def test_serve_refuses_a_quota_or_retention_that_is_not_above_zero(flag: str, value: str) -> None:
-    result = CliRunner().invoke(app, ["serve", "--sandbox", "v4-16:1", flag, value])
+    result = CliRunner().invoke(command(), ["serve", "--sandbox", "v4-16:1", flag, value])
     assert isinstance(result.exception, SpecError) and result.exception.exit_code == 2
     assert str(result.exception) == f"{flag}: must be a number > 0, got {value}"

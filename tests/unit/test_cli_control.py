@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from cli_inproc import tpufleet
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import app
+from tpufleet.cli import command
 from tpufleet.cli.common import Seams
 from tpufleet.cli.jobs import FOLLOW_EXIT_CODES
 from tpufleet.control.cluster.fake import FakeCluster, Script
@@ -46,7 +46,7 @@ class Cli:
     def invoke(self, *args: str, token: str | None = None):  # type: ignore[no-untyped-def]
         extra = ["--token", token or self.cp.admin_token, "--server", "http://testserver"]
         return self.runner.invoke(
-            app, [*args, *extra] if "--" not in args else _before_dashes(args, extra), obj=self.seams
+            command(), [*args, *extra] if "--" not in args else _before_dashes(args, extra), obj=self.seams
         )
 
     def cycle(self, n: int = 1) -> None:

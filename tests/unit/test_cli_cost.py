@@ -111,9 +111,9 @@ def test_the_control_planes_metrics_include_the_loops_cycle_histogram(cli: Cli, 
 
 
 def test_serve_refuses_a_bad_prices_file_before_starting(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
-    from tpufleet.cli import app
+    from tpufleet.cli import command
     from tpufleet.errors import SpecError
 
     bad = tmp_path / "prices.yaml"
@@ -126,7 +126,7 @@ def test_serve_refuses_a_bad_prices_file_before_starting(tmp_path: Path) -> None
         ("--fleet", spec, "pricing.v4.spot"),
     ):
         result = CliRunner().invoke(
-            app, ["serve", "--sandbox", "v4-16:1", flag, str(path), "--state-dir", str(state)]
+            command(), ["serve", "--sandbox", "v4-16:1", flag, str(path), "--state-dir", str(state)]
         )
         assert isinstance(result.exception, SpecError) and field in str(result.exception), result.output
     assert not (state / "tpufleet.db").exists()  # nothing started

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
-from tpufleet.cli import app
+from tpufleet.cli import command
 from tpufleet.errors import TpufleetError
 
 
@@ -35,7 +35,7 @@ def test_user_errors_exit_2_with_the_reason(
     args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    result = CliRunner().invoke(app, [*args, "--state-dir", str(tmp_path / "none")])
+    result = CliRunner().invoke(command(), [*args, "--state-dir", str(tmp_path / "none")])
     assert isinstance(result.exception, TpufleetError), (result.output, result.exception)
     assert result.exception.exit_code == 2
     assert message in str(result.exception)
@@ -44,6 +44,6 @@ def test_user_errors_exit_2_with_the_reason(
 
 def test_doctor_names_a_bad_ray_address_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAY_ADDRESS", "auto")
-    result = CliRunner().invoke(app, ["doctor", "--state-dir", str(tmp_path)])
+    result = CliRunner().invoke(command(), ["doctor", "--state-dir", str(tmp_path)])
     assert isinstance(result.exception, TpufleetError) and result.exception.exit_code == 2
     assert "RAY_ADDRESS 'auto' is not a GCS address host:port" in str(result.exception)

@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 from spec_builders import EXAMPLE, REPO
-from typer.testing import CliRunner, Result
 
-from tpufleet.cli import app
+from tpufleet.cli import command
 from tpufleet.lint.runner import lint_file
 
 GOOD = REPO / "examples" / "good-raycluster.yaml"
@@ -20,7 +20,7 @@ DEPLOYMENT = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n"
 
 
 def tpufleet(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
+    return CliRunner().invoke(command(), list(args))
 
 
 @pytest.mark.parametrize(
@@ -74,13 +74,15 @@ def test_the_exit_codes_are_in_the_help() -> None:
 
 def test_render_check_says_what_it_checked_and_that_it_passed(tmp_path: Path) -> None:
     no_crds = {"TPUFLEET_KUBERAY_CRDS": str(tmp_path / "absent")}  # the packaged rules: quick
-    wrote = CliRunner(env=no_crds).invoke(app, ["render", str(EXAMPLE), "--check", "-o", str(tmp_path)])
+    wrote = CliRunner(env=no_crds).invoke(command(), ["render", str(EXAMPLE), "--check", "-o", str(tmp_path)])
     assert wrote.exit_code == 0, wrote.output
     assert wrote.stderr.splitlines()[-1] == (
         "check passed: RayCluster research-fleet: no lint finding "
         "(tpufleet lint's TPU rules and the packaged structural rules)"
     )
-    job = CliRunner(env=no_crds).invoke(app, ["render", str(EXAMPLE), "--check", "--rayjob", "python t.py"])
+    job = CliRunner(env=no_crds).invoke(
+        command(), ["render", str(EXAMPLE), "--check", "--rayjob", "python t.py"]
+    )
     assert "check passed: RayJob research-fleet-job: no lint finding" in job.stderr
     assert "check passed" not in job.stdout  # stdout is the YAML alone
     plain = tpufleet("render", str(EXAMPLE), "-o", str(tmp_path / "plain"))

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import planes
 import pytest
+from click.testing import CliRunner, Result
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner, Result
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.api.serving import lock_state_dir
-from tpufleet.cli import app, context
+from tpufleet.cli import command, context
 from tpufleet.client.http import server_url
 from tpufleet.control.cluster.fake import FakeCluster
 from tpufleet.errors import InputError, SpecError
@@ -38,7 +38,7 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
 
 
 def _cli(plane: ControlPlane, *args: str) -> Result:
-    return CliRunner().invoke(app, list(args), obj=TestClient(plane.app))
+    return CliRunner().invoke(command(), list(args), obj=TestClient(plane.app))
 
 
 @pytest.mark.parametrize(
@@ -109,7 +109,7 @@ def _remember_everything(tmp_path: Path) -> None:
 
 def test_context_clear_forgets_everything(tmp_path: Path) -> None:
     _remember_everything(tmp_path)
-    result = CliRunner().invoke(app, ["context", "--clear", "--json"])
+    result = CliRunner().invoke(command(), ["context", "--clear", "--json"])
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
     assert shown.pop("config") and set(shown.values()) == {None}
@@ -118,13 +118,13 @@ def test_context_clear_forgets_everything(tmp_path: Path) -> None:
 
 def test_context_server_switches_and_forgets_the_other_servers_token_file(tmp_path: Path) -> None:
     _remember_everything(tmp_path)
-    result = CliRunner().invoke(app, ["context", "--server", "127.0.0.1:8601"])
+    result = CliRunner().invoke(command(), ["context", "--server", "127.0.0.1:8601"])
     assert result.exit_code == 0, result.output
     assert context.load() == context.Context(
         emulator_state_dir="/tmp/emu", ray_address="10.0.0.1:6379", server="http://127.0.0.1:8601"
     )
     before = context.load()
-    result = CliRunner().invoke(app, ["context", "--server", "http://127.0.0.1:8601/api/v1"])
+    result = CliRunner().invoke(command(), ["context", "--server", "http://127.0.0.1:8601/api/v1"])
     assert isinstance(result.exception, SpecError) and "no path" in str(result.exception)
     assert context.load() == before
 
@@ -136,7 +136,7 @@ def test_context_use_takes_the_url_from_the_serve_holding_the_state_dir(tmp_path
     try:
         lock.note("http://127.0.0.1:8602")
         (where / "admin-token").write_text("t\n")
-        result = CliRunner().invoke(app, ["context", "--use", str(tmp_path / "home")])
+        result = CliRunner().invoke(command(), ["context", "--use", str(tmp_path / "home")])
         assert result.exit_code == 0, (result.output, result.exception)
     finally:
         lock.release()
@@ -152,12 +152,12 @@ def test_context_use_takes_the_url_from_the_serve_holding_the_state_dir(tmp_path
 def test_context_use_of_a_state_dir_no_serve_runs_from_is_one_line(tmp_path: Path) -> None:
     _remember_everything(tmp_path)
     before = context.load()
-    result = CliRunner().invoke(app, ["context", "--use", str(tmp_path / "idle")])
+    result = CliRunner().invoke(command(), ["context", "--use", str(tmp_path / "idle")])
     assert isinstance(result.exception, InputError) and result.exception.exit_code == 2
     assert "no tpufleet serve runs from" in str(result.exception) and "\n" not in str(result.exception)
     assert context.load() == before
 
 
 def test_context_takes_one_change_at_a_time() -> None:
-    result = CliRunner().invoke(app, ["context", "--clear", "--server", "127.0.0.1:1"])
+    result = CliRunner().invoke(command(), ["context", "--clear", "--server", "127.0.0.1:1"])
     assert isinstance(result.exception, InputError) and "one of" in str(result.exception)

@@ -11,11 +11,11 @@ from typing import Any
 
 import planes
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import app
+from tpufleet.cli import command
 from tpufleet.cli.top import money
 from tpufleet.control.cluster.fake import FakeCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
@@ -35,7 +35,7 @@ def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPl
 def _top(cp: ControlPlane, token: str) -> str:
     http = TestClient(cp.app)
     args = ["top", "--once", "--token", token, "--server", "http://testserver"]
-    result = CliRunner().invoke(app, args, obj=http)
+    result = CliRunner().invoke(command(), args, obj=http)
     assert result.exit_code == 0, (result.output, result.exception)
     return result.stdout
 
@@ -93,7 +93,7 @@ def test_top_without_a_terminal_prints_one_frame_and_says_so(plane: ControlPlane
     plane.service.run_once()  # the inventory: the slices the frame shows
     http = _Frames(plane.app)
     args = ["top", "--token", plane.admin_token, "--server", "http://testserver", "--interval", "0.2"]
-    result = CliRunner().invoke(app, args, obj=http)  # CliRunner's stdout is not a terminal
+    result = CliRunner().invoke(command(), args, obj=http)  # CliRunner's stdout is not a terminal
     assert result.exit_code == 0, (result.output, result.exception)
     assert http.reads == 1 and "tpu-v4-16-0" in result.stdout
     assert result.stderr.strip().splitlines() == [

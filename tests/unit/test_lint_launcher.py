@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
-from tpufleet.cli import app
+from tpufleet.cli import command
 from tpufleet.lint.runner import lint_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,28 +139,30 @@ def test_a_generation_the_catalog_does_not_know_is_not_checked_never_wrong(
     assert findings[0].line == line_of(text, new.strip())
     path = tmp_path / "launcher.yaml"
     path.write_text(text)
-    result = CliRunner().invoke(app, ["lint", "--structural", str(path)])
+    result = CliRunner().invoke(command(), ["lint", "--structural", str(path)])
     assert result.exit_code == 0, result.output  # an info finding is no error
 
 
 def test_the_cli_counts_a_launcher_config_as_checked(tmp_path: Path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(CLEAN.replace("max_workers: 4", "max_workers: 0"))
-    result = CliRunner().invoke(app, ["lint", "--structural", str(path)])
+    result = CliRunner().invoke(command(), ["lint", "--structural", str(path)])
     assert result.exit_code == 1
     assert f"{path}:{line_of(path.read_text(), 'max_workers: 0')}:" in result.output
     assert "nothing checked" not in result.output
     path.write_text(CLEAN)
-    assert CliRunner().invoke(app, ["lint", "--structural", str(path)]).exit_code == 0
+    assert CliRunner().invoke(command(), ["lint", "--structural", str(path)]).exit_code == 0
 
 
 def test_render_target_gce_output_lints_clean(tmp_path: Path) -> None:
-    rendered = CliRunner().invoke(app, ["render", str(REPO / "examples" / "fleet.yaml"), "--target", "gce"])
+    rendered = CliRunner().invoke(
+        command(), ["render", str(REPO / "examples" / "fleet.yaml"), "--target", "gce"]
+    )
     assert rendered.exit_code == 0, rendered.output
     assert "acceleratorType" in rendered.stdout
     path = tmp_path / "gce.yaml"
     path.write_text(rendered.stdout)
-    result = CliRunner().invoke(app, ["lint", "--structural", str(path)])
+    result = CliRunner().invoke(command(), ["lint", "--structural", str(path)])
     assert result.exit_code == 0, result.output
     assert "0 finding(s)" in result.output
 

@@ -10,12 +10,12 @@ import pytest
 import schema_f6094b2 as old
 from alembic.autogenerate import compare_metadata, produce_migrations, render_python_code
 from alembic.migration import MigrationContext
+from click.testing import CliRunner
 from sqlalchemy import Engine, MetaData, create_engine, inspect, text
 from sqlalchemy.orm import Session
-from typer.testing import CliRunner
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import app, main
+from tpufleet.cli import command, main
 from tpufleet.control.cluster.fake import FakeCluster
 from tpufleet.control.store import migrations
 from tpufleet.control.store.facade import Store, make_engine, token_hash
@@ -240,17 +240,17 @@ def test_the_control_plane_upgrades_an_older_schema_on_start(
 def test_db_upgrade_prints_from_and_to(tmp_path: Path, empty_db_url: str, engine: Engine) -> None:
     old.Base.metadata.create_all(engine)
     runner = CliRunner()
-    got = runner.invoke(app, ["db", "upgrade", "--db", empty_db_url])
+    got = runner.invoke(command(), ["db", "upgrade", "--db", empty_db_url])
     assert got.exit_code == 0, got.output
     assert got.stdout.strip() == f"pre-migration schema stamped as revision 0001, upgraded to {HEAD}"
-    got = runner.invoke(app, ["db", "upgrade", "--db", empty_db_url, "--json"])
+    got = runner.invoke(command(), ["db", "upgrade", "--db", empty_db_url, "--json"])
     assert got.exit_code == 0 and '"from": "' + HEAD in got.stdout
-    got = runner.invoke(app, ["db", "current", "--db", empty_db_url])
+    got = runner.invoke(command(), ["db", "current", "--db", empty_db_url])
     assert got.stdout.strip() == f"revision {HEAD} (head {HEAD}): current"
 
 
 def test_db_upgrade_uses_the_state_dir_database_as_serve_does(tmp_path: Path) -> None:
-    got = CliRunner().invoke(app, ["db", "upgrade", "--state-dir", str(tmp_path / "state")])
+    got = CliRunner().invoke(command(), ["db", "upgrade", "--state-dir", str(tmp_path / "state")])
     assert got.exit_code == 0, got.output
     assert got.stdout.strip() == f"created the schema at revision {HEAD}"
     store = Store(f"sqlite:///{tmp_path / 'state' / 'tpufleet.db'}")

@@ -169,13 +169,15 @@ def test_bad_requests_are_spec_errors(request_: SliceRequest, match: str) -> Non
     ],
 )
 def test_preempt_with_notice_user_errors_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
-    from tpufleet.cli import app
+    from tpufleet.cli import command
     from tpufleet.errors import TpufleetError
 
     where = tmp_path / "none"
-    result = CliRunner().invoke(app, ["emulate", "preempt", "tpu-v4-16-0", *args, "--state-dir", str(where)])
+    result = CliRunner().invoke(
+        command(), ["emulate", "preempt", "tpu-v4-16-0", *args, "--state-dir", str(where)]
+    )
     assert isinstance(result.exception, TpufleetError), (result.output, result.exception)
     assert result.exception.exit_code == 2 and message in str(result.exception)
     assert not (where / "notices.json").exists()

@@ -152,10 +152,10 @@ def test_an_emulated_host_offers_its_vcpus_up_to_the_cap(cap: int, expected: int
 def test_cli_submit_ray_queues_a_ray_job_where_the_server_allows_it(
     tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from tpufleet.api.server import ControlPlane
-    from tpufleet.cli import app
+    from tpufleet.cli import command
     from tpufleet.errors import SpecError
 
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))
@@ -171,7 +171,7 @@ def test_cli_submit_ray_queues_a_ray_job_where_the_server_allows_it(
         args = ["submit", "--ray", "--type", "v4-16", "--tenant", "a", "--json"]
         auth = ["--token", cp.admin_token, "--server", "http://testserver"]
         cp.store.create_tenant("a", {"v4": 8})
-        result = CliRunner().invoke(app, [*args, *auth, "--", "python", "train.py"], obj=http)
+        result = CliRunner().invoke(command(), [*args, *auth, "--", "python", "train.py"], obj=http)
         if ok:
             assert result.exit_code == 0, result.output
             assert cp.store.job(json.loads(result.stdout)["id"]).kind == "ray"

@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
 from tpufleet.api.app import create_app
 from tpufleet.api.server import ControlPlane
-from tpufleet.cli import app
+from tpufleet.cli import command
 from tpufleet.cli.common import Seams
 from tpufleet.control.cluster.fake import FakeCluster
 from tpufleet.control.loop.service import ServiceConfig
@@ -40,7 +40,7 @@ def plane(
 def slice_cli(cp: ControlPlane, *args: str):  # type: ignore[no-untyped-def]
     extra = ["--token", cp.admin_token, "--server", "http://testserver"]
     with TestClient(cp.app) as http:
-        return CliRunner().invoke(app, ["slice", *args, *extra], obj=Seams(http=http))
+        return CliRunner().invoke(command(), ["slice", *args, *extra], obj=Seams(http=http))
 
 
 def test_slice_create_without_a_provider_is_refused_naming_serve_provider(plane: ControlPlane) -> None:

@@ -10,7 +10,11 @@ turns every :class:`~tpufleet.errors.TpufleetError` into a one- or two-line mess
 
 from __future__ import annotations
 
+import functools
 import sys
+
+import click
+import typer.main
 
 from tpufleet.cli._app import app, console_err
 from tpufleet.errors import TpufleetError
@@ -33,13 +37,22 @@ from tpufleet.cli import db as _db  # noqa: F401  isort: skip
 from tpufleet.cli import demo as _demo  # noqa: F401  isort: skip
 from tpufleet.cli import chaos as _chaos  # noqa: F401  isort: skip
 
-__all__ = ["app", "main"]
+__all__ = ["app", "command", "main"]
+
+
+@functools.cache
+def command() -> click.Command:
+    """The Click command tree Typer builds from ``app``, built once per process: ``app(...)``
+    rebuilds it at every call (~50 ms), which an in-process caller (the tests, a shell that runs
+    many commands) pays each time. ``app`` has pretty exceptions off, so calling this is what
+    calling ``app`` does."""
+    return typer.main.get_command(app)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors exit 2 (Click), user errors exit 2 with one line, no traceback."""
     try:
-        app(args=argv, prog_name="tpufleet")
+        command()(args=argv, prog_name="tpufleet")
     except TpufleetError as err:
         console_err.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True, markup=True)
         sys.exit(err.exit_code)
