@@ -101,13 +101,24 @@ class _Proc:
 
 
 def _read(pid: int) -> _Proc | None:
+    stat = _stat(pid)
+    return None if stat is None else _with_cmdline(pid, stat)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (None: gone, or a zombie)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return None
     f = stat[stat.rindex(")") + 2 :].split()
-    if f[0] == "Z":
+    return None if f[0] == "Z" else f
+
+
+def _with_cmdline(pid: int, f: list[str]) -> _Proc | None:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
         return None
     argv0 = cmd[0].decode(errors="replace") if cmd else ""
     text = b" ".join(cmd).decode(errors="replace")
@@ -162,7 +173,7 @@ class HostWork:
     _history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64))
 
     def tick(self, now: float, table: list[_Proc] | None = None) -> None:
-        procs = job_processes(self.raylet, table if table is not None else _table())
+        procs = job_processes(self.raylet, table if table is not None else _table(below=self.raylet))
         first = not self._history
         seen = {}
         for p in procs:
@@ -185,12 +196,27 @@ class HostWork:
         return max(0.0, min(100.0, 100.0 * (busy - busy_then) / max(now - then, 1e-9)))
 
 
-def _table() -> list[_Proc]:
-    out = []
+def _table(below: int | None = None) -> list[_Proc]:
+    """The processes of this machine, or (``below``) only those descending from that PID: every
+    process's ``stat`` is read to know its parent, but the command line (the second read, and
+    most of the cost) only of those below it. A host ticks every ``TICK_S`` while it is scraped,
+    on a machine where most processes are other hosts' and the tests'."""
+    stats: dict[int, list[str]] = {}
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (p := _read(int(entry.name))) is not None:
-            out.append(p)
-    return out
+        if entry.name.isdigit() and (f := _stat(int(entry.name))) is not None:
+            stats[int(entry.name)] = f
+    if below is None:
+        wanted = set(stats)
+    else:
+        children: dict[int, list[int]] = {}
+        for pid, f in stats.items():
+            children.setdefault(int(f[1]), []).append(pid)
+        wanted, stack = set(), [below]
+        while stack:
+            for child in children.get(stack.pop(), []):
+                wanted.add(child)
+                stack.append(child)
+    return [p for pid in sorted(wanted) if (p := _with_cmdline(pid, stats[pid])) is not None]
 
 
 def exposition(env: dict[str, str], duty: float, rss_bytes: int) -> str:
