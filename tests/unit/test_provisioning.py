@@ -17,6 +17,7 @@ from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.loopwrites import LEFT
 from tpufleet.control.store.slicegroups import SliceGroups
+from tpufleet.control.store.usage import Usage
 from tpufleet.control.store.values import JobRecord, JobRequest
 from tpufleet.fleet import SliceInfo
 from tpufleet.inventory import POD_TYPE, SLICE_NAME, TOPOLOGY, WORKER_ID, slices_from_nodes
@@ -140,6 +141,7 @@ def test_a_deleted_groups_slice_leaves_and_never_comes_back_from_rays_node_table
     assert "old-0" not in {s.name for s in world.store.slices()}
     assert slice_events(world.store, "old-0")[seen:] == []  # never discovered, broken or intact again
     assert slice_events(world.store, "old-0")[-1] == LEFT  # its history stays
+    assert [s for _, s, _ in Usage(world.store).slice_counts()] == ["FREE"]  # tpufleet_slices: v4-1-0
     assert [g.name for g in world.groups.all(include_deleted=True)] == ["old", "v4-1"]
 
 
