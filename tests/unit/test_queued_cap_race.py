@@ -49,13 +49,12 @@ def race(submit: Callable[[], object]) -> tuple[int, int, list[BaseException]]:
         try:
             submit()
             key = "ok"
-        except ConflictError as err:
-            assert "cap" in str(err), err
+        except BaseException as err:
+            if not (isinstance(err, ConflictError) and "cap (serve --max-queued-per-tenant" in str(err)):
+                with lock:
+                    errors.append(err)  # reported by the test, not lost in the thread
+                return
             key = "refused"
-        except BaseException as err:  # noqa: BLE001  reported below, not swallowed
-            with lock:
-                errors.append(err)
-            return
         with lock:
             outcome[key] += 1
 
