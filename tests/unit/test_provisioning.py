@@ -15,8 +15,12 @@ from tpufleet.control.cluster.sandbox import SandboxCluster
 from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
+from tpufleet.control.store.loopwrites import LEFT
 from tpufleet.control.store.slicegroups import SliceGroups
+from tpufleet.control.store.usage import Usage
 from tpufleet.control.store.values import JobRecord, JobRequest
+from tpufleet.fleet import SliceInfo
+from tpufleet.inventory import POD_TYPE, SLICE_NAME, TOPOLOGY, WORKER_ID, slices_from_nodes
 from tpufleet.provision.memory import MemoryProvider
 from tpufleet.scheduler.autoscale import PoolView
 from tpufleet.scheduler.policy import decide
@@ -89,19 +93,78 @@ def test_a_job_waits_provisioning_runs_and_the_slice_goes_when_idle(world: World
     assert world.store.slices() == []  # the deleted slice left the table
 
 
-def test_a_deleted_groups_slice_that_ray_still_lists_never_takes_a_job(world: World) -> None:
+def dead_nodes(info: SliceInfo) -> SliceInfo:
+    """``info`` as Ray's node table lists it once its hosts died: the same labels, not alive, no
+    resources (what ``ray.nodes()`` says of a dead node), through the real inventory code."""
+    nodes = [
+        {
+            "NodeID": f"{info.name}-{h.worker_id}",
+            "Alive": False,
+            "NodeManagerAddress": h.address,
+            "Resources": {},
+            "Labels": {
+                SLICE_NAME: info.name,
+                WORKER_ID: str(h.worker_id),
+                TOPOLOGY: info.topology,
+                POD_TYPE: info.accelerator_type,
+            },
+        }
+        for h in info.hosts
+    ]
+    (dead,) = slices_from_nodes(nodes)
+    assert "worker 0 (the slice's head) is dead" in dead.problems
+    return dead
+
+
+def slice_events(store: Store, name: str) -> list[str]:
+    return [e["message"] for e in store.events(limit=1000) if e["slice"] == name]
+
+
+def test_a_deleted_groups_slice_leaves_and_never_comes_back_from_rays_node_table(world: World) -> None:
+    """The issue's story: after its group was deleted, Ray still listed the slice (its hosts dying,
+    then dead): it was "discovered" again, "intact again", then BROKEN for ever in the table."""
     world.groups.create("old", "v4-8", 1)
     world.until(lambda: world.groups.get("old").state == "ACTIVE")
     (info,) = world.cluster.inventory()
     world.groups.request_delete("old")
     world.until(lambda: not world.groups.all())
-    world.cluster.add_slices([info])  # as Ray lists a node a while after its host went away
+    assert "old-0" not in {s.name for s in world.store.slices()}
+    seen = len(slice_events(world.store, "old-0"))
+    world.cluster.add_slices([info])  # Ray lists the hosts alive a while after they went away
     job = world.submit()
     world.until(lambda: world.job(job).state in ("STARTING", "RUNNING"))
     assert world.job(job).slices == ("v4-1-0",)  # a new slice, not old-0
-    assert {s.name: s.state for s in world.store.slices()}["old-0"] == "DRAINING"
-    world.cluster.remove_slices(["old-0"])  # Ray forgets it: it leaves the table
-    world.until(lambda: "old-0" not in {s.name for s in world.store.slices()})
+    assert "old-0" not in {s.name for s in world.store.slices()}
+    world.cluster.add_slices([dead_nodes(info)])  # then dead, and Ray keeps dead nodes listed
+    world.cycle(n=3)
+    world.cycle(seconds=2 * 3600)  # hours later too
+    assert "old-0" not in {s.name for s in world.store.slices()}
+    assert slice_events(world.store, "old-0")[seen:] == []  # never discovered, broken or intact again
+    assert slice_events(world.store, "old-0")[-1] == LEFT  # its history stays
+    assert [s for _, s, _ in Usage(world.store).slice_counts()] == ["FREE"]  # tpufleet_slices: v4-1-0
+    assert [g.name for g in world.groups.all(include_deleted=True)] == ["old", "v4-1"]
+
+
+def test_a_slice_whose_group_went_under_its_holder_leaves_once_the_attempt_ended(world: World) -> None:
+    """A group being drained for deletion is deleted by the provider while a job still holds its
+    slice (the cloud took it): the attempt ends as its hosts are lost, and the slice leaves the
+    table instead of staying BROKEN from Ray's dead nodes."""
+    world.groups.create("old", "v4-8", 1)
+    world.until(lambda: world.groups.get("old").state == "ACTIVE")
+    (info,) = world.cluster.inventory()
+    world.cluster.job_seconds = 10_000
+    job = world.submit(max_retries=0)
+    world.until(lambda: world.job(job).state == "RUNNING")
+    assert world.job(job).slices == ("old-0",)
+    world.groups.request_delete("old")  # drains: waits for the holder
+    world.cycle(n=2)
+    assert world.job(job).state == "RUNNING"
+    world.provider.delete("old")  # the group goes with its slice held
+    world.cluster.add_slices([dead_nodes(info)])  # Ray lists the dead hosts
+    world.until(lambda: world.job(job).state not in ("STARTING", "RUNNING"))
+    world.cycle(n=3)
+    assert "old-0" not in {s.name for s in world.store.slices()}
+    assert world.groups.all(include_deleted=True)[0].state == "DELETED"
 
 
 def test_a_failed_request_is_shown_on_the_job_and_retried(

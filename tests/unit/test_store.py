@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from tpufleet.control.cluster.fake import FakeCluster
 from tpufleet.control.store.facade import Store
-from tpufleet.control.store.loopwrites import Transitions
+from tpufleet.control.store.loopwrites import LEFT, Transitions
 from tpufleet.control.store.tables import JobRow, TenantRow, TokenRow
 from tpufleet.control.store.values import JobRequest
 from tpufleet.errors import AuthError, ConflictError, NotFoundError, SpecError
@@ -235,6 +235,40 @@ def test_inventory_marks_broken_and_vanished_slices_and_drain_is_kept(store: Sto
     assert [s.state for s in store.slices()] == ["FREE", "FREE", "FREE"]
     with pytest.raises(NotFoundError, match="closest: tpu-v6e-16-0"):
         store.set_draining("tpu-v6e-16-9", True)
+
+
+def test_inventory_discovers_no_slice_from_dead_nodes_alone(store: Store) -> None:
+    """Ray keeps dead nodes in its node table: a slice none of whose hosts is alive is never new
+    to the table; a known slice whose hosts all died stays, BROKEN."""
+    tr, fleet = Transitions(store), FakeCluster.of("v4-16:2")
+    tr.sync_slices([s for s in fleet.inventory() if s.name == "tpu-v4-16-0"])
+    for name in ("tpu-v4-16-0", "tpu-v4-16-1"):
+        fleet.kill_host(name, 0)
+        fleet.kill_host(name, 1)
+    tr.sync_slices(fleet.inventory())
+    assert {s.name: s.state for s in store.slices()} == {"tpu-v4-16-0": "BROKEN"}
+    assert not [e for e in store.events() if e["slice"] == "tpu-v4-16-1"]
+
+
+def test_inventory_keeps_retired_slices_out_and_lets_a_held_one_finish(store: Store) -> None:
+    """``retired`` (slices of deleted groups): not discovered although Ray lists them alive (dying
+    hosts), a free row leaves the table, a held one stays until its holder let it go."""
+    tr, fleet = Transitions(store), FakeCluster.of("v4-16:3")
+    a, b, c = (f"tpu-v4-16-{i}" for i in range(3))
+    tr.sync_slices([s for s in fleet.inventory() if s.name != c])
+    store.create_tenant("t", {"v4": 64})
+    job = store.submit("t", req()).id
+    assert tr.admit(Admit(JobId(job), (SliceName(b),), False))
+    retired = frozenset({a, b, c})
+    tr.sync_slices(fleet.inventory(), retired)
+    assert {s.name: s.state for s in store.slices()} == {b: "HELD"}
+    assert [e["message"] for e in store.events() if e["slice"] == a][-1] == LEFT
+    assert tr.begin_stop(job, StopKind.CANCEL, "cancelled")
+    tr.finish(job, 1, None)
+    tr.sync_slices(fleet.inventory(), retired)
+    assert store.slices() == []
+    tr.sync_slices(fleet.inventory())  # no longer retired (a group of that name made again)
+    assert [s.name for s in store.slices()] == [a, b, c]
 
 
 def test_logs_are_stored_per_host_and_read_from_an_offset(store: Store) -> None:

@@ -8,6 +8,7 @@ which the other commands read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -129,23 +130,26 @@ def preempt_cmd(
     ] = 0.0,
     state_dir: StateDir = None,
 ) -> None:
-    """Remove every host of a slice at once, as a spot preemption does (with --notice, after a notice)."""
+    """Remove every host of a slice at once, as a spot preemption does (with --notice, after a notice).
+
+    With --notice, a slice that the control plane deleted before the deadline (reacting to the
+    notice, as it should) has nothing left to preempt: that is said in one line, exit 0."""
     if notice < 0:
         raise SpecError(f"--notice must be >= 0 seconds, got {notice:g}")
     fleet = _fleet(state_dir)
     if notice:
-        import time
-
         from tpufleet.emulator import spot
 
         deadline = spot.announce(fleet.state_dir, slice_name, notice)
         console.print(f"{slice_name}: preemption notice, the hosts die in {notice:g}s")
-        try:
-            time.sleep(max(0.0, deadline - time.time()))
-        finally:  # interrupted or not, an announced preemption happens
-            spot.reap(fleet.state_dir, only=slice_name, now=lambda: max(time.time(), deadline))
-        if wait:
-            fleet.await_gone(slice_name)
+        if not spot.wait_out(fleet.state_dir, slice_name, deadline):
+            console.print(
+                f"{slice_name} was deleted before its deadline (the notice was acted on): nothing to preempt"
+            )
+            return
+        if wait:  # killed, then maybe deleted by the control plane meanwhile: gone all the same
+            with contextlib.suppress(NotFoundError):
+                fleet.await_gone(slice_name)
     else:
         fleet.preempt(slice_name, wait=wait)
     console.print(f"preempted {slice_name}")

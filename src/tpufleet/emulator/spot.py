@@ -10,8 +10,10 @@ GCE gives a preempted spot TPU VM a notice (30 s on GCE VMs; the metadata key
    ``scripts.py``), which autoscaler v2 uses for preemptions. Ray then schedules nothing new there
    and, once the node dies, reports the death as a preemption (``AUTOSCALER_DRAIN_PREEMPTED``).
 2. :func:`reap` (called by whoever watches: ``tpufleet emulate preempt --notice`` waiting out the
-   notice, or the emulator provider's background loop) kills every host of each slice whose
-   deadline has passed, all at once, and marks the notice done so a later ``restore`` is not undone.
+   notice with :func:`wait_out`, or the emulator provider's background loop) kills every host of
+   each slice whose deadline has passed, all at once, and marks the notice done so a later
+   ``restore`` is not undone. A slice the control plane had deleted before its deadline (as it
+   should, reacting to the notice) has nothing left to kill: :func:`wait_out` says so.
 """
 
 from __future__ import annotations
@@ -116,6 +118,27 @@ def announce(
         notices[slice_name] = Notice(slice_name, deadline)
         _write(state_dir, notices)
     return deadline
+
+
+def wait_out(
+    state_dir: Path,
+    slice_name: str,
+    deadline: float,
+    *,
+    now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Wait until an announced notice's ``deadline``, then kill the slice's hosts (:func:`reap`;
+    interrupted or not, an announced preemption happens). Returns False when the slice had left
+    the fleet by then: the control plane, acting on the notice, had it deleted; nothing was left
+    to preempt."""
+    state_dir = Path(state_dir)
+    try:
+        sleep(max(0.0, deadline - now()))
+    finally:
+        reap(state_dir, only=slice_name, now=lambda: max(now(), deadline))
+    st = store.load(state_dir)
+    return st is not None and st.slice(slice_name) is not None
 
 
 def reap(state_dir: Path, *, now: Callable[[], float] = time.time, only: str | None = None) -> list[str]:

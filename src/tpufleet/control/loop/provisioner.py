@@ -9,6 +9,9 @@ jobs waiting on slices being made:
 
 1. **Poll.** Every group's provider state goes into the store (``slice_groups``); a group the
    provider no longer has, after a delete, is marked deleted and its free slices leave the table.
+   They never come back: :meth:`Provisioner.retired` names the slices of every deleted group, and
+   the service's inventory (``Transitions.sync_slices``) never discovers one again from what Ray
+   still lists of its hosts (dying, or dead and kept in Ray's node table).
 2. **Spot notices.** A physical slice with a ``preempt_deadline`` ends its holder's attempt at once
    (``StopKind.SPOT``: every process gets SIGTERM, the checkpoint signal; the job is requeued
    without using a retry, reason ``PREEMPTED_BY_PROVIDER``), and no new job is placed on it.
@@ -35,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from tpufleet.control.store import slicegroups as g
 from tpufleet.control.store.facade import Store
-from tpufleet.control.store.loopwrites import MISSING, Transitions
+from tpufleet.control.store.loopwrites import Transitions
 from tpufleet.control.store.slicegroups import SliceGroups
 from tpufleet.provision.base import GroupState, GroupStatus, Provider, SliceRequest
 from tpufleet.scheduler.autoscale import Create, Delete, Managed, Phase, Plan, PoolView, ScaleSnapshot, plan
@@ -56,7 +59,9 @@ from tpufleet.scheduler.model import (
 )
 
 log = logging.getLogger(__name__)
-RETIRED_S = 3600.0  # how long a deleted group's slice names stay closed to the policy
+# Deleted groups are read whole once, then each cycle those deleted since the last read less this
+# much (a margin for clocks: another replica may have written the deletion).
+REREAD_S = 3600.0
 
 Decide = Callable[[Snapshot], Sequence[RunDecision]]
 
@@ -96,7 +101,9 @@ class Provisioner:
         self._deleting: set[str] = set()
         self._noticed: set[str] = set()  # physical slices with a preemption notice
         self._orphans: set[str] = set()  # slices of deleted groups still held when the group went
-        self._retired: set[str] = set()  # slices of groups deleted lately, maybe still listed by Ray
+        self._gone: set[str] = set()  # slices of every deleted group (some maybe made again since)
+        self._gone_read: float | None = None  # when deleted groups were last read
+        self._retired: frozenset[str] = frozenset()  # _gone less the slices of live groups
         self._private: dict[SliceName, TenantName] = {}
         self._plan: Plan | None = None
         self._bootstrapped = False
@@ -119,34 +126,24 @@ class Provisioner:
         self._private = {
             SliceName(name): TenantName(r.tenant) for r in records if r.tenant for name in r.slice_names
         }
-        self._retire(records, now)
+        live = {n for r in records for n in r.slice_names}
+        self._retired = frozenset(self._gone - live)
         self._spot_notices(snapshot)
         self._drain_deletes(snapshot, records)
         self._ask(records)
         if self.config.autoscale:
             self._autoscale(self._closed(snapshot), records, now)
 
-    def _retire(self, records: list[g.GroupRecord], now: float) -> None:
-        """A deleted group's slice that Ray still lists (its hosts not yet gone from the node table)
-        must never take a job: it is drained in the table once and closed to the policy."""
-        live = {n for r in records for n in r.slice_names}
-        recent = self.groups.deleted_since(now - RETIRED_S)
-        self._retired = {n for r in recent for n in r.slice_names} - live
-        if not self._retired:
-            return
-        gone = []
-        for row in self.store.slices():
-            if row.name not in self._retired or row.holder is not None:
-                continue
-            if list(row.problems) == [MISSING]:
-                gone.append(row.name)  # Ray no longer lists it either: it leaves the table
-            elif not row.draining:
-                try:
-                    self.store.set_draining(row.name, True)
-                except Exception as err:  # it left the table meanwhile
-                    log.debug("could not drain retired slice %s: %s", row.name, err)
-        if gone:
-            self.groups.forget_slices(gone)
+    def retired(self) -> frozenset[str]:
+        """The slices of every deleted group, less those of live groups (a group made again under an
+        old name): never discovered again from Ray's node table, and never offered to the policy.
+        The service reads it before its inventory each cycle."""
+        since = 0.0 if self._gone_read is None else self._gone_read - REREAD_S
+        self._gone_read = self.clock()
+        self._gone.update(n for r in self.groups.deleted_since(since) for n in r.slice_names)
+        live = {n for r in self.groups.all() for n in r.slice_names}
+        self._retired = frozenset(self._gone - live)
+        return self._retired
 
     def _poll(self, now: float) -> None:
         if self._orphans:
@@ -164,6 +161,7 @@ class Provisioner:
                     record.delete_requested_at and record.name in self._asked
                 ):
                     self._orphans.update(self.groups.mark_deleted(record.name))
+                    self._gone.update(record.slice_names)
                     self._deleting.discard(record.name)
                 continue
             self._asked.add(record.name)

@@ -249,7 +249,8 @@ class Service:
                 self.pool.maintain()
         except TpufleetError as err:  # the pool is kept next cycle; the inventory still counts
             log.warning("could not maintain the warm pool: %s", err)
-        self.tr.sync_slices(self.cluster.inventory())
+        retired = self.provisioner.retired() if self.provisioner is not None else frozenset()
+        self.tr.sync_slices(self.cluster.inventory(), retired)
         slices = self.store.slices()
         broken = {s.name: s.problems for s in slices if s.state == r.BROKEN}
         writes = Writes()

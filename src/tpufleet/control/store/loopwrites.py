@@ -13,7 +13,7 @@ one-member methods (``admit``, ``begin_stop``, ...) are groups of one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import groupby, repeat
@@ -50,6 +50,7 @@ from tpufleet.scheduler.model import (
 )
 
 MISSING = "not in the cluster's inventory"
+LEFT = "left the fleet: its slice group was deleted"
 Stored = tuple[str | None, str | None, bool]  # a queued job's reason code, message, head of line
 _Chunk = tuple[list[str], Stored]  # job ids that get one stored reason
 _ID = attrgetter("id")
@@ -96,16 +97,28 @@ class Transitions:
             yield s
 
     # -- inventory ---------------------------------------------------------------------------
-    def sync_slices(self, infos: Iterable[SliceInfo]) -> None:
+    def sync_slices(self, infos: Iterable[SliceInfo], retired: Collection[str] = frozenset()) -> None:
         """Make the slices table match the cluster: new slices appear FREE, a slice that is not
-        intact (or vanished) turns BROKEN and stays so until it is whole again."""
+        intact (or vanished) turns BROKEN and stays so until it is whole again.
+
+        A slice is discovered only from an alive host: Ray's node table keeps dead nodes long after
+        their hosts went. ``retired``: the slices of deleted slice groups; whatever Ray still lists
+        of one (hosts dying or dead), it is never discovered again, and its row leaves the table
+        as soon as no attempt holds it."""
         now = self.clock()
         with self.store.tx() as s:
             rows = {x.name: x for x in s.scalars(select(SliceRow))}
+            for name in [n for n, x in rows.items() if n in retired and x.holder is None]:
+                s.delete(rows.pop(name))
+                self.store.add_event(s, LEFT, slice=name, kind="slice")
             for info in infos:
                 row = rows.pop(info.name, None)
+                if row is None and (info.name in retired or not any(h.alive for h in info.hosts)):
+                    continue
                 if row is None:
-                    row = SliceRow(name=info.name, state=r.FREE, holder=None, draining=False, updated_at=now)
+                    row = SliceRow(
+                        name=info.name, state=r.FREE, holder=None, draining=False, problems=[], updated_at=now
+                    )
                     s.add(row)
                     self.store.add_event(
                         s, f"discovered {info.accelerator_type}", slice=info.name, kind="slice"

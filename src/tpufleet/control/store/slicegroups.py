@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 
 from tpufleet import catalog
 from tpufleet.control.store.facade import Store
+from tpufleet.control.store.loopwrites import LEFT
 from tpufleet.control.store.tables import AttemptRow, JobRow, SliceGroupRow, SliceRow, TenantRow
 from tpufleet.errors import ConflictError, NotFoundError, SpecError, closest, suggest, unknown_field
 
@@ -312,6 +313,7 @@ class SliceGroups:
             for slice_row in s.scalars(select(SliceRow).where(SliceRow.name.in_(names))):
                 if slice_row.holder is None:
                     s.delete(slice_row)
+                    self.store.add_event(s, LEFT, slice=slice_row.name, kind="slice")
                 else:
                     held.append(slice_row.name)
             return held

@@ -26,7 +26,7 @@ import hashlib
 import secrets
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -272,10 +272,14 @@ class TenantOps:
         return row
 
     def check_live_tenant(self, s: Session, name: str) -> None:
-        """Inside a submit's transaction: the tenant is not deleted. PostgreSQL: a share lock on
-        its row, so a concurrent delete either sees this job (and cancels it) or refuses it."""
+        """Inside a submit's transaction, before its queued caps are counted: the tenant is not
+        deleted, and no other submit of this tenant counts until this transaction ends, so a cap's
+        check and the insert are one step. PostgreSQL: the tenant's row locked ``FOR NO KEY
+        UPDATE`` (its jobs' foreign keys are not blocked; a concurrent delete either sees this job
+        and cancels it, or refuses it); SQLite: the database's write lock (``BEGIN IMMEDIATE``)."""
+        _write_lock(s)
         deleted = s.execute(
-            select(TenantRow.deleted_at).where(TenantRow.name == name).with_for_update(read=True)
+            select(TenantRow.deleted_at).where(TenantRow.name == name).with_for_update(key_share=True)
         ).first()
         if deleted is None or deleted[0] is not None:
             raise ConflictError(f"tenant {name!r} was deleted; it takes no jobs")
@@ -548,3 +552,15 @@ def _event(e: EventRow) -> r.EventRecord:
         slice=e.slice,
         message=e.message,
     )
+
+
+def _write_lock(s: Session) -> None:
+    """SQLite: take the write lock now, unless this transaction holds it already. Python's sqlite3
+    begins a transaction only at the first write, so a count read before it is not isolated from
+    another connection's insert. PostgreSQL: nothing (row locks do it there)."""
+    conn = s.connection()
+    if conn.dialect.name != "sqlite":
+        return
+    raw: Any = conn.connection.dbapi_connection  # sqlite3.Connection
+    if not raw.in_transaction:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
