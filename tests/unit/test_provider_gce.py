@@ -170,6 +170,11 @@ def test_a_hosts_notice_is_the_slices_preempt_deadline_until_the_api_shows_the_p
         ("spot-0", HostHealth.READY, None),
         ("spot-1", HostHealth.READY, 1030.0),
     ]
+    api.nodes["spot-1"]["createTime"] = "2023-11-14T22:13:20.500Z"  # made 0.5 s after 1700000000
+    noticed["spot-1"] = 1_700_000_000.0  # a notice that ran out before this node was made: an old one's
+    assert [s.preempt_deadline for s in _state(p, "spot").slices] == [None, None]
+    noticed["spot-1"] = 1_700_000_030.0
+    assert [s.preempt_deadline for s in _state(p, "spot").slices] == [None, 1_700_000_030.0]
     broken[0] = True  # the notices cannot be read: the API's states still are
     assert [s.preempt_deadline for s in _state(p, "spot").slices] == [None, None]
     broken[0] = False

@@ -373,8 +373,13 @@ class GceProvider:
             h = HostHealth.READY
         name = node.name.rsplit("/", 1)[-1]
         # The API shows a preemption only once it happened: its deadline is then, not later. Before
-        # that, the hosts' own metadata server announces it (relayed by their runners).
-        deadline = g.preempted_at if h is HostHealth.PREEMPTED else noticed.get(name)
+        # that, the hosts' own metadata server announces it (relayed by their runners); a notice
+        # whose deadline came before this node was made was about an earlier node of the same name.
+        notice = noticed.get(name)
+        created = node.create_time.timestamp() if node.create_time else None
+        if notice is not None and created is not None and notice < created:
+            notice = None
+        deadline = g.preempted_at if h is HostHealth.PREEMPTED else notice
         return PhysicalSlice(name, (h,) * hosts, deadline)
 
     # -- housekeeping ------------------------------------------------------------------------------
