@@ -1,6 +1,7 @@
 """The GCE provider's startup script on a TPU VM (``--provider gce``, docs/provisioning.md): run by
 bash against a local metadata server, with ``python3`` and ``ray`` replaced by shims that record
-what they were asked, it exports the host contract from the metadata and joins Ray."""
+what they were asked, it exports the host contract from the metadata and joins Ray, and marks the
+host a GCE VM (``TPUFLEET_GCE_VM=1``: its runners watch the metadata server's notices)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,8 @@ def test_startup_script_exports_the_host_contract_from_metadata_and_joins_ray(tm
         ["bash", "-c", f". {profile} && env | grep ^TPU_ | sort"], capture_output=True, text=True, env={}
     ).stdout
     assert exported.splitlines() == [f"{k}={v}" for k, v in sorted(contract.items())]
+    # ... and says it is a GCE VM, so the host's runners watch its preemption and maintenance notices
+    marker = subprocess.run(
+        ["bash", "-c", f". {profile} && echo $TPUFLEET_GCE_VM"], capture_output=True, text=True, env={}
+    ).stdout
+    assert marker == "1\n"

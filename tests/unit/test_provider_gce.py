@@ -139,6 +139,52 @@ def test_preempted_nodes_are_deleted_and_the_group_stays_suspended(
     assert [g.name for g in provider.poll()] == []
 
 
+def test_a_hosts_notice_is_the_slices_preempt_deadline_until_the_api_shows_the_preemption(
+    api: FakeTpuApi,
+) -> None:
+    config = GceConfig(project="proj", zone="us-central2-b", ray_address="10.0.0.1:6379")
+    noticed: dict[str, float] = {}
+    broken = [False]
+
+    def notices() -> dict[str, float]:  # what the hosts' runners published (host/notices.py)
+        if broken[0]:
+            raise ConnectionError("Ray's GCS is away")
+        return noticed
+
+    clock = iter(float(t) for t in range(1000, 2000))
+    p = GceProvider(
+        config,
+        client=make_client(api.endpoint, anonymous=True),
+        clock=lambda: next(clock),
+        reclaim_interval_s=0,
+        notices=notices,
+    )
+    p.create(SliceRequest("spot", "v4-16", count=2, spot=True))
+    api.set_state("spot", "ACTIVE")
+    api.make_nodes("spot", hosts=2)
+    assert [s.preempt_deadline for s in _state(p, "spot").slices] == [None, None]
+    noticed.update({"spot-1": 1030.0, "other-0": 5.0})
+    g = _state(p, "spot")
+    assert g.state is GroupState.ACTIVE  # the API knows nothing yet
+    assert [(s.name, s.hosts[0], s.preempt_deadline) for s in g.slices] == [
+        ("spot-0", HostHealth.READY, None),
+        ("spot-1", HostHealth.READY, 1030.0),
+    ]
+    api.nodes["spot-1"]["createTime"] = "2023-11-14T22:13:20.500Z"  # made 0.5 s after 1700000000
+    noticed["spot-1"] = 1_700_000_000.0  # a notice that ran out before this node was made: an old one's
+    assert [s.preempt_deadline for s in _state(p, "spot").slices] == [None, None]
+    noticed["spot-1"] = 1_700_000_030.0
+    assert [s.preempt_deadline for s in _state(p, "spot").slices] == [None, 1_700_000_030.0]
+    broken[0] = True  # the notices cannot be read: the API's states still are
+    assert [s.preempt_deadline for s in _state(p, "spot").slices] == [None, None]
+    broken[0] = False
+    api.nodes["spot-1"]["state"] = "PREEMPTED"  # once it happened, the API's moment counts
+    g = _state(p, "spot")
+    assert g.state is GroupState.SUSPENDED and g.slices[1].hosts[0] is HostHealth.PREEMPTED
+    assert g.slices[1].preempt_deadline is not None and g.slices[1].preempt_deadline < 1030.0
+    p.close()
+
+
 def test_scale_down_and_delete_send_force_deletes(api: FakeTpuApi, provider: GceProvider) -> None:
     provider.create(SliceRequest("a", "v4-8"))
     provider.create(SliceRequest("b", "v4-8", count=2))

@@ -25,7 +25,9 @@ replaced by the executor before its slice is offered again.
 The runner also carries its host's device page for the control plane (``host/devicepage.py``), as
 a daemon thread: on an emulated host the function its environment names (the emulator's device
 plugin, never imported here), or on a GCE TPU VM the relay of libtpu's metrics
-(``host/devicerelay.py``); on GKE it publishes the plugin's address.
+(``host/devicerelay.py``); on GKE it publishes the plugin's address. On a GCE TPU VM it also
+watches the metadata server's preemption and maintenance notices and relays them to the control
+plane (``host/gcemetadata.py``, ``host/notices.py``).
 
 Files: the runner measures the run's tenant directory (``jobfiles.measure``) when the run starts
 and every ``checkpoint_check_s`` while it runs, and hands the last measurement out with the run's
@@ -59,7 +61,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tpufleet import contract
-from tpufleet.host import contain, devicepage, jobfiles, runlimits
+from tpufleet.host import contain, devicepage, gcemetadata, jobfiles, notices, runlimits
 from tpufleet.runtime import PROGRESS_VAR, read_progress
 
 NAMESPACE = "tpufleet"
@@ -182,6 +184,8 @@ class HostRunner:
         self._node = _node_id()
         self._jail_off = contain.jail_available()
         devicepage.serve_from_env()  # the host's device page for the control plane: a thread in this process
+        # A GCE VM's preemption and maintenance notices, relayed to the control plane through Ray's KV.
+        self._notices = gcemetadata.watch_from_env(notices.publish)
 
     def ping(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}

@@ -13,8 +13,11 @@ WAITING_FOR_RESOURCES, SUSPENDING/SUSPENDED -> SUSPENDED, the rest by name); eac
 ``state``/``health`` onto every host's :class:`HostHealth`. A preempted spot node keeps its quota
 until it is deleted (Ray's own GCE node provider never deletes it): :meth:`GceProvider.reclaim`
 deletes the queued resource of every preempted group (``force=True``) and the group stays reported
-``SUSPENDED`` until the slice manager deletes it. Request and response fields relied on, with the
-API reference: docs/provisioning.md.
+``SUSPENDED`` until the slice manager deletes it. The API shows a preemption only once it happened;
+the notice before it comes from the hosts: their runners watch the metadata server
+(``host/gcemetadata.py``) and publish what it announces (``host/notices.py``), which :meth:`poll`
+reports as each slice's ``preempt_deadline``. Request and response fields relied on, with the API
+reference: docs/provisioning.md.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ import logging
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tpufleet import catalog
 from tpufleet.errors import ClusterError, InputError, SpecError
+from tpufleet.host import gcemetadata
+from tpufleet.host import notices as notices_mod
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, PhysicalSlice, SliceRequest
 from tpufleet.provision.requests import validate
 from tpufleet.render.launcher import RUNTIME_VERSIONS
@@ -118,7 +123,9 @@ def startup_script(
     contract, read where a TPU VM keeps them (``instance/attributes/``: ``instance-id``,
     ``agent-worker-number``, ``accelerator-type``, ``tpu-env``'s TOPOLOGY,
     ``worker-network-endpoints``' addresses, as JAX's cloud TPU cluster detection reads them), written
-    to ``/etc/profile.d/tpufleet.sh`` for every later process, and given to the raylet.
+    to ``/etc/profile.d/tpufleet.sh`` for every later process, and given to the raylet, with
+    ``TPUFLEET_GCE_VM=1``: the runners on this host watch its metadata server's preemption and
+    maintenance notices (``host/gcemetadata.py``).
     """
     md = metadata_url
     lines = [
@@ -133,6 +140,7 @@ def startup_script(
         f"cat > {shlex.quote(profile)} <<EOF",
         "export TPU_NAME=$name TPU_WORKER_ID=$worker TPU_ACCELERATOR_TYPE=$accel TPU_TOPOLOGY=$topology",
         "export TPU_WORKER_HOSTNAMES=$hosts",
+        f"export {gcemetadata.GCE_VM_VAR}=1",
         "EOF",
         f". {shlex.quote(profile)}",
         f'python3 -m pip install -q "ray[default]=={ray_version}" "jax[tpu]"',
@@ -182,12 +190,15 @@ class GceProvider:
         client: Any = None,
         clock: Callable[[], float] = time.time,
         reclaim_interval_s: float = 10.0,
+        notices: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         """``reclaim_interval_s`` > 0 runs :meth:`reclaim` in a background thread; 0 leaves it to
-        the caller (tests)."""
+        the caller (tests). ``notices`` gives ``{slice: deadline}`` of the hosts' metadata notices
+        (default: what the TPU VMs' runners publish in Ray's KV, ``host.notices.published``)."""
         self.config = config
         self._client = client if client is not None else make_client()
         self._clock = clock
+        self._notices = notices if notices is not None else notices_mod.published
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -294,18 +305,26 @@ class GceProvider:
                 groups = list(self._groups.values())
             why = f"Cloud TPU API unreachable: {_words(err)}"
             return [GroupStatus(g.request.name, GroupState.FAILED, why) for g in groups]
+        noticed = self._read_notices()
         now = self._clock()
         out = []
         with self._lock:
             for name, g in list(self._groups.items()):
                 status = self._status(
-                    g, qrs.get(name), sorted(nodes.get(name, []), key=lambda n: n.name), now
+                    g, qrs.get(name), sorted(nodes.get(name, []), key=lambda n: n.name), now, noticed
                 )
                 if status is None:
                     del self._groups[name]
                 else:
                     out.append(status)
         return out
+
+    def _read_notices(self) -> Mapping[str, float]:
+        try:
+            return self._notices()
+        except Exception as err:  # Ray away for a moment: the API's own states still count
+            log.warning("gce provider: the hosts' notices could not be read: %s", err)
+            return {}
 
     def close(self) -> None:
         self._stop.set()
@@ -314,7 +333,9 @@ class GceProvider:
 
     # -- states ------------------------------------------------------------------------------------
 
-    def _status(self, g: _Group, qr: Any, nodes: list[Any], now: float) -> GroupStatus | None:
+    def _status(
+        self, g: _Group, qr: Any, nodes: list[Any], now: float, noticed: Mapping[str, float]
+    ) -> GroupStatus | None:
         name = g.request.name
         if g.error:
             return GroupStatus(name, GroupState.FAILED, g.error)
@@ -329,7 +350,7 @@ class GceProvider:
         preempted = any(n.state.name in _PREEMPTED_NODE for n in nodes)
         if preempted and g.preempted_at is None:
             g.preempted_at = now
-        slices = tuple(self._slice(g, n) for n in nodes)
+        slices = tuple(self._slice(g, n, noticed) for n in nodes)
         message = ""
         if state is GroupState.FAILED:
             message = qr.state.failed_data.error.message or "the queued resource failed"
@@ -341,7 +362,7 @@ class GceProvider:
             )
         return GroupStatus(name, state, message, slices)
 
-    def _slice(self, g: _Group, node: Any) -> PhysicalSlice:
+    def _slice(self, g: _Group, node: Any, noticed: Mapping[str, float]) -> PhysicalSlice:
         hosts = len(node.network_endpoints) or catalog.slice_type(g.request.accelerator_type).hosts
         state, health = node.state.name, node.health.name
         if state in _PREEMPTED_NODE:
@@ -350,9 +371,16 @@ class GceProvider:
             h = HostHealth.REPAIRING
         else:
             h = HostHealth.READY
-        # The API shows a preemption only once it happened: its deadline is then, not later.
-        deadline = g.preempted_at if h is HostHealth.PREEMPTED else None
-        return PhysicalSlice(node.name.rsplit("/", 1)[-1], (h,) * hosts, deadline)
+        name = node.name.rsplit("/", 1)[-1]
+        # The API shows a preemption only once it happened: its deadline is then, not later. Before
+        # that, the hosts' own metadata server announces it (relayed by their runners); a notice
+        # whose deadline came before this node was made was about an earlier node of the same name.
+        notice = noticed.get(name)
+        created = node.create_time.timestamp() if node.create_time else None
+        if notice is not None and created is not None and notice < created:
+            notice = None
+        deadline = g.preempted_at if h is HostHealth.PREEMPTED else notice
+        return PhysicalSlice(name, (h,) * hosts, deadline)
 
     # -- housekeeping ------------------------------------------------------------------------------
 
