@@ -5,13 +5,20 @@ refused by the fence, changes nothing and leaves it standing by."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from sqlalchemy import select, text
+import pytest
+from sqlalchemy import create_engine, select, text
+from typer.testing import CliRunner
 
+from tpufleet.api.serving import lock_database
+from tpufleet.cli import app, main
 from tpufleet.control.cluster.fake import FakeCluster
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.plane import Plane, PlaneOptions, Replicas
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.lease import LEASE_S
 from tpufleet.control.store.tables import AttemptRow
 from tpufleet.control.store.values import JobRequest
 
@@ -89,3 +96,48 @@ def test_a_released_lease_is_taken_at_the_standbys_next_step(db_url: str, tmp_pa
     finally:
         a.store.close()
         b.store.close()
+
+
+# -- serve: SQLite takes one replica; a newer schema is refused ----------------------------------
+def serve(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--sandbox", "v4-16", "--port", "0", *args])
+    return int(exit_.value.code or 0), capsys.readouterr().err.strip()
+
+
+def test_a_second_serve_on_one_sqlite_file_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    first = lock_database(url)  # what the first serve on that file holds while it runs
+    assert first is not None
+    first.note("http://127.0.0.1:8600")
+    code, err = serve(capsys, "--db", url, "--state-dir", str(tmp_path / "other"))
+    assert code == 2 and "\n" not in err and "Traceback" not in err
+    assert err.startswith(
+        f"error: another tpufleet serve (PID {os.getpid()}, http://127.0.0.1:8600) already uses"
+    )
+    assert "SQLite takes one serve" in err and "--db postgresql+psycopg://" in err
+    assert not (tmp_path / "fleet.db").exists()  # refused before the database was touched
+    first.release()
+
+
+def test_lease_seconds_go_with_postgresql(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = serve(capsys, "--lease-seconds", "3", "--state-dir", str(tmp_path))
+    assert code == 2 and err == (
+        "error: --lease-seconds goes with a PostgreSQL --db (replicas); SQLite serves one replica only"
+    )
+    assert LEASE_S == 5.0 and "default: 5.0" in CliRunner().invoke(app, ["serve", "--help"]).stdout
+
+
+def test_serve_refuses_a_database_a_newer_tpufleet_wrote_in_one_line(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Store.open(db_url).close()
+    with create_engine(db_url).begin() as conn:  # what an upgraded replica left behind
+        conn.execute(text("UPDATE alembic_version SET version_num = '0999'"))
+    code, err = serve(capsys, "--db", db_url, "--state-dir", str(tmp_path / "s"))
+    assert code == 2 and "\n" not in err and "Traceback" not in err
+    assert "schema revision 0999, which this tpufleet does not know" in err
+    with create_engine(db_url).connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0999"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -77,6 +78,10 @@ def ray_cluster(address: str, connect_timeout_s: float = 5.0) -> ClusterClient:
             log.warning("Ray at %s is not ready yet (%s: %s); trying again", address, type(err).__name__, err)
             executor.ray.shutdown()
             time.sleep(2.0)
+
+
+def _after_shutdown(_signum: int, _frame: object) -> None:
+    """SIGTERM once uvicorn has shut down: ``ControlPlane.serve`` closes the plane next."""
 
 
 class ControlPlane:
@@ -198,6 +203,10 @@ class ControlPlane:
         anything started) until SIGINT/SIGTERM (blocking; uvicorn handles the signals). Shutting
         down waits at most a few seconds for a cycle under way, whatever state Ray is in."""
         self.start()
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn raises the signal that stopped it again once it has shut down; with the
+            # default action the process would die there, before ``close`` (the lease handed over)
+            signal.signal(signal.SIGTERM, _after_shutdown)
         try:
             config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=3)
             uvicorn.Server(config).run(sockets=[sock])

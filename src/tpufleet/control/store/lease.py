@@ -16,9 +16,11 @@ disagree still agree on who leads:
 **Fencing.** :meth:`Lease.check` runs first in each transaction of the loop (``Store.fenced``): it
 reads the row ``FOR SHARE`` on PostgreSQL (a row lock held to the transaction's end, so a takeover's
 UPDATE waits for a write that passed the check to commit, and any write after the takeover sees
-the new token) and raises :class:`FencedError` when the token is no longer the one the loop's term
-began with: the transaction rolls back and nothing of it is written. SQLite has one replica only
-(``serve`` locks the database file), so there the check is a plain read.
+the new token; a transaction left idle for a lease length, its replica paused, is ended by the
+server, so it never holds a takeover up for longer) and raises :class:`FencedError` when the token
+is no longer the one the loop's term began with: the transaction rolls back and nothing of it is
+written. SQLite has one replica only (``serve`` locks the database file), so there the check is a
+plain read.
 
 A leader acquires, renews every ``renew_s`` and is fenced within ``lease_s`` of its last renewal;
 a standby polls every ``renew_s``: it takes over at most ``lease_s + renew_s`` after the leader's
@@ -71,6 +73,19 @@ class LeaseState:
         return self.holder is not None and self.expires_at >= self.now
 
 
+# A transaction that holds the lease row (the fence's share lock, a renewal's update) must not hold
+# it for ever when its replica is paused (SIGSTOP, a long GC) or cut off mid-transaction: that
+# would keep every standby from taking over. PostgreSQL ends such a session once it sat idle in its
+# transaction for a lease length (the rows it locked come free; the replica's next write finds
+# itself deposed). SET LOCAL: only the lease's and the loop's transactions, never the API's.
+_IDLE_LIMIT = "set_config('idle_in_transaction_session_timeout', :idle, true)"
+
+
+def _idle_limit(conn: Connection, ms: str) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(f"SELECT {_IDLE_LIMIT}"), {"idle": ms})
+
+
 def _now(conn: Connection) -> str:
     """The database's clock, in seconds since the epoch, as SQL."""
     if conn.dialect.name == "postgresql":
@@ -93,6 +108,9 @@ class Lease:
         self.token: int | None = None  # the token of the term this replica holds; None: standby
         self.since: float | None = None  # when this term began (database clock)
 
+    def _idle_ms(self) -> str:
+        return str(max(1, int(self.lease_s * 1000)))
+
     # -- the lease -----------------------------------------------------------------------------
     def acquire(self) -> bool:
         """Take the lease when it is free or expired (a new term: token + 1, an audit event).
@@ -107,6 +125,7 @@ class Lease:
     def _acquire(self) -> bool:
         with self.store.tx() as s:
             conn = s.connection()
+            _idle_limit(conn, self._idle_ms())
             now = _now(conn)
             taken = conn.execute(
                 text(
@@ -148,6 +167,7 @@ class Lease:
             return False
         with self.store.tx() as s:
             conn = s.connection()
+            _idle_limit(conn, self._idle_ms())
             now = _now(conn)
             kept = conn.execute(
                 text(
@@ -166,6 +186,7 @@ class Lease:
             return False
         with self.store.tx() as s:
             conn = s.connection()
+            _idle_limit(conn, self._idle_ms())
             done = conn.execute(
                 text(
                     f"UPDATE leader_lease SET expires_at = {_now(conn)} - 1 "
@@ -204,11 +225,13 @@ class Lease:
     # -- fencing -------------------------------------------------------------------------------
     def check(self, conn: Connection, token: int | None) -> None:
         """Fence a transaction of term ``token``: raise :class:`FencedError` unless the lease still
-        has that token (see the module docstring). Runs first in the transaction."""
-        lock = " FOR SHARE" if conn.dialect.name == "postgresql" else ""
-        have: Any = conn.execute(
-            text(f"SELECT token FROM leader_lease WHERE id = :id{lock}"), {"id": _ROW}
-        ).scalar()
+        has that token (see the module docstring). Runs first in the transaction; on PostgreSQL it
+        also bounds how long the transaction may sit idle (:func:`_idle_limit`)."""
+        if conn.dialect.name == "postgresql":
+            query = f"SELECT token, {_IDLE_LIMIT} FROM leader_lease WHERE id = :id FOR SHARE"
+        else:
+            query = "SELECT token FROM leader_lease WHERE id = :id"
+        have: Any = conn.execute(text(query), {"id": _ROW, "idle": self._idle_ms()}).scalar()
         if token is None or have != token:
             raise FencedError(
                 f"replica {self.replica} may not write: the lease's fencing token is {have}, "

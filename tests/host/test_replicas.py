@@ -1,0 +1,155 @@
+"""Replicas of ``tpufleet serve --sandbox`` on one PostgreSQL database (issue 34): one leads at a
+time; SIGSTOP of the leader past its lease, then SIGCONT: the standby has taken over and the woken
+replica stands by, having changed nothing; kill -9 of the leader: the standby takes over; SIGTERM:
+the lease is handed over at once. Every job SUCCEEDED once, and every request to a replica that was
+not stopped or killed was answered.
+
+A sandbox fleet lives in its replica's memory: an attempt the dead (or paused) leader was running is
+lost to the new leader's reconcile and runs again there (the first attempt ends LOST, never
+SUCCEEDED), as a job on hosts that died with their control plane would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import planes
+import pytest
+from dbserver import PostgresServer
+
+LEASE = "2"  # seconds: a standby takes over within 2.4 s of the leader's last renewal
+DEADLINE_S = 90.0  # generous: a loaded 2-core machine; no test here measures time
+
+
+def wait(what: str, ok: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not ok():
+        assert time.monotonic() < deadline, f"not within {DEADLINE_S:g} s: {what}"
+        time.sleep(0.1)
+
+
+class Replica:
+    """One ``serve --sandbox`` replica on ``db`` with its own state dir (its admin token there)."""
+
+    def __init__(self, tmp: Path, name: str, db: str) -> None:
+        self.dir = tmp / name
+        self.dir.mkdir()
+        state = self.dir / "state"
+        self.serve = planes.ServeProcess(
+            self.dir, "--sandbox", "v4-16:2", "--job-seconds", "0.3", "--db", db,
+            "--state-dir", str(state), "--lease-seconds", LEASE,
+        )  # fmt: skip
+        self.url = self.serve.url
+        self.token = (state / "admin-token").read_text().strip()
+        self.answered = self.failed = 0
+
+    def get(self, path: str, token: str | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        try:
+            resp = httpx.get(f"{self.url}{path}", headers=headers, timeout=10)
+            resp.raise_for_status()
+        except httpx.HTTPError:
+            self.failed += 1
+            raise
+        self.answered += 1
+        return resp.json()
+
+    def post(self, path: str, body: dict[str, Any], token: str | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        resp = httpx.post(f"{self.url}{path}", json=body, headers=headers, timeout=10)
+        resp.raise_for_status()
+        return resp.json()
+
+    def health(self) -> dict[str, Any]:
+        got: dict[str, Any] = self.get("/healthz")
+        return got
+
+    def leads(self) -> bool:
+        return bool(self.health()["leader"])
+
+    def submit(self, tenant_token: str) -> str:
+        body = {"command": ["python", "t.py"], "accelerator_type": "v4-16", "max_retries": 3}
+        return str(self.post("/api/v1/jobs", body, tenant_token)["id"])
+
+    def state(self, job: str, tenant_token: str) -> str:
+        return str(self.get(f"/api/v1/jobs/{job}", tenant_token)["state"])
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.serve.proc.pid, sig)
+
+    def kill(self) -> None:
+        self.serve.proc.kill()
+        self.serve.proc.wait(timeout=30)
+        self.serve.log.close()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, postgres_server: PostgresServer) -> Iterator[Callable[[str], Replica]]:
+    db = postgres_server.new_database(migrated=True)
+    started: list[Replica] = []
+
+    def start(name: str) -> Replica:
+        started.append(Replica(tmp_path, name, db))
+        return started[-1]
+
+    yield start
+    for r in started:
+        if r.serve.proc.poll() is None:
+            r.signal(signal.SIGCONT)
+            r.serve.stop()
+
+
+def test_one_leader_takeovers_fencing_and_handover_lose_no_job(replicas: Callable[[str], Replica]) -> None:
+    a = replicas("a")
+    b = replicas("b")
+    ha, hb = a.health(), b.health()
+    assert (ha["leader"], hb["leader"]) == (True, False)  # a started first and leads; b stands by
+    assert ha["leader_replica"] == hb["leader_replica"] == a.get("/api/v1/status")["replica"]
+    assert b.get("/api/v1/status")["leader_since"] is None
+    metrics = httpx.get(f"{b.url}/metrics", headers={"Authorization": f"Bearer {b.token}"}).text
+    assert 'tpufleet_leader{replica="' in metrics and "} 0.0" in metrics.split("tpufleet_leader{")[1]
+
+    team = b.post("/api/v1/tenants", {"name": "team", "quota": {"v4": 16}})["token"]  # the standby serves
+    jobs = [b.submit(team)]
+    wait("a runs the job submitted to b", lambda: b.state(jobs[0], team) == "SUCCEEDED")
+
+    # SIGSTOP the leader past its lease: b takes over; SIGCONT: a finds it was deposed
+    jobs.append(a.submit(team))
+    a.signal(signal.SIGSTOP)
+    wait("b leads once a's lease expired", b.leads)
+    jobs.append(b.submit(team))
+    wait("b runs every job", lambda: all(b.state(j, team) == "SUCCEEDED" for j in jobs))
+    a.signal(signal.SIGCONT)
+    wait("the woken a stands by", lambda: not a.leads())
+    assert a.health()["leader_replica"] == b.get("/api/v1/status")["replica"]
+    assert all(a.state(j, team) == "SUCCEEDED" for j in jobs)
+
+    # kill -9 the leader: a takes over within the lease
+    b.kill()
+    wait("a leads after b died", a.leads)
+    jobs.append(a.submit(team))
+    wait("a runs the job", lambda: a.state(jobs[-1], team) == "SUCCEEDED")
+
+    # SIGTERM: a hands the lease over to c at once
+    c = replicas("c")
+    assert not c.leads()
+    assert "hands over" not in a.serve.output()
+    a.serve.stop()
+    wait("c leads after a's SIGTERM", c.leads)
+    jobs.append(c.submit(team))
+    wait("c runs the job", lambda: c.state(jobs[-1], team) == "SUCCEEDED")
+
+    for job in jobs:  # each job SUCCEEDED exactly once, whichever replica ran it
+        attempts = c.get(f"/api/v1/jobs/{job}", team)["attempts"]
+        assert [x["state"] for x in attempts].count("SUCCEEDED") == 1, attempts
+    said = [e["message"] for e in c.get("/api/v1/events?limit=1000")["items"] if e["kind"] == "leader"]
+    assert said[0].endswith("leads (fencing token 1)")
+    assert said[-1] == f"replica {c.get('/api/v1/status')['replica']} leads (fencing token 4)"
+    assert any("stopped leading (fencing token 1)" in m for m in said)  # a, woken after SIGCONT
+    assert any("hands over the lease (fencing token 3)" in m for m in said)  # a's SIGTERM
+    assert a.failed == b.failed == c.failed == 0  # every request to a live replica was answered
