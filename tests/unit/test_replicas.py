@@ -9,9 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from sqlalchemy import create_engine, select, text
 from typer.testing import CliRunner
 
+from tpufleet.api.server import ControlPlane
 from tpufleet.api.serving import lock_database
 from tpufleet.cli import app, main
 from tpufleet.control.cluster.fake import FakeCluster
@@ -141,3 +143,28 @@ def test_serve_refuses_a_database_a_newer_tpufleet_wrote_in_one_line(
     assert "schema revision 0999, which this tpufleet does not know" in err
     with create_engine(db_url).connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0999"
+
+
+def test_the_leader_gauge_is_each_replicas_own(db_url: str, tmp_path: Path) -> None:
+    def gauge(cp: ControlPlane) -> str:
+        text = generate_latest(cp.metrics).decode()
+        return next(line for line in text.splitlines() if line.startswith("tpufleet_leader{"))
+
+    alone = ControlPlane(FakeCluster.of("v4-16"), state_dir=tmp_path / "alone")
+    shared = ControlPlane(
+        FakeCluster.of("v4-16"), state_dir=tmp_path / "r", db_url=db_url, replicas=Replicas(replica="h:1:r")
+    )
+    try:
+        assert gauge(alone) == f'tpufleet_leader{{replica="{alone.replica}"}} 1.0'  # one process leads
+        assert gauge(shared) == 'tpufleet_leader{replica="h:1:r"} 0.0'  # not leading before its term
+        assert shared.status()["leader"] is False and shared.status()["leader_replica"] is None
+        assert shared.leadership is not None
+        shared.leadership.step()
+        shared.service.turn()
+        assert gauge(shared) == 'tpufleet_leader{replica="h:1:r"} 1.0'
+        status = shared.status()
+        assert (status["leader"], status["leader_replica"], status["replica"]) == (True, "h:1:r", "h:1:r")
+        assert status["leader_since"] is not None
+    finally:
+        alone.close()
+        shared.close()

@@ -32,7 +32,7 @@ from tpufleet.api.app import create_app
 from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
 from tpufleet.api.serving import listen
 from tpufleet.control.cluster.protocol import ClusterClient
-from tpufleet.control.loop.provisioner import ProvisionConfig
+from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
 from tpufleet.control.loop.service import Decide, ServiceConfig
 from tpufleet.control.plane import Plane, PlaneOptions, Replicas
 from tpufleet.control.ray.headwatch import AWAIT_ENV, await_seconds, wait_for_gcs
@@ -124,7 +124,6 @@ class ControlPlane:
         self.started_at = clock()
         self.state_dir, self.db_url = options.state_dir, options.database
         self.cluster, self.store, self.service = cluster, self.plane.store, self.plane.service
-        self.provisioner = self.plane.provisioner
         self.prices = prices or pricing.shipped()  # cost: the shipped table, or serve --pricing FILE's
         self.metrics = metrics_registry(self.store, prices=self.prices)  # GET /metrics; register more here
         self.service.cycle_observers.append(cycle_histogram(self.metrics))
@@ -152,6 +151,11 @@ class ControlPlane:
         self._http: uvicorn.Server | None = None
         self._http_thread: threading.Thread | None = None
         self.url: str | None = None
+
+    @property
+    def provisioner(self) -> Provisioner | None:
+        """The loop's provisioner (with replicas, each term of leadership starts a fresh one)."""
+        return self.service.provisioner
 
     @property
     def admin_token(self) -> str:

@@ -79,13 +79,10 @@ class Leadership:
             if term is not None and self.lease.token == term:
                 self.lease.step_down()
         self.acting = None
-        what = f"replica {self.replica} stopped leading (fencing token {term})"
-        what += f"; writes refused: {self.refused}"
         try:
-            with self.lease.store.tx() as s:
-                self.lease.store.add_event(s, what, kind="leader", actor=self.replica)
+            self.lease.record_end(term, self.refused)
         except Exception as err:  # the database is gone: the log says it
-            log.warning("%s (not recorded: %s)", what, err)
+            log.warning("term %s of replica %s is over (not recorded: %s)", term, self.replica, err)
 
     # -- the thread --------------------------------------------------------------------------------
     def step(self) -> None:

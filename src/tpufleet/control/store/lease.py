@@ -204,6 +204,14 @@ class Lease:
         self.token = self.since = None
         return bool(done)
 
+    def record_end(self, token: int | None, refused: int) -> None:
+        """An audit event: this replica's term ``token`` is over (fenced, or the lease lost), with
+        how many of its loop's transactions the fence refused. Written unfenced: a record, not
+        the loop's state."""
+        what = f"replica {self.replica} stopped leading (fencing token {token}); writes refused: {refused}"
+        with self.store.tx() as s:
+            self.store.add_event(s, what, kind="leader", actor=self.replica)
+
     def step_down(self) -> None:
         """Forget this replica's term without a write (it was fenced: another leads)."""
         self.token = self.since = None
