@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import httpx
 import pytest
+from cli_inproc import tpufleet
 from prometheus_client import generate_latest
 from sqlalchemy import create_engine, select, text
 from typer.testing import CliRunner
@@ -20,7 +22,7 @@ from tpufleet.control.cluster.fake import FakeCluster
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.plane import Plane, PlaneOptions, Replicas
 from tpufleet.control.store.facade import Store
-from tpufleet.control.store.lease import LEASE_S
+from tpufleet.control.store.lease import LEASE_S, Lease
 from tpufleet.control.store.tables import AttemptRow
 from tpufleet.control.store.values import JobRequest
 
@@ -168,3 +170,28 @@ def test_the_leader_gauge_is_each_replicas_own(db_url: str, tmp_path: Path) -> N
     finally:
         alone.close()
         shared.close()
+
+
+def test_a_standby_serves_the_api_and_says_who_leads(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store.open(db_url)
+    other = Lease(store, "h:9:other", lease_s=600)  # live for the whole test, however slow
+    assert other.acquire()  # another replica leads
+    cp = ControlPlane(
+        FakeCluster.of("v4-16"), state_dir=tmp_path / "r", db_url=db_url, replicas=Replicas(replica="h:1:r")
+    )
+    try:
+        url = cp.start_http()
+        health = httpx.get(f"{url}/healthz").json()
+        assert (health["status"], health["leader"], health["leader_replica"]) == ("ok", False, "h:9:other")
+        code, out, _ = tpufleet(capsys, "status", "--server", url, "--token", cp.admin_token)
+        assert code == 0 and "standby; h:9:other leads" in out
+        code, out, _ = tpufleet(
+            capsys, "tenant", "create", "t", "--quota", "v4=8", "--server", url, "--token", cp.admin_token
+        )
+        assert code == 0 and cp.store.tenant("t") is not None  # the standby's API writes
+    finally:
+        cp.close()
+        other.release()
+        store.close()
