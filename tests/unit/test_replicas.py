@@ -195,3 +195,34 @@ def test_a_standby_serves_the_api_and_says_who_leads(
         cp.close()
         other.release()
         store.close()
+
+
+def test_a_leader_deposed_while_launching_launches_nothing_more(db_url: str, tmp_path: Path) -> None:
+    """A launch is no write: the fence is checked before it, so a leader deposed while it launched
+    one job (its own turn already read the jobs) does not launch the next one."""
+    cluster = FakeCluster.of("v4-16:2")
+    a = replica(db_url, cluster, tmp_path / "a", "host:1:a")
+    b = replica(db_url, cluster, tmp_path / "b", "host:2:b")
+    try:
+        assert a.leadership and b.leadership
+        a.leadership.step()
+        a.store.create_tenant("t", {"v4": 16})
+        first, second = (
+            a.store.submit("t", JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16")).id
+            for _ in range(2)
+        )
+
+        def taken_over() -> None:  # a pauses in the middle of its first launch; b takes over
+            cluster.fault("launch", None, first)
+            expire(a)
+            b.leadership.step()
+
+        cluster.fault("launch", taken_over, first)
+        assert not a.service.turn()
+        assert [s.job_id for s in cluster.launches] == [first]  # under way when it was deposed
+        assert a.store.job(second).state == "ADMITTED" and not a.service.leads
+        assert b.leadership.term == 2 and b.service.turn()  # b adopts the first, launches the second
+        assert [s.job_id for s in cluster.launches] == [first, second]
+    finally:
+        a.store.close()
+        b.store.close()

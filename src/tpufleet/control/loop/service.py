@@ -442,6 +442,7 @@ class Service:
             self.wake()  # poll the hosts next (a Notifying cluster wakes the loop again once they started)
 
     def _do_launch(self, job: ActiveJob) -> None:
+        self.store.check_fence()  # a deposed leader launches nothing (its admission was written)
         wd = job.working_dir
         package = self.store.package(job.tenant, wd) if wd and r.PACKAGE_ID.fullmatch(wd) else None
         paths = jobfiles.run_paths(self.job_root, job.tenant, job.id, job.attempt, "-")

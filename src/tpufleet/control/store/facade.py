@@ -189,6 +189,14 @@ class Store(TenantOps, RayOps):
         view._fence = check
         return view
 
+    def check_fence(self) -> None:
+        """Run the fence now, in a transaction of its own (``FencedError`` once another replica
+        leads); nothing on an unfenced store. Before an action on the cluster that no write
+        covers (a launch), so a deposed leader does not start what the new one will."""
+        if self._fence is not None:
+            with self.tx():
+                pass
+
     @contextmanager
     def tx(self) -> Iterator[Session]:
         """One transaction: committed on success, rolled back on any exception (the fence's
