@@ -301,7 +301,6 @@ def serve_cmd(
     # One serve per state dir, checked first (before Ray, the port or the store): a second one is
     # refused naming the first, and changes nothing.
     lock = lock_state_dir(state_dir)
-    db_lock = lock_database(db or f"sqlite:///{state_dir / 'tpufleet.db'}")  # SQLite: one serve per file
     if sandbox is None and provider != "emulator":
         from tpufleet.control.ray.headwatch import AWAIT_ENV
 
@@ -317,6 +316,9 @@ def serve_cmd(
     sock = listen(host, port)
     url = url_of(host, sock)
     lock.note(url)
+    # SQLite takes one serve, whichever state dir: a second one on the file is refused here, before
+    # the store is opened (after the port, like everything a refused serve would leave behind)
+    db_lock = lock_database(db or f"sqlite:///{state_dir / 'tpufleet.db'}")
     if db_lock is not None:
         db_lock.note(url)
     prov, started = provisioning(fleet, provider, sandboxed, state_dir, None if sandbox else ray_address)
