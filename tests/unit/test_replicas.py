@@ -186,7 +186,7 @@ def test_a_standby_serves_the_api_and_says_who_leads(
         health = httpx.get(f"{url}/healthz").json()
         assert (health["status"], health["leader"], health["leader_replica"]) == ("ok", False, "h:9:other")
         code, out, _ = tpufleet(capsys, "status", "--server", url, "--token", cp.admin_token)
-        assert code == 0 and "standby; h:9:other leads" in out
+        assert code == 0 and "standby; h:9:other leads" in out and "standing by" in out
         code, out, _ = tpufleet(
             capsys, "tenant", "create", "t", "--quota", "v4=8", "--server", url, "--token", cp.admin_token
         )

@@ -21,7 +21,7 @@ def status_cmd(
         print_json(got)
         return
     rows = [
-        ("state", "stalled" if got.get("stalled") else "cycling"),
+        ("state", _state(got)),
         ("queued", str(got.get("queued", 0))),
         ("running", str(got.get("running", 0))),
         ("cycles", str(got.get("cycles", 0))),
@@ -33,6 +33,12 @@ def status_cmd(
         rows.append(("last error", str(got["last_error"])))
     for key, value in rows:
         console.print(f"[bold]{key:>10}[/]  {escape(safe(value))}", highlight=False)
+
+
+def _state(got: dict[str, object]) -> str:
+    if got.get("stalled"):
+        return "stalled"
+    return "cycling" if got.get("leader", True) else "standing by (another replica runs the loop)"
 
 
 def _leader(got: dict[str, object]) -> str:
