@@ -6,7 +6,9 @@ given (``serve --provider``), and the scheduling loop with its collaborators (th
 provisioner). ``api/server.py``'s ``ControlPlane`` adds the HTTP side (the app, metrics, the device
 sampler) on top of a built plane; ``serve``, ``demo``, ``demo --autoscale``, ``chaos`` and the tests
 all reach this through it. Building opens the store (and brings its schema up to date) and nothing
-else: the loop starts with ``Plane.service.start()``.
+else: the loop starts with ``Plane.service.start()``. With ``PlaneOptions.replicas`` (``serve`` on
+PostgreSQL) the plane is one replica of several: ``Plane.leadership`` keeps the lease, and the loop,
+its executor actions and its provisioner get the store fenced by it (``control/store/lease.py``).
 """
 
 from __future__ import annotations
