@@ -119,7 +119,10 @@ def test_status_shows_the_loop_and_the_fleet(cli: Cli) -> None:
     got = json.loads(cli.run("status", "--json"))
     assert (got["queued"], got["running"]) == (1, 0)
     assert {"cycles", "cycle_ms_last", "cycle_ms_p50", "slices"} <= set(got)
-    assert "queued" in cli.run("status")
+    assert got["leader"] is True and got["leader_replica"] == got["replica"]  # alone: it leads
+    assert got["leader_since"] is not None and got["fenced_writes"] == 0
+    shown = cli.run("status")
+    assert "queued" in shown and f"this replica ({got['replica']}) since " in shown
 
 
 def test_submit_packs_and_uploads_the_working_dir(cli: Cli, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -31,17 +32,18 @@ from tpufleet.api.app import create_app
 from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
 from tpufleet.api.serving import listen
 from tpufleet.control.cluster.protocol import ClusterClient
-from tpufleet.control.loop.provisioner import ProvisionConfig
+from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
 from tpufleet.control.loop.service import Decide, ServiceConfig
-from tpufleet.control.plane import Plane, PlaneOptions
+from tpufleet.control.plane import Plane, PlaneOptions, Replicas
 from tpufleet.control.ray.headwatch import AWAIT_ENV, await_seconds, wait_for_gcs
 from tpufleet.control.store.facade import Clock, new_job_id
 from tpufleet.control.store.fleetview import duty_cycles
+from tpufleet.control.store.lease import replica_id
 from tpufleet.control.store.usage import Usage
 from tpufleet.control.store.values import DEFAULT_LIMITS, Limits
 from tpufleet.errors import ClusterError
 from tpufleet.observe import device
-from tpufleet.observe.metrics import cycle_histogram
+from tpufleet.observe.metrics import cycle_histogram, leader_gauge
 from tpufleet.observe.registry import metrics_registry
 from tpufleet.provision.base import Provider
 
@@ -78,6 +80,10 @@ def ray_cluster(address: str, connect_timeout_s: float = 5.0) -> ClusterClient:
             time.sleep(2.0)
 
 
+def _after_shutdown(_signum: int, _frame: object) -> None:
+    """SIGTERM once uvicorn has shut down: ``ControlPlane.serve`` closes the plane next."""
+
+
 class ControlPlane:
     def __init__(
         self,
@@ -93,10 +99,13 @@ class ControlPlane:
         prices: pricing.PriceTable | None = None,
         provider: Provider | None = None,
         provision: ProvisionConfig | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
         """A control plane over ``cluster``; with a ``provider`` (``serve --provider``) its loop also
-        makes and deletes slices (the provisioner, configured by ``provision``). Everything below the
-        API is built by ``control.plane.Plane.build`` from one ``PlaneOptions``."""
+        makes and deletes slices (the provisioner, configured by ``provision``); with ``replicas``
+        it is one of several on one database and runs the loop only while it leads (``serve`` on
+        PostgreSQL). Everything below the API is built by ``control.plane.Plane.build`` from one
+        ``PlaneOptions``."""
         options = PlaneOptions(
             state_dir=Path(state_dir) if state_dir else default_state_dir(),
             db_url=db_url,
@@ -107,14 +116,18 @@ class ControlPlane:
             decide=decide,
             clock=clock,
             new_id=new_id,
+            replicas=replicas,
         )
         self.plane = Plane.build(cluster, options)
+        self.leadership = self.plane.leadership
+        self.replica = self.leadership.replica if self.leadership else replica_id()
+        self.started_at = clock()
         self.state_dir, self.db_url = options.state_dir, options.database
         self.cluster, self.store, self.service = cluster, self.plane.store, self.plane.service
-        self.provisioner = self.plane.provisioner
         self.prices = prices or pricing.shipped()  # cost: the shipped table, or serve --pricing FILE's
         self.metrics = metrics_registry(self.store, prices=self.prices)  # GET /metrics; register more here
         self.service.cycle_observers.append(cycle_histogram(self.metrics))
+        leader_gauge(self.metrics, self.replica, lambda: self.service.leads)
         self.devices = device.register(self.metrics, cluster.inventory, self._holders)  # TPU device metrics
         self.admin_token_path = self.state_dir / ADMIN_TOKEN_FILE
         self._admin_token, self.admin_token_created = ensure_admin_token(self.store, self.admin_token_path)
@@ -140,6 +153,11 @@ class ControlPlane:
         self.url: str | None = None
 
     @property
+    def provisioner(self) -> Provisioner | None:
+        """The loop's provisioner (with replicas, each term of leadership starts a fresh one)."""
+        return self.service.provisioner
+
+    @property
     def admin_token(self) -> str:
         """The admin token: the one in ``<state-dir>/admin-token`` (``token rotate-admin`` replaces it)."""
         try:
@@ -148,14 +166,38 @@ class ControlPlane:
             return self._admin_token
 
     def status(self) -> dict[str, Any]:
-        """The scheduling loop's health (``Service.stats``): /healthz and GET /api/v1/status."""
-        return self.service.stats()
+        """The scheduling loop's health (``Service.stats``) and who leads: /healthz and GET
+        /api/v1/status. ``leader``: this replica runs the loop; ``leader_since``: since when (the
+        database's clock; this process's start without replicas); ``replica``: this one's id;
+        ``leader_replica``: the one that leads now (None: none holds the lease at this moment);
+        ``fenced_writes``: transactions of this replica's loop refused since it was deposed."""
+        lead = self.leadership
+        if lead is None:
+            who: dict[str, Any] = {
+                "leader": True,
+                "leader_since": self.started_at,
+                "leader_replica": self.replica,
+                "fenced_writes": 0,
+            }
+        else:
+            leads = self.service.leads
+            who = {
+                "leader": leads,
+                "leader_since": lead.since if leads else None,
+                "leader_replica": lead.leader(),
+                "fenced_writes": lead.refused,
+            }
+        return {**self.service.stats(), "replica": self.replica, **who}
 
     def _holders(self) -> dict[str, device.Holder]:
         return device.holders_of(Usage(self.store).open_attempts())
 
     def start(self) -> ControlPlane:
-        """Start the scheduling loop (a daemon thread) and the TPU device sampler."""
+        """Start the scheduling loop (a daemon thread) and the TPU device sampler; with replicas,
+        first the lease's thread (the loop acts only while this replica leads)."""
+        if self.leadership is not None:
+            self.leadership.on_change.append(self.service.wake)
+            self.leadership.start()
         self.service.start()
         self.devices.start()
         return self
@@ -165,6 +207,10 @@ class ControlPlane:
         anything started) until SIGINT/SIGTERM (blocking; uvicorn handles the signals). Shutting
         down waits at most a few seconds for a cycle under way, whatever state Ray is in."""
         self.start()
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn raises the signal that stopped it again once it has shut down; with the
+            # default action the process would die there, before ``close`` (the lease handed over)
+            signal.signal(signal.SIGTERM, _after_shutdown)
         try:
             config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=3)
             uvicorn.Server(config).run(sockets=[sock])
@@ -199,6 +245,8 @@ class ControlPlane:
         # not add its timeout to the loop's (serve must stop within seconds of SIGTERM).
         self.devices.stop(wait_s=0)
         self.service.close(timeout_s=loop_timeout_s)
+        if self.leadership is not None:  # after the loop stopped: hand the lease over at once
+            self.leadership.stop()
         self.store.close()
 
     def __enter__(self) -> ControlPlane:

@@ -24,7 +24,16 @@ from pathlib import Path
 
 from tpufleet.errors import ConflictError, InputError, SpecError
 
-__all__ = ["LOCK_FILE", "Holder", "StateDirLock", "holder", "listen", "lock_state_dir", "url_of"]
+__all__ = [
+    "LOCK_FILE",
+    "Holder",
+    "StateDirLock",
+    "holder",
+    "listen",
+    "lock_database",
+    "lock_state_dir",
+    "url_of",
+]
 
 LOCK_FILE = "serve.lock"
 
@@ -109,6 +118,38 @@ def lock_state_dir(state_dir: Path) -> StateDirLock:
             f"{who} already runs from the state dir {state_dir}: {stop}, or give this one another --state-dir"
         ) from None
     lock = StateDirLock(state_dir / LOCK_FILE, fd)
+    lock.note()
+    return lock
+
+
+def lock_database(url: str) -> StateDirLock | None:
+    """SQLite takes one serve: lock ``<file>.serve.lock`` beside a SQLite database file (whichever
+    state dir the serve has), or a ConflictError naming the serve that uses it: one line, exit 2.
+    None for PostgreSQL (replicas share it; the lease says which one leads) and in-memory SQLite."""
+    if not url.startswith("sqlite"):
+        return None
+    path = url.split("://", 1)[1].removeprefix("/").split("?", 1)[0]
+    if path in ("", ":memory:") or path.startswith("file:"):
+        return None
+    where = Path(path).absolute()
+    lock_path = where.with_name(where.name + ".serve.lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as err:
+        raise InputError(f"cannot lock the database {where}: {err.strerror or err}") from None
+    try:
+        _flock(fd)
+    except OSError as err:
+        who = _read(fd)
+        os.close(fd)
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise InputError(f"cannot lock the database {where}: {err.strerror or err}") from None
+        stop = f"stop it (kill {who.pid})" if who.pid else "stop it"
+        raise ConflictError(
+            f"{who} already uses the SQLite database {where}, and SQLite takes one serve: {stop}, "
+            "or run replicas on PostgreSQL (--db postgresql+psycopg://...)"
+        ) from None
+    lock = StateDirLock(lock_path, fd)
     lock.note()
     return lock
 

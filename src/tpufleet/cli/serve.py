@@ -219,6 +219,16 @@ def serve_cmd(
             show_default=False,
         ),
     ] = None,
+    lease_seconds: Annotated[
+        float,
+        typer.Option(
+            "--lease-seconds",
+            min=0.5,
+            max=600,
+            help="With a PostgreSQL --db (replicas): the leader lease's length; a standby takes over at "
+            "most this long plus a fifth of it after the leader died (docs/replicas.md).",
+        ),
+    ] = 5.0,
 ) -> None:
     """Run the control plane: store, scheduling loop, Ray executor and REST API (/api/v1, /healthz).
 
@@ -227,9 +237,10 @@ def serve_cmd(
     first); once its port is bound it records its URL and admin token path in the CLI context
     (`tpufleet context`), so client commands on this machine need neither --server nor --token."""
     from tpufleet.api.server import ControlPlane, default_state_dir
-    from tpufleet.api.serving import listen, lock_state_dir, url_of
+    from tpufleet.api.serving import listen, lock_database, lock_state_dir, url_of
     from tpufleet.cli import context
     from tpufleet.control.loop.service import ServiceConfig
+    from tpufleet.control.plane import Replicas
     from tpufleet.pricing import load_file as load_prices
 
     # --pricing FILE, else the --fleet spec's pricing: section, over the shipped table; a bad file: exit 2
@@ -246,6 +257,11 @@ def serve_cmd(
         raise SpecError("--sandbox runs without Ray: give --sandbox or --ray-address/--emulator, not both")
     if sandbox is None and ctx.get_parameter_source("job_seconds").name == "COMMANDLINE":  # type: ignore[union-attr]
         raise SpecError("--job-seconds goes with --sandbox SLICES")
+    shared = db is not None and db.startswith("postgresql")
+    if not shared and ctx.get_parameter_source("lease_seconds").name == "COMMANDLINE":  # type: ignore[union-attr]
+        raise SpecError(
+            "--lease-seconds goes with a PostgreSQL --db (replicas); SQLite serves one replica only"
+        )
     if emulator and "ray_address" in given:
         raise SpecError("give --ray-address or --emulator, not both")
     from tpufleet.cli.slices import check_provider, provisioning
@@ -300,6 +316,11 @@ def serve_cmd(
     sock = listen(host, port)
     url = url_of(host, sock)
     lock.note(url)
+    # SQLite takes one serve, whichever state dir: a second one on the file is refused here, before
+    # the store is opened (after the port, like everything a refused serve would leave behind)
+    db_lock = lock_database(db or f"sqlite:///{state_dir / 'tpufleet.db'}")
+    if db_lock is not None:
+        db_lock.note(url)
     prov, started = provisioning(fleet, provider, sandboxed, state_dir, None if sandbox else ray_address)
     if started is not None:
         from tpufleet.api.server import ray_cluster
@@ -319,6 +340,7 @@ def serve_cmd(
         prices=prices,
         provider=None if prov is None else prov.provider,
         provision=None if prov is None else prov.config,
+        replicas=Replicas(lease_s=lease_seconds, renew_s=lease_seconds / 5) if shared else None,
     )
     if prov is not None:
         prov.create_tenants(cp)
@@ -331,6 +353,12 @@ def serve_cmd(
     )
     console_err.print(f"admin token ({note}): {cp.admin_token_path} (mode 0600)", highlight=False)
     console_err.print(f"tpufleet control plane on {url} for {where} (API /api/v1)", highlight=False)
+    if shared:
+        console_err.print(
+            f"replica {cp.replica}: the replica holding the lease (PostgreSQL) runs the loop "
+            f"(lease {lease_seconds:g} s; docs/replicas.md)",
+            highlight=False,
+        )
     if (
         sandbox is None and started is None and ray_address
     ):  # a Ray cluster someone else runs: follow its head

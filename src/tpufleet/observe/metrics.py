@@ -13,7 +13,11 @@ the loop's hot path; each scrape reads what it needs (DESIGN.md, Metrics):
 | ``tpufleet_chip_seconds_total`` / ``tpufleet_cost_dollars_total`` | counter | tenant, generation, pricing |
 | ``tpufleet_job_goodput_ratio`` | gauge | tenant, job (jobs holding slices that report steps) |
 
-``tpufleet_scheduling_cycle_seconds`` (histogram) is the loop's own: :func:`cycle_histogram`.
+``tpufleet_scheduling_cycle_seconds`` (histogram) is the loop's own: :func:`cycle_histogram`; a
+standby replica cycles nothing, so it adds nothing to it. ``tpufleet_leader`` (gauge, label
+``replica``) is each replica's own: 1 where it leads, 0 on a standby (:func:`leader_gauge`). The
+gauges and counters above are read from the one database: every replica answers them alike, so a
+query over several replicas takes ``max`` of them (docs/replicas.md).
 
 **Counters survive a restart.** They are sums over the store's attempt records, not in-process
 counts: a restarted control plane's first scrape reads every attempt once and carries on from the
@@ -259,3 +263,21 @@ def cycle_histogram(registry: CollectorRegistry) -> Callable[[float], None]:
         registry=registry,
     )
     return h.observe
+
+
+class _LeaderGauge(Collector):
+    def __init__(self, replica: str, leads: Callable[[], bool]) -> None:
+        self.replica, self.leads = replica, leads
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        what = "1 on the replica that leads (runs the loop), 0 on a standby"
+        g = GaugeMetricFamily("tpufleet_leader", what, labels=["replica"])
+        g.add_metric([self.replica], 1.0 if self.leads() else 0.0)
+        yield g
+
+
+def leader_gauge(registry: CollectorRegistry, replica: str, leads: Callable[[], bool]) -> None:
+    """``tpufleet_leader{replica}`` in ``registry``: this process's own answer, per replica (the
+    one series a replica's ``/metrics`` has that no other replica's has; scraping every replica,
+    ``max`` over the store's gauges counts each once)."""
+    registry.register(_LeaderGauge(replica, leads))

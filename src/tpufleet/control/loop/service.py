@@ -65,6 +65,7 @@ from tpufleet.control.cluster.protocol import (
     Notifying,
     WarmPool,
 )
+from tpufleet.control.loop.leader import FencedError, Leadership
 from tpufleet.control.loop.provisioner import Provisioner
 from tpufleet.control.loop.schedstate import SchedState
 from tpufleet.control.loop.tenantfiles import TenantFiles
@@ -127,13 +128,16 @@ class Service:
         config: ServiceConfig | None = None,
         provisioner: Provisioner | None = None,
         after_write: AfterWrite | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
+        """``leadership``: this process is one of several replicas on one database, and the loop
+        runs only while it holds the lease (``store`` is then the fenced one, ``Store.fenced``:
+        ``Plane.build`` makes both); None: the only process, always leading."""
         self.store = store
         self.after_write = after_write
         self.cluster = cluster
         self.provisioner = provisioner  # slices made and deleted with a provider (serve --provider)
-        self.tr = Transitions(store)
-        self.state = SchedState(self.tr)  # the jobs the policy sees, kept between cycles
+        self.leadership = leadership
         self.decide = decide or _policy()
         self.state_dir = Path(state_dir)
         self.config = config or ServiceConfig()
@@ -143,6 +147,29 @@ class Service:
         self.graces = attempts.Graces(c.preempt_grace_s, c.cancel_grace_s, c.fail_grace_s)
         self.cycles = 0
         self.last_error: str | None = None
+        self.pool = cluster if isinstance(cluster, WarmPool) else None  # the Ray client keeps one
+        self._cycle_ms: deque[float] = deque(maxlen=100)
+        self.cycle_observers: list[Callable[[float], None]] = []  # each cycle's seconds (metrics)
+        self._pool: ThreadPoolExecutor | None = None
+        self._term: int | None = None  # the lease's term the kept state belongs to (with leadership)
+        self._fresh()
+        self._wake = threading.Event()
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+        if isinstance(cluster, Notifying):  # the Ray client says when a launch's hosts started
+            cluster.notify(self.wake)
+
+    def _fresh(self) -> None:
+        """What the loop keeps between cycles, as a process that just started has it: built here
+        and again when this replica begins a term as leader, so a takeover starts over exactly
+        as a restart does (``reconcile`` at its first cycle)."""
+        if self._pool is not None:  # a deposed term's launches and stops are not waited for
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self.tr = Transitions(self.store)
+        self.state = SchedState(self.tr)  # the jobs the policy sees, kept between cycles
+        if self.provisioner is not None and self._term is not None:
+            p = self.provisioner
+            self.provisioner = Provisioner(p.store, p.provider, p.config)
         self._reconciled = False
         self._launches: dict[Key, Future[None]] = {}
         self._stops: dict[Key, Future[AttemptStatus | None]] = {}
@@ -150,30 +177,22 @@ class Service:
         self._failing: dict[Key, float] = {}  # when a poll first saw the attempt's failure (store clock)
         self._status: dict[Key, AttemptStatus] = {}
         self._placed: set[Key] = set()  # Ray jobs whose placement is on record
-        self.pool = cluster if isinstance(cluster, WarmPool) else None  # the Ray client keeps one
         self._released: set[str] = set()
         self._busy = False
         self._log_turn = 0
-        self._cycle_ms: deque[float] = deque(maxlen=100)
-        self.cycle_observers: list[Callable[[float], None]] = []  # each cycle's seconds (metrics)
         self._progress: dict[Key, tuple[StepProgress, float]] = {}  # stored report, when (monotonic)
         self._progress_due: dict[Key, StepProgress] = {}
         self._last_cycle = time.monotonic()
         self._pool = ThreadPoolExecutor(self.config.stop_threads) if self.config.stop_threads else None
         self.files = TenantFiles(
-            store,
-            cluster,
+            self.store,
+            self.cluster,
             self.job_root,
             retention_s=self.config.checkpoint_retention_s,
             check_s=self.config.retention_check_s,
             write_s=self.config.progress_write_s,
             submit=self._submit,
         )
-        self._wake = threading.Event()
-        self._halt = threading.Event()
-        self._thread: threading.Thread | None = None
-        if isinstance(cluster, Notifying):  # the Ray client says when a launch's hosts started
-            cluster.notify(self.wake)
 
     # -- the cycle ----------------------------------------------------------------------------
     def run_once(self) -> None:
@@ -209,7 +228,7 @@ class Service:
         """The loop's health: cycles, the last cycle's and the median cycle's milliseconds (over the
         last 100), seconds since a cycle last finished, and whether the loop is stalled."""
         age = time.monotonic() - self._last_cycle
-        running = self._thread is not None and self._thread.is_alive()
+        running = self._thread is not None and self._thread.is_alive() and self.leads
         return {
             "cycles": self.cycles,
             "cycle_ms_last": round(self._cycle_ms[-1], 3) if self._cycle_ms else None,
@@ -424,6 +443,7 @@ class Service:
             self.wake()  # poll the hosts next (a Notifying cluster wakes the loop again once they started)
 
     def _do_launch(self, job: ActiveJob) -> None:
+        self.store.check_fence()  # a deposed leader launches nothing (its admission was written)
         wd = job.working_dir
         package = self.store.package(job.tenant, wd) if wd and r.PACKAGE_ID.fullmatch(wd) else None
         paths = jobfiles.run_paths(self.job_root, job.tenant, job.id, job.attempt, "-")
@@ -664,14 +684,67 @@ class Service:
 
     def _loop(self) -> None:
         while not self._halt.is_set():
-            try:
-                self.run_once()
-                self.last_error = None
-            except Exception as err:  # the loop must survive a bad cycle; the next one retries
-                self.last_error = f"{type(err).__name__}: {err}"
-                log.exception("scheduling cycle failed")
+            self.turn()
             self._wake.wait(self.config.busy_interval_s if self._busy else self.config.interval_s)
             self._wake.clear()
+
+    def turn(self) -> bool:
+        """One turn of the loop's thread: a cycle, when this replica leads (with ``leadership``:
+        a term just begun starts over as a restart does; a fenced cycle ends the term). A bad
+        cycle is logged and kept in ``last_error``: the next one retries. True when a cycle ran
+        to its end."""
+        if not self._begin_term():
+            return False
+        try:
+            self.run_once()
+        except FencedError:  # another replica leads: nothing of what the cycle tried was written
+            self._deposed()
+            return False
+        except Exception as err:  # the loop must survive a bad cycle; the next one retries
+            self.last_error = f"{type(err).__name__}: {err}"
+            log.exception("scheduling cycle failed")
+            return False
+        self.last_error = None
+        return True
+
+    @property
+    def leads(self) -> bool:
+        """Whether this replica's loop is the one that acts (always, without ``leadership``)."""
+        return self.leadership is None or (self._term is not None and self.leadership.term == self._term)
+
+    def _begin_term(self) -> bool:
+        """With leadership: whether to cycle now. A term this replica just began starts over
+        (:meth:`_fresh`, then ``reconcile``); a term that ended (fenced, or the lease lost)
+        stops the loop acting until the next one."""
+        lead = self.leadership
+        if lead is None:
+            return True
+        if self._term is not None and lead.fenced == self._term:
+            self._deposed()
+        term = lead.term
+        if term is None:
+            if self._term is not None:
+                self._deposed()
+            return False
+        if term != self._term:
+            self._term = term
+            lead.acting = term
+            self._fresh()
+            log.warning("leading (fencing token %s): reconciling with the cluster", term)
+        return True
+
+    def _deposed(self) -> None:
+        """This replica's term is over (a write was fenced, or the lease was lost): stop acting;
+        the launches and stops under way are left (the new leader reconciles them)."""
+        if self.leadership is None or self._term is None:
+            return
+        term, self._term = self._term, None
+        self.leadership.deposed(term)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        self._busy = False
+        log.warning("no longer leading (term %s is over): standing by", term)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ leaves half a change behind; state changes that race with the loop are compare-a
 
 from __future__ import annotations
 
+import copy
 import os
 import secrets
 import time
@@ -129,6 +130,7 @@ class Store(TenantOps, RayOps):
         self.limits = limits
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._fence: Callable[[Connection], None] | None = None
 
     @classmethod
     def open(
@@ -178,10 +180,30 @@ class Store(TenantOps, RayOps):
             why = "; ".join(line.strip() for line in str(err.orig).splitlines() if line.strip())
             raise ClusterError(f"cannot open the database {_safe_url(self.url)}: {why}") from err
 
+    def fenced(self, check: Callable[[Connection], None]) -> Store:
+        """This store (the same engine and connections) with ``check`` run first in every
+        transaction it begins: the loop's store on a replica (``control/store/lease.py``), whose
+        check raises ``FencedError`` once another replica leads, so that transaction rolls back
+        having written nothing. The API's store stays unfenced: every replica serves the API."""
+        view = copy.copy(self)
+        view._fence = check
+        return view
+
+    def check_fence(self) -> None:
+        """Run the fence now, in a transaction of its own (``FencedError`` once another replica
+        leads); nothing on an unfenced store. Before an action on the cluster that no write
+        covers (a launch), so a deposed leader does not start what the new one will."""
+        if self._fence is not None:
+            with self.tx():
+                pass
+
     @contextmanager
     def tx(self) -> Iterator[Session]:
-        """One transaction: committed on success, rolled back on any exception."""
+        """One transaction: committed on success, rolled back on any exception (the fence's
+        included: see :meth:`fenced`)."""
         with self._sessions.begin() as session:
+            if self._fence is not None:
+                self._fence(session.connection())
             yield session
 
     @contextmanager
@@ -195,6 +217,8 @@ class Store(TenantOps, RayOps):
             if conn.dialect.name != "sqlite":
                 with conn.begin():
                     conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+                    if self._fence is not None:
+                        self._fence(conn)
                     yield conn
                 return
             level = int(conn.exec_driver_sql("PRAGMA synchronous").scalar_one())  # 0 to 3
@@ -202,6 +226,8 @@ class Store(TenantOps, RayOps):
             conn.commit()  # ends the transaction SQLAlchemy began for the pragma (no BEGIN was sent)
             try:
                 with conn.begin():
+                    if self._fence is not None:
+                        self._fence(conn)
                     yield conn
             finally:  # the pragma belongs to the pooled connection, which others get next
                 conn.exec_driver_sql(f"PRAGMA synchronous = {level}")

@@ -277,3 +277,19 @@ class RayPackageRow(Base):
     uri: Mapped[str] = mapped_column(String(160), primary_key=True)
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[float]
+
+
+class LeaderLeaseRow(Base):
+    """The leader lease of the replicas on one database (``control/store/lease.py``): one row (id 1).
+    ``holder`` is the replica that leads or led last (``hostname:pid:random``), ``token`` the fencing
+    token (grows by one at every acquisition; every write of the loop is conditional on it),
+    ``expires_at`` and ``since`` are seconds since the epoch on the DATABASE's clock, never a
+    replica's, so replicas with skewed clocks agree on who leads."""
+
+    __tablename__ = "leader_lease"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    holder: Mapped[str | None] = mapped_column(String(200))
+    token: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[float]
+    since: Mapped[float]
