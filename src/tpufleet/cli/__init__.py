@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
+from typing import Any
 
-import click
 import typer.main
 
 from tpufleet.cli._app import app, console_err
@@ -41,11 +42,11 @@ __all__ = ["app", "command", "main"]
 
 
 @functools.cache
-def command() -> click.Command:
-    """The Click command tree Typer builds from ``app``, built once per process: ``app(...)``
-    rebuilds it at every call (~50 ms), which an in-process caller (the tests, a shell that runs
-    many commands) pays each time. ``app`` has pretty exceptions off, so calling this is what
-    calling ``app`` does."""
+def command() -> Callable[..., Any]:
+    """The Click command tree Typer builds from ``app`` (with Typer's own copy of Click), built
+    once per process: ``app(...)`` rebuilds it at every call (~50 ms), which an in-process caller
+    (the tests, a shell that runs many commands) pays each time. ``app`` has pretty exceptions
+    off, so calling this is what calling ``app`` does."""
     return typer.main.get_command(app)
 
 
