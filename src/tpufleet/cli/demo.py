@@ -57,6 +57,18 @@ def _package(script: Path) -> bytes:
     return buf.getvalue()
 
 
+# With --chaos, the multi-slice job's steps take this long: the host is killed once the job has
+# REPORTED half its steps, and reports reach the demo seconds late on a loaded machine; at 0.2 s a
+# step the job could end before the kill, leaving nothing to recover.
+CHAOS_STEP_S = 1.5
+
+
+def _paced(cmd: list[str], step_s: float) -> list[str]:
+    """``cmd`` with its ``--step-time`` set to ``step_s``."""
+    i = cmd.index("--step-time")
+    return [*cmd[: i + 1], str(step_s), *cmd[i + 2 :]]
+
+
 def _ray_job(client: Any, script: Path, steps: int) -> dict[str, Any]:
     """The Ray job: examples/train_jaxtrainer.py as a Ray driver (JaxTrainer over a Ray Data
     pipeline) on a v4-16 that tpufleet admits, beside the SPMD jobs."""
@@ -226,7 +238,12 @@ def demo_cmd(
         submitted = [
             rc.submit(cmd, "v6e-16", name="mlp-v6e", working_dir=code["rc"]),
             pc.submit(
-                cmd, "v4-16", num_slices=2, name="mlp-multislice", max_retries=3, working_dir=code["pc"]
+                _paced(cmd, CHAOS_STEP_S) if chaos else cmd,
+                "v4-16",
+                num_slices=2,
+                name="mlp-multislice",
+                max_retries=3,
+                working_dir=code["pc"],
             ),
             rc.submit(cmd, "v4-16", name="mlp-v4-waits", working_dir=code["rc"]),
             _ray_job(rc, script.with_name("train_jaxtrainer.py"), steps),
