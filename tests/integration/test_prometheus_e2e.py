@@ -108,9 +108,14 @@ def test_prometheus_scrapes_the_sandbox_control_plane_with_a_token_file(
 
 # -- the emulated fleet: device metrics measured on the hosts ----------------------------------------
 
-# Busy until cancelled at the end of the test (at most 15 minutes): on a loaded machine the waits
-# before the duty cycle is read can take minutes, and a burn that ended by then reads idle.
-BURN = "import time\nt = time.time()\nwhile time.time() - t < 900: pass\n"
+# Busy until cancelled at the end of the test (at most 15 minutes; on a loaded machine the waits
+# before the duty cycle is read can take minutes, and a burn that ended by then reads idle), at
+# about 60 %: 60 ms of CPU, then 40 ms asleep. Burning a whole core would take it from the other
+# tests of a 2-core machine for as long as this test waits.
+BURN = (
+    "import time\nend = time.time() + 900\nwhile time.time() < end:\n"
+    "    t = time.process_time()\n    while time.process_time() - t < 0.06: pass\n    time.sleep(0.04)\n"
+)
 
 
 def test_prometheus_sees_the_measured_duty_cycle_of_a_busy_emulated_host(
