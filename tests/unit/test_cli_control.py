@@ -348,3 +348,37 @@ def test_submit_warns_when_the_fleet_has_no_slice_of_the_type(cli: Cli) -> None:
         headers={"Authorization": f"Bearer {token}"},
     ).json()
     assert got["warnings"] == [] and got["state"] == "QUEUED"  # the API says it too (empty: it fits)
+
+
+def test_a_job_whose_attempt_failed_says_it_is_being_stopped_not_just_running(cli: Cli) -> None:
+    """Between a failure and the requeue (the other hosts get their grace period, ~5 s), the job is
+    still RUNNING: `job` says the attempt is being stopped and what comes next, not a bare
+    RUNNING with reason ATTEMPT_FAILED (issue 31)."""
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    job_id = cli.run("submit", "--type", "v4-16", "--", "python", "train.py", token=token).strip()
+    cli.cycle(2)
+    cluster = cli.cp.cluster
+    assert isinstance(cluster, FakeCluster)
+    [held] = cli.cp.store.job(job_id).slices
+    seen: list[tuple[dict[str, object], str, dict[str, object]]] = []
+
+    def look() -> None:  # the stop is on record and being carried out: what a user sees now
+        shown = json.loads(cli.run("job", job_id, "--json", token=token))
+        listed = json.loads(cli.run("jobs", "--json", token=token))[0]
+        seen.append((shown, cli.run("job", job_id, token=token), listed))
+
+    cluster.fault("stop", look)
+    cluster.kill_host(held, 1)
+    cli.cycle()
+    cluster.fault("stop", None)
+    [(shown, text, listed)] = seen
+    assert (shown["state"], shown["reason_code"], shown["stopping"]) == ("RUNNING", "ATTEMPT_FAILED", True)
+    reason = str(shown["reason"])
+    assert reason.startswith("attempt 1 failed (") and reason.endswith(
+        "); stopping its processes on every host, then the job is requeued (retry 1 of 2)"
+    )
+    assert listed["stopping"] is True
+    assert "RUNNING, stopping attempt 1 (the reason says why and what comes next)" in text
+    job = json.loads(cli.run("job", job_id, "--json", token=token))  # the stop is done: requeued
+    assert (job["state"], job["reason_code"], job["stopping"]) == ("QUEUED", "RETRYING", False)
+    assert "stopping attempt" not in cli.run("job", job_id, token=token)
