@@ -382,3 +382,42 @@ def test_a_job_whose_attempt_failed_says_it_is_being_stopped_not_just_running(cl
     job = json.loads(cli.run("job", job_id, "--json", token=token))  # the stop is done: requeued
     assert (job["state"], job["reason_code"], job["stopping"]) == ("QUEUED", "RETRYING", False)
     assert "stopping attempt" not in cli.run("job", job_id, token=token)
+
+
+def test_submit_batch_warns_as_a_single_submit_does_naming_the_lines(cli: Cli, tmp_path: Path) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    cli.cycle()  # the loop has seen the fleet: v4-16 x2, v6e-16 x1
+    missing = (
+        "the fleet has no v5litepod-8 slice and no pool makes them: the job waits (NO_SUCH_SLICES_IN_FLEET) "
+        "until an operator adds some; the fleet has: v4-16 x2, v6e-16 x1. Submit with one of those types, "
+        "or ask the operator for a pool of v5litepod-8 slices"
+    )
+    bodies = [
+        {"command": ["x"], "accelerator_type": "v5e-8"},
+        {"command": ["x"], "accelerator_type": "v4-16"},
+        {"command": ["x"], "accelerator_type": "v5litepod-8"},  # the same type, named as GCE does
+        {"command": ["x"], "accelerator_type": "v4-16", "num_slices": 3},
+    ]
+    path = tmp_path / "jobs.jsonl"
+    lines = [json.dumps(b) for b in bodies]
+    path.write_text("\n".join([*lines[:2], "", *lines[2:]]) + "\n")  # line 3 blank: items on 1, 2, 4, 5
+    result = cli.invoke("submit", "--batch", str(path), token=token)
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.split()) == 4  # queued all the same; stdout is just the ids
+    assert result.stderr.splitlines() == [
+        f"warning: {path} lines 1, 4: {missing}",
+        f"warning: {path}:5: the fleet has 2 v4-16 slices, the job needs 3 and no pool makes them: the job "
+        "waits (NO_SUCH_SLICES_IN_FLEET) until an operator adds some; the fleet has: v4-16 x2, v6e-16 x1. "
+        "Submit with one of those types, or ask the operator for a pool of v4-16 slices",
+    ]
+    answer = cli.http.post(
+        "/api/v1/jobs/batch", json={"jobs": bodies}, headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    assert [w["jobs"] for w in answer["warnings"]] == [[0, 2], [3]]  # each once, with its items
+    assert answer["warnings"][0]["message"] == missing
+    path.write_text("\n".join([lines[0]] * 7) + "\n")
+    many = cli.invoke("submit", "--batch", str(path), token=token)
+    assert many.stderr == f"warning: {path} lines 1, 2, 3, 4, 5 and 2 more: {missing}\n"
+    path.write_text(lines[1] + "\n")  # a job that fits: no warning
+    quiet = cli.invoke("submit", "--batch", str(path), token=token)
+    assert (quiet.exit_code, quiet.stderr) == (0, "")
