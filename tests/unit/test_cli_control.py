@@ -421,3 +421,19 @@ def test_submit_batch_warns_as_a_single_submit_does_naming_the_lines(cli: Cli, t
     path.write_text(lines[1] + "\n")  # a job that fits: no warning
     quiet = cli.invoke("submit", "--batch", str(path), token=token)
     assert (quiet.exit_code, quiet.stderr) == (0, "")
+
+
+def test_a_commands_options_may_come_before_its_name(cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tpufleet --json jobs` is `tpufleet jobs --json` (options after the name, `logs ID --follow`,
+    are Click's own); a subcommand's too, and values that look like a command's name stay values."""
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    cli.cycle()  # the store knows the fleet's slices
+    job_id = cli.run("--name", "jobs", "--type", "v4-16", "submit", "--", "x", token=token).strip()
+    listed = json.loads(cli.run("--json", "jobs", token=token))
+    assert [(j["id"], j["name"]) for j in listed] == [(job_id, "jobs")]
+    assert json.loads(cli.run("--json", "job", job_id, token=token))["state"] == "QUEUED"
+    first = ["--server", "http://testserver", "--token", cli.cp.admin_token]
+    drained = cli.runner.invoke(command(), [*first, "slice", "drain", "tpu-v6e-16-0"], obj=cli.seams)
+    assert (drained.exit_code, drained.stdout) == (0, "tpu-v6e-16-0 DRAINING\n"), drained.output
+    code, out, err = tpufleet(capsys, "--jsn", "jobs")  # an option of no command: Click's message
+    assert (code, out) == (2, "") and "No such option: --jsn" in err

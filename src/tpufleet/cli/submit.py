@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from tpufleet.cli._app import app, console_err, print_json
+from tpufleet.cli._app import app, console_err, option_names, print_json
 from tpufleet.cli.common import ERRORS, JsonOpt, ServerOpt, TokenOpt, make_client, safe, seams
 from tpufleet.client.http import DEFAULT_SERVER, Client
 from tpufleet.control.store.values import Limits
@@ -26,13 +26,7 @@ class SubmitCommand(TyperCommand):
     command word (a misspelled option of submit) keeps Click's own message."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # Any: the Context of typer's own Click
-        known = {
-            name: bool(getattr(p, "is_flag", False) or getattr(p, "count", False))
-            for p in self.get_params(ctx)
-            if p.param_type_name == "option"
-            for name in (*p.opts, *p.secondary_opts)
-        }
-        found = _forgotten_dashes(args, known)
+        found = _forgotten_dashes(args, option_names(self, ctx))
         if found is not None:
             bad, fixed = found
             line = shlex.join([*ctx.command_path.split(), *_masked(fixed)])
