@@ -125,7 +125,8 @@ def test_job_has_the_fields_the_cli_shows(api: Api) -> None:
         ({"num_slices": 0}, 400, "num_slices: must be an integer from 1"),
         ({"num_slices": "many"}, 422, "num_slices: Input should be a valid integer"),
         ({"command": []}, 400, "command: a job needs a command"),
-        ({"colour": "red"}, 422, "colour: Extra inputs are not permitted"),
+        ({"colour": "red"}, 422, "colour: unknown field 'colour'; valid: accelerator_type, command, env,"),
+        ({"num_slice": 2}, 422, "num_slice: unknown field 'num_slice'; did you mean num_slices?"),
         ({"env": {"TPU_NAME": "x"}}, 400, "TPU_NAME is set by tpufleet"),
     ],
 )
@@ -159,6 +160,9 @@ def test_tenant_errors_and_unknown_ids(api: Api) -> None:
     assert dup.status_code == 409 and "already exists" in dup.json()["error"]
     bad = api.call("POST", "/tenants", api.admin, json={"name": "team-b", "quota": {"v99": 8}})
     assert bad.status_code == 400 and "not a TPU generation" in bad.json()["error"]
+    typo = api.call("PATCH", "/tenants/team-a", api.admin, json={"qouta": {"v4": 16}})  # any body's typo
+    assert typo.status_code == 422
+    assert typo.json() == {"error": "qouta: unknown field 'qouta'; did you mean quota?"}
     assert api.call("GET", "/jobs/nope", api.admin).status_code == 404
     assert api.call("POST", "/slices/nope/drain", api.admin).status_code == 404
     assert [t["name"] for t in api.call("GET", "/tenants", api.admin).json()] == ["team-a"]

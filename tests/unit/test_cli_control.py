@@ -348,3 +348,92 @@ def test_submit_warns_when_the_fleet_has_no_slice_of_the_type(cli: Cli) -> None:
         headers={"Authorization": f"Bearer {token}"},
     ).json()
     assert got["warnings"] == [] and got["state"] == "QUEUED"  # the API says it too (empty: it fits)
+
+
+def test_a_job_whose_attempt_failed_says_it_is_being_stopped_not_just_running(cli: Cli) -> None:
+    """Between a failure and the requeue (the other hosts get their grace period, ~5 s), the job is
+    still RUNNING: `job` says the attempt is being stopped and what comes next, not a bare
+    RUNNING with reason ATTEMPT_FAILED (issue 31)."""
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    job_id = cli.run("submit", "--type", "v4-16", "--", "python", "train.py", token=token).strip()
+    cli.cycle(2)
+    cluster = cli.cp.cluster
+    assert isinstance(cluster, FakeCluster)
+    [held] = cli.cp.store.job(job_id).slices
+    seen: list[tuple[dict[str, object], str, dict[str, object]]] = []
+
+    def look() -> None:  # the stop is on record and being carried out: what a user sees now
+        shown = json.loads(cli.run("job", job_id, "--json", token=token))
+        listed = json.loads(cli.run("jobs", "--json", token=token))[0]
+        seen.append((shown, cli.run("job", job_id, token=token), listed))
+
+    cluster.fault("stop", look)
+    cluster.kill_host(held, 1)
+    cli.cycle()
+    cluster.fault("stop", None)
+    [(shown, text, listed)] = seen
+    assert (shown["state"], shown["reason_code"], shown["stopping"]) == ("RUNNING", "ATTEMPT_FAILED", True)
+    reason = str(shown["reason"])
+    assert reason.startswith("attempt 1 failed (") and reason.endswith(
+        "); stopping its processes on every host, then the job is requeued (retry 1 of 2)"
+    )
+    assert listed["stopping"] is True
+    assert "RUNNING, stopping attempt 1 (the reason says why and what comes next)" in text
+    job = json.loads(cli.run("job", job_id, "--json", token=token))  # the stop is done: requeued
+    assert (job["state"], job["reason_code"], job["stopping"]) == ("QUEUED", "RETRYING", False)
+    assert "stopping attempt" not in cli.run("job", job_id, token=token)
+
+
+def test_submit_batch_warns_as_a_single_submit_does_naming_the_lines(cli: Cli, tmp_path: Path) -> None:
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    cli.cycle()  # the loop has seen the fleet: v4-16 x2, v6e-16 x1
+    missing = (
+        "the fleet has no v5litepod-8 slice and no pool makes them: the job waits (NO_SUCH_SLICES_IN_FLEET) "
+        "until an operator adds some; the fleet has: v4-16 x2, v6e-16 x1. Submit with one of those types, "
+        "or ask the operator for a pool of v5litepod-8 slices"
+    )
+    bodies = [
+        {"command": ["x"], "accelerator_type": "v5e-8"},
+        {"command": ["x"], "accelerator_type": "v4-16"},
+        {"command": ["x"], "accelerator_type": "v5litepod-8"},  # the same type, named as GCE does
+        {"command": ["x"], "accelerator_type": "v4-16", "num_slices": 3},
+    ]
+    path = tmp_path / "jobs.jsonl"
+    lines = [json.dumps(b) for b in bodies]
+    path.write_text("\n".join([*lines[:2], "", *lines[2:]]) + "\n")  # line 3 blank: items on 1, 2, 4, 5
+    result = cli.invoke("submit", "--batch", str(path), token=token)
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.split()) == 4  # queued all the same; stdout is just the ids
+    assert result.stderr.splitlines() == [
+        f"warning: {path} lines 1, 4: {missing}",
+        f"warning: {path}:5: the fleet has 2 v4-16 slices, the job needs 3 and no pool makes them: the job "
+        "waits (NO_SUCH_SLICES_IN_FLEET) until an operator adds some; the fleet has: v4-16 x2, v6e-16 x1. "
+        "Submit with one of those types, or ask the operator for a pool of v4-16 slices",
+    ]
+    answer = cli.http.post(
+        "/api/v1/jobs/batch", json={"jobs": bodies}, headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    assert [w["jobs"] for w in answer["warnings"]] == [[0, 2], [3]]  # each once, with its items
+    assert answer["warnings"][0]["message"] == missing
+    path.write_text("\n".join([lines[0]] * 7) + "\n")
+    many = cli.invoke("submit", "--batch", str(path), token=token)
+    assert many.stderr == f"warning: {path} lines 1, 2, 3, 4, 5 and 2 more: {missing}\n"
+    path.write_text(lines[1] + "\n")  # a job that fits: no warning
+    quiet = cli.invoke("submit", "--batch", str(path), token=token)
+    assert (quiet.exit_code, quiet.stderr) == (0, "")
+
+
+def test_a_commands_options_may_come_before_its_name(cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tpufleet --json jobs` is `tpufleet jobs --json` (options after the name, `logs ID --follow`,
+    are Click's own); a subcommand's too, and values that look like a command's name stay values."""
+    token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
+    cli.cycle()  # the store knows the fleet's slices
+    job_id = cli.run("--name", "jobs", "--type", "v4-16", "submit", "--", "x", token=token).strip()
+    listed = json.loads(cli.run("--json", "jobs", token=token))
+    assert [(j["id"], j["name"]) for j in listed] == [(job_id, "jobs")]
+    assert json.loads(cli.run("--json", "job", job_id, token=token))["state"] == "QUEUED"
+    first = ["--server", "http://testserver", "--token", cli.cp.admin_token]
+    drained = cli.runner.invoke(command(), [*first, "slice", "drain", "tpu-v6e-16-0"], obj=cli.seams)
+    assert (drained.exit_code, drained.stdout) == (0, "tpu-v6e-16-0 DRAINING\n"), drained.output
+    code, out, err = tpufleet(capsys, "--jsn", "jobs")  # an option of no command: Click's message
+    assert (code, out) == (2, "") and "No such option: --jsn" in err

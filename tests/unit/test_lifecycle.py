@@ -127,6 +127,26 @@ def test_how_an_ended_attempt_moves_the_job_on(
     assert (after.stop_kind, after.stop_message, after.preempting) == (None, None, False)
 
 
+@pytest.mark.parametrize(
+    ("kind", "failures", "then"),
+    [
+        (StopKind.FAIL, 0, "then the job is requeued (retry 1 of 2)"),
+        (StopKind.FAIL, 1, "then the job is requeued (retry 2 of 2)"),
+        (StopKind.FAIL, 2, "then the job fails (no retries left, max_retries=2)"),
+        (StopKind.PERMANENT, 0, "then the job fails (not retried: running it again cannot help)"),
+    ],
+)
+def test_a_failed_attempt_being_stopped_says_so_and_what_comes_next(
+    kind: StopKind, failures: int, then: str
+) -> None:
+    life = lc.request_stop(Life(R, attempt=3, failures=failures, max_retries=2), kind, "host 1 lost")
+    assert life is not None and (life.state, life.stop_message) == (R, "host 1 lost")
+    stopping = "attempt 3 failed (host 1 lost); stopping its processes on every host"
+    assert life.reason_message == f"{stopping}, {then}"
+    after, _ = lc.end_attempt(life)  # once ended, the reason is the ending's own
+    assert after.reason_message is not None and "stopping" not in after.reason_message
+
+
 def test_a_permanent_failure_says_it_was_not_retried() -> None:
     life = Life(R, attempt=1, stop_kind=StopKind.PERMANENT, stop_message="pyhton: command not found")
     after, _ = lc.end_attempt(life)

@@ -1,9 +1,14 @@
 """The API's one error mapping: every error as ``{"error": "<one line>"}`` with its status, and the
 OpenAPI ``responses`` each route declares (:func:`responses`). Routers import this; nothing here
-imports a router or the app."""
+imports a router or the app.
+
+An unknown field in a request body names the closest valid one (``num_slice: unknown field
+'num_slice'; did you mean num_slices?``), as a fleet spec's typo does: the valid names are the
+fields of the body's model, found from the route's endpoint (:func:`unknown_body_field`)."""
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,9 +17,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 
 from tpufleet.api.authguard import TooManyFailures
-from tpufleet.errors import AuthError, ClusterError, TpufleetError
+from tpufleet.errors import AuthError, ClusterError, TpufleetError, unknown_field
 
 
 class ErrorBody(BaseModel):
@@ -53,11 +59,14 @@ def install(app: FastAPI) -> None:
         return JSONResponse({"error": _one_line(str(err))}, status_code=err.http_status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    def invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
+    def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         problems = []
         for e in err.errors()[:3]:
-            where = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path"))
-            problems.append(f"{where}: {e.get('msg', 'invalid')}" if where else str(e.get("msg")))
+            loc = tuple(e.get("loc", ()))
+            where = ".".join(str(p) for p in loc if p not in ("body", "query", "path"))
+            typo = e.get("type") == "extra_forbidden"
+            msg = (typo and unknown_body_field(request.scope.get("route"), loc)) or e.get("msg", "invalid")
+            problems.append(f"{where}: {msg}" if where else str(msg))
         return JSONResponse({"error": _one_line("; ".join(problems))}, status_code=422)
 
     @app.exception_handler(DataError)
@@ -71,6 +80,29 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     def http_error(_request: Request, err: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": _one_line(str(err.detail))}, status_code=err.status_code)
+
+
+def unknown_body_field(route: BaseRoute | None, loc: tuple[Any, ...]) -> str | None:
+    """``unknown field 'num_slice'; did you mean num_slices?`` for a key of a JSON body (``loc``:
+    a validation error's, ``("body", "num_slice")``) that the body's model does not have; None
+    where the model cannot be told (not a key of the body itself; a route whose endpoint does not
+    take exactly one pydantic model)."""
+    if len(loc) != 2 or loc[0] != "body":
+        return None
+    model = _body_model(route)
+    return None if model is None else unknown_field(loc[1], model.model_fields)
+
+
+def _body_model(route: BaseRoute | None) -> type[BaseModel] | None:
+    """The one pydantic model among the route's endpoint parameters (its JSON body), or None."""
+    endpoint = getattr(route, "endpoint", None)
+    try:
+        hints = typing.get_type_hints(endpoint) if endpoint is not None else {}
+    except (NameError, TypeError):  # an annotation that does not resolve: no suggestion, not an error
+        return None
+    hints.pop("return", None)
+    models = [h for h in hints.values() if isinstance(h, type) and issubclass(h, BaseModel)]
+    return models[0] if len(models) == 1 else None
 
 
 def _one_line(message: str) -> str:

@@ -32,7 +32,7 @@ from tpufleet.control.store.values import (
 )
 from tpufleet.errors import SpecError, TpufleetError, unknown_field
 
-__all__ = ["BatchOut", "JobBatch", "JobPage", "JobSubmit", "router"]
+__all__ = ["BatchOut", "BatchWarning", "JobBatch", "JobPage", "JobSubmit", "router"]
 
 
 class JobSubmit(BaseModel):
@@ -72,8 +72,16 @@ class JobBatch(BaseModel):
     )
 
 
+class BatchWarning(BaseModel):
+    jobs: list[int] = Field(description="the items it is about: their indices in the batch, from 0")
+    message: str = Field(description="what POST /api/v1/jobs says under warnings for each of them")
+
+
 class BatchOut(BaseModel):
     ids: list[str] = Field(description="the new jobs' ids, in the order of the batch")
+    warnings: list[BatchWarning] = Field(
+        description="the warnings POST /api/v1/jobs gives, each once, with the items it is about"
+    )
 
 
 class JobPage(BaseModel):
@@ -98,14 +106,33 @@ def submit(body: JobSubmit, me: Who, store: Db, request: Request) -> dict[str, A
 
 
 def _warnings(request: Request, store: Store, job: JobRecord) -> list[str]:
-    """``jobviews.fleet_warnings`` for a queued job; the autoscaler's pool types are the app's
-    ``pool_types`` (``ControlPlane`` sets them; none without a provider), and the fleet counts as
-    seen once the loop has cycled."""
+    """``jobviews.fleet_warnings`` for a queued job (:func:`_shapes_warnings`)."""
     if job.state != QUEUED:
         return []
+    return _shapes_warnings(request, store, [(job.accelerator_type, job.num_slices)])[0]
+
+
+def _shapes_warnings(request: Request, store: Store, shapes: list[tuple[str, int]]) -> list[list[str]]:
+    """``jobviews.fleet_warnings`` for queued jobs of each (type, slices) shape; the autoscaler's
+    pool types are the app's ``pool_types`` (``ControlPlane`` sets them; none without a provider),
+    and the fleet counts as seen once the loop has cycled."""
     pools: frozenset[str] = getattr(request.app.state, "pool_types", frozenset())
     seen = bool(request.app.state.status().get("cycles"))  # the loop has synced the fleet's slices
-    return fleet_warnings(store, job.accelerator_type, job.num_slices, pools, fleet_seen=seen)
+    return [fleet_warnings(store, kind, n, pools, fleet_seen=seen) for kind, n in shapes]
+
+
+def _batch_warnings(request: Request, store: Store, requests: list[JobRequest]) -> list[dict[str, Any]]:
+    """The warnings of a queued batch (``BatchOut.warnings``): each once, with the items it is
+    about; the fleet is looked at once per shape of job, not per item."""
+    items: dict[tuple[str, int], list[int]] = {}
+    for i, req in enumerate(requests):
+        items.setdefault((req.accelerator_type, req.num_slices), []).append(i)
+    shapes = list(items)
+    by_message: dict[str, list[int]] = {}
+    for shape, warnings in zip(shapes, _shapes_warnings(request, store, shapes), strict=True):
+        for message in warnings:
+            by_message.setdefault(message, []).extend(items[shape])
+    return [{"jobs": sorted(jobs), "message": message} for message, jobs in by_message.items()]
 
 
 @router.post(
@@ -118,7 +145,8 @@ def _warnings(request: Request, store: Store, job: JobRecord) -> list[str]:
 def submit_batch(body: JobBatch, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Queue many jobs at once, all or none: every item is validated first (one bad item is a 400
     naming it, e.g. ``jobs[3].num_slices: ...``, and nothing is stored), then all are stored in one
-    transaction. The per-tenant queued cap applies to the batch as a whole (409)."""
+    transaction. The per-tenant queued cap applies to the batch as a whole (409). The ids, and
+    ``warnings``: those ``POST /api/v1/jobs`` gives, each once with the items it is about."""
     limits = request.app.state.limits
     owners: list[str] = []
     requests: list[JobRequest] = []
@@ -133,7 +161,7 @@ def submit_batch(body: JobBatch, me: Who, store: Db, request: Request) -> dict[s
             raise _at_item(err, i) from None
     ids = store.submit_many(owners, requests)
     changed(request)
-    return {"ids": ids}
+    return {"ids": ids, "warnings": _batch_warnings(request, store, requests)}
 
 
 def _first_problem(err: ValidationError) -> str:

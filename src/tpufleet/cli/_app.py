@@ -8,6 +8,10 @@ Help pages stay readable at 80 columns (``tests/unit/test_cli_help.py`` walks ev
 - The options panel is drawn with its own columns (``_options_panel``, in place of Typer's): the
   option names never wrap or shrink (Typer's table cut them, ``--allow-working-dir-u…``), the type
   column is narrow, and the help column takes the rest and folds what does not fit.
+
+A command's options may also come before its name (``tpufleet --json jobs``, ``tpufleet --server
+URL slice drain NAME``): the root group moves them after the name, where Click reads them
+(:func:`options_after_command`); ``tpufleet`` itself has no options but ``--help``.
 """
 
 from __future__ import annotations
@@ -45,11 +49,66 @@ def _unwrap_tree(command: Any) -> None:  # a Click command (Typer vendors Click:
 
 
 class _ReadableGroup(TyperGroup):
-    """The root group: every command's help and epilog as paragraphs (see the module docstring)."""
+    """The root group: every command's help and epilog as paragraphs, and a command's options
+    accepted before its name (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _unwrap_tree(self)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # Any: the Context of typer's Click
+        return super().parse_args(ctx, options_after_command(self, ctx, args))
+
+
+def option_names(command: Any, ctx: Any) -> dict[str, bool]:
+    """Each option name of a Click ``command`` (``--json``, ``-f``, ``--no-wait``), True for one
+    that takes no value (a flag or a count)."""
+    return {
+        name: bool(getattr(p, "is_flag", False) or getattr(p, "count", False))
+        for p in command.get_params(ctx)
+        if p.param_type_name == "option"
+        for name in (*p.opts, *p.secondary_opts)
+    }
+
+
+def options_after_command(group: Any, ctx: Any, args: list[str]) -> list[str]:
+    """``args`` with the options given before the command's name moved after it (``--json jobs``
+    -> ``jobs --json``; ``--token T slice drain X`` -> ``slice drain --token T X``), when every one
+    of them is an option of that command (a subcommand's, for a group) and none is ``group``'s own;
+    ``args`` unchanged otherwise (no option first, no command, an option of no one: Click's own
+    message)."""
+    if not args or not args[0].startswith("-") or args[0] == "--":
+        return args
+    own = option_names(group, ctx)
+    for at, word in enumerate(args):
+        if word == "--":
+            break
+        command = None if word.startswith("-") else group.get_command(ctx, word)
+        if command is None:
+            continue
+        end = at + 1
+        while hasattr(command, "commands") and end < len(args):  # a group: down to the subcommand
+            sub = command.get_command(ctx, args[end])
+            if sub is None:
+                break
+            command, end = sub, end + 1
+        lead = args[:at]
+        if _only_options(lead, option_names(command, ctx), own):
+            return [*args[at:end], *lead, *args[end:]]
+    return args
+
+
+def _only_options(tokens: list[str], known: dict[str, bool], own: dict[str, bool]) -> bool:
+    """``tokens`` are options of ``known`` with their values, none of them in ``own``."""
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name = token.partition("=")[0] if token.startswith("--") else token[:2]
+        if not token.startswith("-") or name not in known or name in own:
+            return False
+        takes_value = not known[name] and name == token
+        i += 2 if takes_value else 1
+    return i == len(tokens)
 
 
 def _names(param: Any) -> Text:

@@ -89,6 +89,15 @@ def job_cmd(
     _show_job(job)
 
 
+def _state_line(j: dict[str, Any]) -> str:
+    """``RUNNING``; while its attempt is being ended (``stopping``: a failure, a preemption, a
+    cancel) the job keeps its active state, and the line says so: the reason says why and what
+    comes next (requeued, or the job's end)."""
+    if not j.get("stopping") or j["state"] in TERMINAL_STATES:
+        return str(j["state"])
+    return f"{j['state']}, stopping attempt {j['attempt']} (the reason says why and what comes next)"
+
+
 def _goodput_cell(g: dict[str, Any] | None) -> str:
     ratio = (g or {}).get("ratio")
     return "-" if ratio is None else f"{ratio * 100:.0f}%"
@@ -115,7 +124,7 @@ def _show_job(j: dict[str, Any]) -> None:
         ("id", j["id"]),
         ("name", j["name"]),
         ("tenant", j["tenant"]),
-        ("state", j["state"]),
+        ("state", _state_line(j)),
         ("attempt", f"{j['attempt']} (failures {j['failures']} of max_retries {j['max_retries']})"),
         ("type", f"{j['accelerator_type']} x {j['num_slices']}"),
         ("kind", "ray (one Ray driver; docs/ray-jobs.md)" if j.get("kind") == "ray" else "spmd"),

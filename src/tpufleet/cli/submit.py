@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from tpufleet.cli._app import app, console_err, print_json
+from tpufleet.cli._app import app, console_err, option_names, print_json
 from tpufleet.cli.common import ERRORS, JsonOpt, ServerOpt, TokenOpt, make_client, safe, seams
 from tpufleet.client.http import DEFAULT_SERVER, Client
 from tpufleet.control.store.values import Limits
@@ -26,13 +26,7 @@ class SubmitCommand(TyperCommand):
     command word (a misspelled option of submit) keeps Click's own message."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # Any: the Context of typer's own Click
-        known = {
-            name: bool(getattr(p, "is_flag", False) or getattr(p, "count", False))
-            for p in self.get_params(ctx)
-            if p.param_type_name == "option"
-            for name in (*p.opts, *p.secondary_opts)
-        }
-        found = _forgotten_dashes(args, known)
+        found = _forgotten_dashes(args, option_names(self, ctx))
         if found is not None:
             bad, fixed = found
             line = shlex.join([*ctx.command_path.split(), *_masked(fixed)])
@@ -177,7 +171,7 @@ def _submit_batch(client: Client, path: Path, tenant: str | None, as_json: bool)
     if len(bodies) > MAX_BATCH_JOBS:
         raise SpecError(f"{len(bodies):,} jobs; at most {MAX_BATCH_JOBS:,} in one batch", file=str(path))
     try:
-        ids = client.submit_batch(bodies)
+        answer = client.submit_batch_answer(bodies)
     except TpufleetError as err:
         found = re.match(r"jobs\[(\d+)\][.:]? ?(.*)", str(err))
         if found is None or int(found.group(1)) >= len(lines):
@@ -186,10 +180,22 @@ def _submit_batch(client: Client, path: Path, tenant: str | None, as_json: bool)
         if isinstance(err, SpecError):
             raise SpecError(rest, file=str(path), line=line) from None
         raise type(err)(f"{path}:{line}: {rest}") from None
+    ids = [str(i) for i in answer["ids"]]
+    for warning in answer.get("warnings") or ():  # queued all the same: stdout keeps just the ids
+        where = _lines_of(path, [lines[i] for i in warning["jobs"] if 0 <= i < len(lines)])
+        console_err.print(f"warning: {safe(where + str(warning['message']))}", highlight=False, markup=False)
     if as_json:
         print_json({"ids": ids})
     else:
         typer.echo("\n".join(ids))
+
+
+def _lines_of(path: Path, lines: list[int], shown: int = 5) -> str:
+    """``jobs.jsonl:3: `` for one line, ``jobs.jsonl lines 1, 4, 7 and 12 more: `` for several."""
+    if len(lines) == 1:
+        return f"{path}:{lines[0]}: "
+    more = f" and {len(lines) - shown} more" if len(lines) > shown else ""
+    return f"{path} lines {', '.join(map(str, lines[:shown]))}{more}: " if lines else f"{path}: "
 
 
 def read_batch(path: Path, tenant: str | None = None) -> tuple[list[dict[str, Any]], list[int]]:

@@ -231,8 +231,14 @@ class Client:
         """Queue many jobs in one request, all or none (``POST /api/v1/jobs/batch``): each body has
         the fields of :meth:`submit` (``command``, ``accelerator_type``, ...); returns their ids in
         order. One bad body raises the server's error, which names it (``jobs[3].num_slices: ...``)."""
+        return [str(i) for i in self.submit_batch_answer(bodies)["ids"]]
+
+    def submit_batch_answer(self, bodies: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """:meth:`submit_batch`'s whole answer: ``ids`` and ``warnings`` (each ``{"jobs": [indices
+        in the batch], "message": ...}``, the warnings :meth:`submit` answers with)."""
         body = {"jobs": [dict(b) for b in bodies]}
-        return [str(i) for i in self.request("POST", f"{API}/jobs/batch", json=body)["ids"]]
+        answer: dict[str, Any] = self.request("POST", f"{API}/jobs/batch", json=body)
+        return answer
 
     def upload_package(
         self,

@@ -211,14 +211,28 @@ def request_stop(life: Life, kind: StopKind, message: str) -> Life | None:
     if life.stop_kind is not None and not overrides:
         return None
     reason = _STOP_REASONS.get(kind)
+    shown = _failing(life, kind, message) if kind in (StopKind.FAIL, StopKind.PERMANENT) else message
     return replace(
         life,
         stop_kind=kind,
         stop_message=message,
         preempting=life.preempting or kind in _POLICY_PREEMPTIONS,
         reason_code=str(reason) if reason else life.reason_code,
-        reason_message=message if reason else life.reason_message,
+        reason_message=shown if reason else life.reason_message,
     )
+
+
+def _failing(life: Life, kind: StopKind, message: str) -> str:
+    """The reason a job shows while its failed attempt is being stopped (it is still in its active
+    state until every process has ended, which takes up to the failure's grace period): what
+    failed, that the rest of the attempt is being stopped, and what comes next."""
+    if kind is StopKind.PERMANENT:
+        then = "then the job fails (not retried: running it again cannot help)"
+    elif life.failures + 1 > life.max_retries:
+        then = f"then the job fails (no retries left, max_retries={life.max_retries})"
+    else:
+        then = f"then the job is requeued (retry {life.failures + 1} of {life.max_retries})"
+    return f"attempt {life.attempt} failed ({message}); stopping its processes on every host, {then}"
 
 
 def request_cancel(life: Life) -> Life:

@@ -765,6 +765,7 @@ def job_record(j: JobRow, attempts: tuple[r.AttemptRecord, ...] = ()) -> r.JobRe
         finished_at=j.finished_at,
         attempts=attempts,
         kind=lc.JobKind(j.kind or lc.JobKind.SPMD),
+        stopping=j.stop_kind is not None,
     )
 
 

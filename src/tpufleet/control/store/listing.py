@@ -58,6 +58,7 @@ def job_item(j: JobRow) -> dict[str, Any]:
         "borrowing": j.borrowing,
         "preempting": j.preempting,
         "cancel_requested": j.cancel_requested,
+        "stopping": j.stop_kind is not None,
         "exit_code": j.exit_code,
         "seq": j.seq,
         "submitted_at": j.submitted_at,

@@ -238,6 +238,9 @@ class JobRecord:
     finished_at: float | None
     attempts: tuple[AttemptRecord, ...] = ()  # filled in by Store.job(), not by listings
     kind: JobKind = JobKind.SPMD
+    # its current attempt is being ended (a failure, a preemption, a cancel): the job keeps its
+    # active state until every process has ended; ``reason`` says why and what comes next
+    stopping: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
