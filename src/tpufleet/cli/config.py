@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -24,12 +24,13 @@ import yaml
 from tpufleet._yamlpos import read_yaml
 from tpufleet.cli._app import app, console_err
 from tpufleet.errors import InputError, SpecError
-from tpufleet.lint.crds import SchemaSource, find_crd_dir, load_crd_schemas
-from tpufleet.lint.runner import RAY_KINDS, format_json, format_text, has_errors, lint_file, lint_objects
-from tpufleet.render.kuberay import render_kuberay
-from tpufleet.render.launcher import render_launcher
-from tpufleet.render.observability import render_observability
-from tpufleet.spec import FleetSpec, read_spec
+
+if TYPE_CHECKING:
+    from tpufleet.lint.crds import SchemaSource
+    from tpufleet.spec import FleetSpec
+
+# The render, lint and spec layers (pydantic models, JSON schemas: ~0.1 s of imports) are imported
+# by the commands that use them, not by every `tpufleet` command at start-up.
 
 __all__ = [
     "RayRunner",
@@ -94,6 +95,9 @@ def _write(objects: list[dict[str, Any]], out_dir: Path, single: str | None) -> 
 def _render(
     spec: FleetSpec, target: Target, rayjob: str | None, provider_rbac: bool = False
 ) -> list[dict[str, Any]]:
+    from tpufleet.render.kuberay import render_kuberay
+    from tpufleet.render.launcher import render_launcher
+
     if target is Target.gce:
         if rayjob or provider_rbac:
             raise SpecError("--rayjob and --provider-rbac need --target kuberay")
@@ -103,6 +107,8 @@ def _render(
 
 def _check(objects: list[dict[str, Any]], target: Target) -> str:
     """Validate the rendered objects; returns what was checked, or raises SpecError."""
+    from tpufleet.lint.runner import RAY_KINDS, lint_objects
+
     if target is Target.gce:
         from ray.autoscaler._private.util import prepare_config, validate_config
 
@@ -153,6 +159,8 @@ def render_cmd(
 ) -> None:
     """Render a fleet spec as KubeRay objects, a Ray cluster-launcher config for GCE TPU VMs, or
     the fleet's alert rules and Grafana dashboard."""
+    from tpufleet.spec import read_spec
+
     spec = read_spec(spec_file)
     if target is Target.observability:
         _render_observability(spec, out, rayjob, check)
@@ -176,6 +184,8 @@ def render_cmd(
 
 def _render_observability(spec: FleetSpec, out: Path | None, rayjob: str | None, check: bool) -> None:
     """PrometheusRule + plain rules file + dashboard JSON; stdout gets the PrometheusRule alone."""
+    from tpufleet.render.observability import render_observability
+
     if rayjob or check:
         raise SpecError("--rayjob and --check need --target kuberay or gce, not observability")
     files = render_observability(spec)
@@ -196,6 +206,8 @@ def _render_observability(spec: FleetSpec, out: Path | None, rayjob: str | None,
 
 
 def _schemas(crds: Path | None, structural: bool) -> SchemaSource | None:
+    from tpufleet.lint.crds import find_crd_dir, load_crd_schemas
+
     if structural:
         return None
     directory = crds or find_crd_dir()
@@ -226,6 +238,8 @@ def lint_cmd(
     not YAML, or no RayCluster, RayJob or RayService document in any file (nothing was checked).
     A `ray up` config counts as a checked document.
     Each file without one is named on stderr, with what it holds instead."""
+    from tpufleet.lint.runner import format_json, format_text, has_errors, lint_file
+
     schemas = _schemas(crds, structural)
     findings = []
     unchecked = []
@@ -316,6 +330,9 @@ def run_launcher(
     """Render the spec for GCE into ``out_dir`` and run ``ray <action>`` on it, once ``credentials``
     (default: :func:`google_credentials` for ``ray <action>``) says Ray's launcher can reach the
     project."""
+    from tpufleet.render.launcher import render_launcher
+    from tpufleet.spec import read_spec
+
     spec = read_spec(spec_file)
     config = render_launcher(spec)
     if not str(config["provider"].get("project_id") or "").strip():
