@@ -133,8 +133,9 @@ _TPU_FUNCS = {
 
 def _defs(path: Path, names: set[str]) -> ast.Module:
     tree = ast.parse(path.read_text(), str(path))
-    body = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name in names]
-    assert {n.name for n in body} == names, f"{path} changed: looked for {sorted(names)}"
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name in names]
+    assert {n.name for n in defs} == names, f"{path} changed: looked for {sorted(names)}"
+    body: list[ast.stmt] = list(defs)
     return ast.Module(body=body, type_ignores=[])
 
 

@@ -26,10 +26,10 @@ def test_without_torch_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) 
 
 def test_on_a_tpu_host_without_torch_xla_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     # a torch without torch_xla: the host is not emulated, so the xla backend is what it needs
-    torch = types.ModuleType("torch")
-    torch.distributed = types.ModuleType("torch.distributed")  # type: ignore[attr-defined]
+    torch, distributed = types.ModuleType("torch"), types.ModuleType("torch.distributed")
+    torch.distributed = distributed  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setitem(sys.modules, "torch.distributed", torch.distributed)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.distributed", distributed)
     monkeypatch.setitem(sys.modules, "torch_xla", None)
     with pytest.raises(
         ImportError, match=r"^initialize_torch on a TPU host needs torch_xla, .*tpufleet\[torch\]'$"
