@@ -278,6 +278,23 @@ class SliceType:
         return self.generation.machine_types[self.chips_per_host]
 
     @property
+    def chips_per_host_bounds(self) -> tuple[int, int, int]:
+        """The chip grid of one host, x,y,z (``TPU_CHIPS_PER_HOST_BOUNDS``; GCE metadata ``tpu-env``
+        ``CHIPS_PER_HOST_BOUNDS``): 1 chip ``1,1,1``, 4 chips ``2,2,1``, 8 chips (v5e/v6e) ``2,4,1``.
+        A single-host slice's host holds the whole topology."""
+        if not self.multi_host:
+            return _bounds(self.topology.dims)
+        return {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}[self.chips_per_host]
+
+    @property
+    def host_bounds(self) -> tuple[int, int, int]:
+        """The grid of hosts, x,y,z (``TPU_HOST_BOUNDS``; ``tpu-env`` ``HOST_BOUNDS``): the topology
+        divided by :attr:`chips_per_host_bounds`, e.g. ``1,1,2`` for v4-16 (2x2x2), ``2,2,1`` for
+        v6e-16 (4x4), ``2,2,8`` for v4-256 (4x4x8)."""
+        per_host = self.chips_per_host_bounds
+        return _bounds(tuple(d // c for d, c in zip(_bounds(self.topology.dims), per_host, strict=True)))
+
+    @property
     def vcpus_per_host(self) -> int | None:
         """Logical CPUs of one host of this slice (its machine type's vCPUs), None where not
         published (the emulator then uses its own default)."""
@@ -317,6 +334,12 @@ class SliceType:
 
     def __str__(self) -> str:
         return f"{self.accelerator_type} ({self.topology}, {self.hosts}x{self.machine_type})"
+
+
+def _bounds(dims: tuple[int, ...]) -> tuple[int, int, int]:
+    """A 2-D or 3-D grid as libtpu's x,y,z bounds (a 2-D topology has z = 1)."""
+    x, y, z = (*dims, 1, 1)[:3]
+    return (x, y, z)
 
 
 def _host_shapes(gen: Generation, topo: Topology) -> list[int]:

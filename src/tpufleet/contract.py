@@ -2,9 +2,20 @@
 
 On GKE the TPU webhook (ai-on-gke ``kuberay-tpu-webhook``) injects ``TPU_NAME``, ``TPU_WORKER_ID``,
 ``TPU_WORKER_HOSTNAMES`` (multi-host only) and, for multi-slice, the ``MEGASCALE_*`` variables; GKE
-sets ``TPU_ACCELERATOR_TYPE`` and ``TPU_TOPOLOGY``. On GCE TPU VMs the same facts come from the
-metadata server. The emulator gives each raylet ``host_env``; the executor gives each process
-``host_env`` (read back from its host) plus ``megascale_env`` and ``job_env``.
+sets ``TPU_ACCELERATOR_TYPE``, ``TPU_TOPOLOGY``, ``TPU_HOST_BOUNDS``, ``TPU_CHIPS_PER_HOST_BOUNDS``
+and ``TPU_SKIP_MDS_QUERY``. On GCE TPU VMs the same facts come from the metadata server
+(``tpu-env``: ``HOST_BOUNDS``, ``CHIPS_PER_HOST_BOUNDS``, ...). libtpu, JAX's Cloud TPU cluster
+detection and torch_xla (``_internal/tpu.py``: with ``TPU_SKIP_MDS_QUERY`` set it reads
+``TPU_ACCELERATOR_TYPE``, ``TPU_HOST_BOUNDS``, ``TPU_CHIPS_PER_HOST_BOUNDS``, ``TPU_WORKER_ID`` and
+``TPU_WORKER_HOSTNAMES`` instead of the metadata server) read them; docs/emulator.md lists every one
+with its source. The emulator gives each raylet ``host_env`` plus :data:`NO_METADATA_VARS`; the
+executor gives each process ``host_env`` (read back from its host) plus ``megascale_env`` and
+``job_env``.
+
+Not given, on purpose: ``TPU_PROCESS_BOUNDS`` / ``TPU_CHIPS_PER_PROCESS_BOUNDS`` and
+``CLOUD_TPU_TASK_ID`` are per process: torch_xla's ``xmp.spawn`` sets them for each process it starts
+(with ``setdefault``, so a host-wide value would stop it from splitting the host's chips) and reads
+the ``*_HOST_*`` ones when they are unset, as on a GKE pod.
 """
 
 from __future__ import annotations
@@ -15,7 +26,20 @@ from tpufleet.catalog import SliceType
 
 MEGASCALE_PORT = 8081  # the port GKE's webhook and Ray Train use for the megascale coordinator
 
-HOST_VARS = ("TPU_NAME", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
+HOST_VARS = (
+    "TPU_NAME",
+    "TPU_WORKER_ID",
+    "TPU_WORKER_HOSTNAMES",
+    "TPU_ACCELERATOR_TYPE",
+    "TPU_TOPOLOGY",
+    "TPU_HOST_BOUNDS",
+    "TPU_CHIPS_PER_HOST_BOUNDS",
+)
+# What a host without a GCE metadata server sets (GKE sets it in every TPU container; the emulator on
+# every host), so that libtpu and torch_xla read the slice from the variables above instead of asking
+# the metadata server, and JAX does not take the host for a GCE TPU VM. Not in ``host_env``: a GCE TPU
+# VM has the metadata server and does not set it (JAX's single-host detection needs the server then).
+NO_METADATA_VARS = {"TPU_SKIP_MDS_QUERY": "true"}
 MEGASCALE_VARS = (
     "MEGASCALE_COORDINATOR_ADDRESS",
     "MEGASCALE_PORT",
@@ -34,7 +58,9 @@ def host_env(
 ) -> dict[str, str]:
     """The variables of host ``worker_id`` of a slice, exactly as real hardware has them.
 
-    ``TPU_WORKER_HOSTNAMES`` is only set on multi-host slices, as the webhook does.
+    ``TPU_WORKER_HOSTNAMES`` is only set on multi-host slices, as the webhook does. The bounds are
+    x,y,z grids as GKE and the metadata server write them: ``TPU_HOST_BOUNDS`` the hosts,
+    ``TPU_CHIPS_PER_HOST_BOUNDS`` the chips of one host (v4-16: ``1,1,2`` and ``2,2,1``).
     """
     if not 0 <= worker_id < slice_type.hosts:
         raise ValueError(f"worker_id {worker_id} out of range for {slice_type.accelerator_type}")
@@ -43,6 +69,8 @@ def host_env(
         "TPU_WORKER_ID": str(worker_id),
         "TPU_ACCELERATOR_TYPE": slice_type.accelerator_type,
         "TPU_TOPOLOGY": str(slice_type.topology),
+        "TPU_HOST_BOUNDS": ",".join(map(str, slice_type.host_bounds)),
+        "TPU_CHIPS_PER_HOST_BOUNDS": ",".join(map(str, slice_type.chips_per_host_bounds)),
     }
     if slice_type.multi_host:
         if len(hostnames) != slice_type.hosts:

@@ -16,7 +16,9 @@ The coordinator port is ``TPUFLEET_JAX_COORDINATOR_PORT`` when set (the control 
 sets a free port per attempt, because on one machine several jobs run at once), else
 ``JAX_COORDINATOR_PORT`` (what JAX itself honours on TPUs), else 8482 (JAX's default).
 
-This module imports nothing heavy: ``jax`` is imported inside :func:`initialize_jax`.
+This module imports nothing heavy: ``jax`` is imported inside :func:`initialize_jax`, ``torch``
+inside :func:`initialize_torch` (the same three facts, for ``torch.distributed``: ``gloo`` on the
+emulator, torch_xla's ``xla`` backend on real TPUs).
 
 **Step progress** (goodput): :func:`report_step` records, from process 0 (worker 0 of slice 0; a
 call on any other process returns at once), the steps the job has completed. It writes a small JSON
@@ -37,7 +39,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tpufleet.contract import RAY_TRAIN_POLL_VAR
@@ -133,6 +135,62 @@ def initialize_jax(environ: Mapping[str, str] | None = None) -> DistributedArgs 
             cluster_detection_method="deactivate",
         )
     return args
+
+
+# -- PyTorch (docs/emulator.md) -------------------------------------------------------------------
+
+__all__ += ["TORCH_INSTALL", "initialize_torch"]
+
+TORCH_INSTALL = "pip install 'tpufleet[torch]'"
+
+
+def initialize_torch(environ: Mapping[str, str] | None = None) -> DistributedArgs | None:
+    """Start ``torch.distributed``'s default process group on this host; returns the arguments used
+    on the emulator.
+
+    Real TPUs: the ``xla`` backend through torch_xla (``init_method="xla://"``: torch_xla finds the
+    ranks and the master itself, from the same contract or the metadata server; returns None).
+    Emulator: ``gloo`` with the coordinator, process count and id of :func:`distributed_args`
+    (rank over every host of every slice, master = host 0 of slice 0), at ``MASTER_PORT`` when set,
+    else the port ``initialize_jax`` would use. Without PyTorch (or torch_xla on a TPU host) it
+    raises ImportError saying what to install.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        import torch.distributed as dist
+    except ModuleNotFoundError as err:
+        if not _missing(err, "torch"):
+            raise
+        raise ImportError(
+            f"initialize_torch needs PyTorch, which is not installed: {TORCH_INSTALL}"
+        ) from None
+    if not is_emulated(env):
+        try:
+            import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
+        except ModuleNotFoundError as err:
+            if not _missing(err, "torch_xla"):
+                raise
+            raise ImportError(
+                f"initialize_torch on a TPU host needs torch_xla, which is not installed: {TORCH_INSTALL}"
+            ) from None
+        dist.init_process_group("xla", init_method="xla://")
+        return None
+    args = distributed_args(env)
+    if port := _int(env, "MASTER_PORT", 0):
+        args = replace(args, coordinator_address=f"{args.coordinator_address.rsplit(':', 1)[0]}:{port}")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{args.coordinator_address}",
+        world_size=args.num_processes,
+        rank=args.process_id,
+    )
+    return args
+
+
+def _missing(err: ModuleNotFoundError, package: str) -> bool:
+    """Whether ``err`` says ``package`` itself is absent (not a broken install that lacks something
+    else: that error is the one to show)."""
+    return err.name is not None and (err.name == package or err.name.startswith(f"{package}."))
 
 
 # -- Ray jobs (``tpufleet submit --ray``; docs/ray-jobs.md) ----------------------------------------

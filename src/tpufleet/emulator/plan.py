@@ -5,8 +5,9 @@ Each emulated host gets exactly what a real TPU host has (``tpufleet.contract.ho
 variables the GKE webhook / TPU VM metadata provide) and ``TPU: <chips_per_host>`` as its Ray
 resource; Ray's own ``TPUAcceleratorManager`` turns those into the ``ray.io/tpu-*`` labels and the
 ``TPU-<type>-head`` / ``<TPU_NAME>`` resources. On top come the emulator's own variables
-(:func:`emulator_env`): JAX on CPU with ``chips_per_host`` devices and gloo collectives, and
-``TPUFLEET_EMULATED=1`` so :func:`tpufleet.runtime.initialize_jax` knows.
+(:func:`emulator_env`): ``TPU_SKIP_MDS_QUERY`` as on a GKE pod (there is no metadata server), JAX on
+CPU with ``chips_per_host`` devices and gloo collectives, and ``TPUFLEET_EMULATED=1`` so
+:func:`tpufleet.runtime.initialize_jax` knows.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tpufleet.catalog import SliceType
-from tpufleet.contract import HOST_VARS, MEGASCALE_VARS, host_env
+from tpufleet.contract import HOST_VARS, MEGASCALE_VARS, NO_METADATA_VARS, host_env
 
 EMULATED_VAR = "TPUFLEET_EMULATED"
 
@@ -41,8 +42,10 @@ def next_slice_names(existing: Iterable[str], accelerator_type: str, count: int)
 
 
 def emulator_env(slice_type: SliceType) -> dict[str, str]:
-    """What an emulated host adds to the contract: JAX on CPU, one CPU device per chip, gloo."""
+    """What an emulated host adds to the contract: no metadata server (``TPU_SKIP_MDS_QUERY``, as on a
+    GKE pod), JAX on CPU, one CPU device per chip, gloo."""
     return {
+        **NO_METADATA_VARS,
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={slice_type.chips_per_host}",
         "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
