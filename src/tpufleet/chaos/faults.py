@@ -1,7 +1,8 @@
 """The soak's faults, done in one background thread in seeded order at seeded times: hosts killed,
 slices preempted with and without notice and restored, the control plane SIGKILLed and started
-again, and once the Ray head killed and the fleet restarted in place. A fault that leaves
-something down puts the event that brings it back on the heap (a restore, a restart)."""
+again (with replicas: the leader faults of ``leaders.py``), and once the Ray head killed and the
+fleet restarted in place. A fault that leaves something down puts the event that brings it back
+on the heap (a restore, a restart)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tpufleet import catalog
-from tpufleet.chaos.plan import DAMAGE, HEAD_KILL, Event
+from tpufleet.chaos.leaders import LEADER_RETURNS, Replicas
+from tpufleet.chaos.plan import DAMAGE, HEAD_KILL, LEADER_FAULTS, Event
 from tpufleet.chaos.server import ControlPlane
 
 
@@ -28,7 +30,7 @@ class Faults:
         plan: list[Event],
         *,
         fleet: Any,
-        server: ControlPlane,
+        server: ControlPlane | Replicas,
         types: list[str],
         rng: random.Random,
         now: Callable[[], float],
@@ -104,7 +106,8 @@ class Faults:
 
     def _fault(self, ev: Event) -> None:
         """Do one event; new events (restores, a restart) go on the heap."""
-        if self._head_down and ev.kind in (*DAMAGE, "control_plane_restart", "restore", "reap"):
+        comebacks = ("control_plane_restart", "restore", "reap", *LEADER_RETURNS)
+        if self._head_down and ev.kind in (*DAMAGE, *comebacks):
             if ev.kind in DAMAGE:  # nothing left to break until the fleet is back
                 self.counts["skipped"] += 1
             else:  # a server or hosts can only come back with the cluster
@@ -114,6 +117,12 @@ class Faults:
             what = self._host_fault(ev.kind)
             if what is None:
                 self.counts["skipped"] += 1
+                return
+        elif ev.kind in (*LEADER_FAULTS, *LEADER_RETURNS):
+            assert isinstance(self.server, Replicas)
+            what = self.server.fault(ev.kind, ev.target, self.rng, self._push)
+            if what is None:  # no replica leads now, or it is back already
+                self.counts["skipped"] += ev.kind in LEADER_FAULTS
                 return
         else:
             what = ev.target
