@@ -20,6 +20,8 @@ from tpufleet.chaos.leaders import LEADER_RETURNS, Replicas
 from tpufleet.chaos.plan import DAMAGE, HEAD_KILL, LEADER_FAULTS, Event
 from tpufleet.chaos.server import ControlPlane
 
+LEADER_TRIES = 4  # how often a leader fault is tried before it is skipped (no replica led)
+
 
 class Faults:
     """The planned faults on ``fleet`` (an ``EmulatedFleet``) and ``server``; targets and delays
@@ -121,8 +123,8 @@ class Faults:
         elif ev.kind in (*LEADER_FAULTS, *LEADER_RETURNS):
             assert isinstance(self.server, Replicas)
             what = self.server.fault(ev.kind, ev.target, self.rng, self._push)
-            if what is None:  # no replica leads now, or it is back already
-                self.counts["skipped"] += ev.kind in LEADER_FAULTS
+            if what is None:  # no replica leads now (a takeover under way), or it is back already
+                self._leader_fault_again(ev)
                 return
         else:
             what = ev.target
@@ -131,6 +133,19 @@ class Faults:
         self.counts[ev.kind] += 1
         self.log.append({"at": round(self.now(), 1), "kind": ev.kind, "target": what})
         self.say(f"[{self.now():6.1f}s] {ev.kind} {what or ''}".rstrip())
+
+    def _leader_fault_again(self, ev: Event) -> None:
+        """A leader fault that found no leader is done again a little later, up to
+        ``LEADER_TRIES`` times in all (a loaded machine's takeover, or a replica slow to answer)."""
+        if ev.kind not in LEADER_FAULTS:
+            return
+        tries = int(ev.target or 1)
+        if tries >= LEADER_TRIES:
+            self.counts["skipped"] += 1
+            return
+        self.damage_left += 1  # still to be done (the loop counts this event as done)
+        self._push(3.0, ev.kind, str(tries + 1))
+        self.say(f"[{self.now():6.1f}s] {ev.kind}: no replica leads now; again in 3 s")
 
     def _host_fault(self, kind: str) -> str | None:
         """Kill a host of, preempt, or give notice to a whole slice drawn at random; what was hit

@@ -139,10 +139,39 @@ def last_event(db_url: str) -> int:
         store.close()
 
 
+def refused_writes(db_url: str, after_event: int = 0) -> int:
+    """The loop transactions the fence refused, as the deposed leaders' audit events said
+    (``... stopped leading (fencing token N); writes refused: K``, K counted over the replica's
+    life: the last one of each replica)."""
+    from sqlalchemy import select
+
+    from tpufleet.control.store.facade import Store
+    from tpufleet.control.store.tables import EventRow
+
+    store = Store(db_url)
+    try:
+        with store.tx() as s:
+            said = s.execute(
+                select(EventRow.actor, EventRow.message).where(
+                    EventRow.id > after_event, EventRow.kind == "leader"
+                )
+            ).all()
+    finally:
+        store.close()
+    marker = "; writes refused: "
+    last: dict[str, int] = {}
+    for actor, message in said:
+        count = message.rsplit(marker, 1)[1] if marker in message else ""
+        if count.isdigit():
+            last[actor or ""] = max(last.get(actor or "", 0), int(count))
+    return sum(last.values())
+
+
 def judge(db_url: str, after_event: int) -> dict[str, Any]:
     """The soak's leader verdict: ``overlapping_leaders`` (what :func:`overlapping_leaders` found;
     also when no write carried a token: the check would prove nothing), ``terms`` (how many terms
-    wrote) and ``stamped_writes``."""
+    wrote), ``stamped_writes`` and ``refused_writes`` (:func:`refused_writes`: a deposed leader
+    tried, and the fence stopped it)."""
     writes, attempts = read_records(db_url, after_event)
     found = overlapping_leaders(writes, attempts)
     if not writes:
@@ -151,4 +180,5 @@ def judge(db_url: str, after_event: int) -> dict[str, Any]:
         "overlapping_leaders": found,
         "terms": len({w.term for w in writes}),
         "stamped_writes": len(writes),
+        "refused_writes": refused_writes(db_url, after_event),
     }

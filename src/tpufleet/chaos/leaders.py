@@ -98,7 +98,7 @@ class Replicas:
                 if i in self.stopped or plane.server is None or plane.server.poll() is not None:
                     continue
                 try:
-                    if httpx.get(f"{plane.url}/healthz", timeout=2.0).json().get("leader"):
+                    if httpx.get(f"{plane.url}/healthz", timeout=5.0).json().get("leader"):
                         return i
                 except (httpx.HTTPError, ValueError):
                     continue
@@ -129,7 +129,7 @@ class Replicas:
                 plane.kill(signal.SIGKILL)
             push(rng.uniform(1, 5), "replicas_restart")
             return "every replica"
-        leader = self.leader(wait_s=2 * self.lease_s + 2)
+        leader = self.leader(wait_s=2 * self.lease_s + 5)
         if leader is None:
             return None
         if kind == "leader_kill":

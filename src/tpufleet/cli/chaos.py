@@ -39,7 +39,10 @@ def result_table(result: dict[str, Any]) -> Table:
         ("faults", sum(v for k, v in result["faults"].items() if k != "skipped"), faults),
     ]
     if "overlapping_leaders" in result:
-        terms = f"{result['terms']} terms, {result['stamped_writes']} writes with a fencing token"
+        terms = (
+            f"{result['terms']} terms, {result['stamped_writes']} writes with a fencing token, "
+            f"{result.get('refused_writes', 0)} refused by the fence"
+        )
         why = "; ".join(o["why"] for o in result["overlapping_leaders"])
         rows.append(("overlapping_leaders", len(result["overlapping_leaders"]), why or terms))
     rows += [
