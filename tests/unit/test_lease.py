@@ -135,7 +135,8 @@ def test_every_write_of_a_fenced_transaction_carries_its_term_and_the_databases_
     assert b.acquire()
     assert fenced(store, b, b.token).finish_all([(job.id, 1, None)]) == ["SUCCEEDED"]
     with store.tx() as s:
-        events = s.execute(select(EventRow.kind, EventRow.term, EventRow.fenced_at).order_by(EventRow.id)).all()
+        stamps = select(EventRow.kind, EventRow.term, EventRow.fenced_at).order_by(EventRow.id)
+        events = s.execute(stamps).all()
         attempt = s.execute(select(AttemptRow.launch_term, AttemptRow.end_term)).one()
     assert [(k, t) for k, t, _ in events] == [
         ("tenant", None), ("slice", None), ("slice", None), ("submit", None),  # unfenced: the API's
