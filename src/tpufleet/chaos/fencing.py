@@ -97,44 +97,27 @@ def _at(w: Write) -> tuple[float, int]:
 
 def read_records(db_url: str, after_event: int = 0) -> tuple[list[Write], list[AttemptTerms]]:
     """The stamped events after event id ``after_event``, and every attempt with a stamped term."""
-    from sqlalchemy import select
-
+    from tpufleet.control.store import stamps
     from tpufleet.control.store.facade import Store
-    from tpufleet.control.store.tables import AttemptRow, EventRow
 
     store = Store(db_url)
     try:
-        with store.tx() as s:
-            events = s.execute(
-                select(EventRow.id, EventRow.term, EventRow.fenced_at, EventRow.kind).where(
-                    EventRow.id > after_event, EventRow.term.is_not(None)
-                )
-            ).all()
-            rows = s.execute(
-                select(
-                    AttemptRow.job_id, AttemptRow.attempt, AttemptRow.launch_term, AttemptRow.end_term
-                ).where(AttemptRow.launch_term.is_not(None) | AttemptRow.end_term.is_not(None))
-            ).all()
+        events = stamps.stamped_events(store, after_event)
+        attempts = stamps.stamped_attempts(store)
     finally:
         store.close()
-    writes = [
-        Write(int(i), int(t), float(at), k) for i, t, at, k in events if t is not None and at is not None
-    ]
-    return writes, [AttemptTerms(j, int(n), lt, et) for j, n, lt, et in rows]
+    return [Write(*e) for e in events], [AttemptTerms(*a) for a in attempts]
 
 
 def last_event(db_url: str) -> int:
     """The newest event's id (0: none): a soak on a database used before checks only its own. An
     empty database gets its schema first (as ``serve`` would give it)."""
-    from sqlalchemy import func, select
-
+    from tpufleet.control.store import stamps
     from tpufleet.control.store.facade import Store
-    from tpufleet.control.store.tables import EventRow
 
     store = Store.open(db_url)
     try:
-        with store.tx() as s:
-            return int(s.scalar(select(func.max(EventRow.id))) or 0)
+        return stamps.last_event(store)
     finally:
         store.close()
 
@@ -143,19 +126,12 @@ def refused_writes(db_url: str, after_event: int = 0) -> int:
     """The loop transactions the fence refused, as the deposed leaders' audit events said
     (``... stopped leading (fencing token N); writes refused: K``, K counted over the replica's
     life: the last one of each replica)."""
-    from sqlalchemy import select
-
+    from tpufleet.control.store import stamps
     from tpufleet.control.store.facade import Store
-    from tpufleet.control.store.tables import EventRow
 
     store = Store(db_url)
     try:
-        with store.tx() as s:
-            said = s.execute(
-                select(EventRow.actor, EventRow.message).where(
-                    EventRow.id > after_event, EventRow.kind == "leader"
-                )
-            ).all()
+        said = stamps.leader_events(store, after_event)
     finally:
         store.close()
     marker = "; writes refused: "
