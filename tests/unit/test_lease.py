@@ -11,7 +11,7 @@ from tpufleet.control.cluster.fake import FakeCluster
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.lease import FencedError, Lease
 from tpufleet.control.store.loopwrites import Transitions
-from tpufleet.control.store.tables import JobRow
+from tpufleet.control.store.tables import AttemptRow, EventRow, JobRow
 from tpufleet.control.store.values import JobRequest
 from tpufleet.scheduler.lifecycle import StopKind
 from tpufleet.scheduler.model import Admit, JobId, SliceName
@@ -118,3 +118,30 @@ def test_the_api_store_is_not_fenced(store: Store) -> None:
     assert lease.read() is None
     store.create_tenant("t", {"v4": 16})
     assert store.submit("t", JobRequest.build(command=["true"], accelerator_type="v4-16")).state == "QUEUED"
+
+
+def test_every_write_of_a_fenced_transaction_carries_its_term_and_the_databases_clock(store: Store) -> None:
+    """The stamps ``tpufleet chaos --replicas`` checks: events and attempts the loop wrote name the
+    term that wrote them; the API's writes and a store with no fence (a lone SQLite serve) none."""
+    store.create_tenant("t", {"v4": 64})
+    Transitions(store).sync_slices(FakeCluster.of("v4-16:2").inventory())  # unfenced: NULL
+    job = store.submit("t", JobRequest.build(command=["true"], accelerator_type="v4-16"))
+    a, b = Lease(store, "host:1:a"), Lease(store, "host:2:b")
+    assert a.acquire()
+    first = fenced(store, a, a.token)
+    assert first.admit_all([Admit(JobId(job.id), (SliceName("tpu-v4-16-0"),), False)]) == [True]
+    assert first.launched_all([(job.id, 1)]) == [True]
+    expire(store)
+    assert b.acquire()
+    assert fenced(store, b, b.token).finish_all([(job.id, 1, None)]) == ["SUCCEEDED"]
+    with store.tx() as s:
+        stamps = select(EventRow.kind, EventRow.term, EventRow.fenced_at).order_by(EventRow.id)
+        events = s.execute(stamps).all()
+        attempt = s.execute(select(AttemptRow.launch_term, AttemptRow.end_term)).one()
+    assert [(k, t) for k, t, _ in events] == [
+        ("tenant", None), ("slice", None), ("slice", None), ("submit", None),  # unfenced: the API's
+        ("leader", 1), ("admit", 1), ("launch", 1), ("leader", 2), ("end", 2),
+    ]  # fmt: skip
+    stamped = [at for _, t, at in events if t is not None]
+    assert stamped == sorted(stamped) and all(isinstance(at, float) for at in stamped)
+    assert tuple(attempt) == (1, 2)

@@ -12,6 +12,9 @@ One module per concern:
 - ``server``: the control plane as processes (the soak's own ``tpufleet serve``, or someone else's),
   killed and started again; ``faults``: the fault thread; ``soak``: the driver (:class:`Soak`).
 - ``verdict``: what the markers, the store, Ray and ``/proc`` say afterwards, and :func:`passed`.
+- ``leaders`` (``--replicas N``): N ``serve`` replicas on one PostgreSQL database and the leader
+  faults done to them; ``fencing``: the leader verdict, from the fencing tokens the store's records
+  carry (``overlapping_leaders``).
 """
 
 from tpufleet.chaos.plan import (

@@ -1,7 +1,8 @@
 """The soak's faults, done in one background thread in seeded order at seeded times: hosts killed,
 slices preempted with and without notice and restored, the control plane SIGKILLed and started
-again, and once the Ray head killed and the fleet restarted in place. A fault that leaves
-something down puts the event that brings it back on the heap (a restore, a restart)."""
+again (with replicas: the leader faults of ``leaders.py``), and once the Ray head killed and the
+fleet restarted in place. A fault that leaves something down puts the event that brings it back
+on the heap (a restore, a restart)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 from tpufleet import catalog
-from tpufleet.chaos.plan import DAMAGE, HEAD_KILL, Event
+from tpufleet.chaos.leaders import LEADER_RETURNS, Replicas
+from tpufleet.chaos.plan import DAMAGE, HEAD_KILL, LEADER_FAULTS, Event
 from tpufleet.chaos.server import ControlPlane
+
+LEADER_TRIES = 4  # how often a leader fault is tried before it is skipped (no replica led)
 
 
 class Faults:
@@ -28,7 +32,7 @@ class Faults:
         plan: list[Event],
         *,
         fleet: Any,
-        server: ControlPlane,
+        server: ControlPlane | Replicas,
         types: list[str],
         rng: random.Random,
         now: Callable[[], float],
@@ -104,7 +108,8 @@ class Faults:
 
     def _fault(self, ev: Event) -> None:
         """Do one event; new events (restores, a restart) go on the heap."""
-        if self._head_down and ev.kind in (*DAMAGE, "control_plane_restart", "restore", "reap"):
+        comebacks = ("control_plane_restart", "restore", "reap", *LEADER_RETURNS)
+        if self._head_down and ev.kind in (*DAMAGE, *comebacks):
             if ev.kind in DAMAGE:  # nothing left to break until the fleet is back
                 self.counts["skipped"] += 1
             else:  # a server or hosts can only come back with the cluster
@@ -115,6 +120,12 @@ class Faults:
             if what is None:
                 self.counts["skipped"] += 1
                 return
+        elif ev.kind in (*LEADER_FAULTS, *LEADER_RETURNS):
+            assert isinstance(self.server, Replicas)
+            what = self.server.fault(ev.kind, ev.target, self.rng, self._push)
+            if what is None:  # no replica leads now (a takeover under way), or it is back already
+                self._leader_fault_again(ev)
+                return
         else:
             what = ev.target
             if not self._other_fault(ev):
@@ -122,6 +133,19 @@ class Faults:
         self.counts[ev.kind] += 1
         self.log.append({"at": round(self.now(), 1), "kind": ev.kind, "target": what})
         self.say(f"[{self.now():6.1f}s] {ev.kind} {what or ''}".rstrip())
+
+    def _leader_fault_again(self, ev: Event) -> None:
+        """A leader fault that found no leader is done again a little later, up to
+        ``LEADER_TRIES`` times in all (a loaded machine's takeover, or a replica slow to answer)."""
+        if ev.kind not in LEADER_FAULTS:
+            return
+        tries = int(ev.target or 1)
+        if tries >= LEADER_TRIES:
+            self.counts["skipped"] += 1
+            return
+        self.damage_left += 1  # still to be done (the loop counts this event as done)
+        self._push(3.0, ev.kind, str(tries + 1))
+        self.say(f"[{self.now():6.1f}s] {ev.kind}: no replica leads now; again in 3 s")
 
     def _host_fault(self, kind: str) -> str | None:
         """Kill a host of, preempt, or give notice to a whole slice drawn at random; what was hit

@@ -13,8 +13,11 @@ from tpufleet.errors import SpecError
 from tpufleet.scheduler.lifecycle import JobKind
 
 FAULT_KINDS = ("kill_host", "preempt", "preempt_notice", "control_plane_kill")
+HOST_FAULTS = FAULT_KINDS[:3]
 HEAD_KILL = "ray_head_kill"  # once a run: the Ray cluster is lost and the fleet brought back
-DAMAGE = (*FAULT_KINDS, HEAD_KILL)  # what stops with the window
+# With --replicas: the leader SIGKILLed, SIGSTOPped past its lease, SIGTERMed; every replica killed
+LEADER_FAULTS = ("leader_kill", "leader_stop", "leader_term", "replicas_kill_all")
+DAMAGE = (*FAULT_KINDS, HEAD_KILL, *LEADER_FAULTS)  # what stops with the window
 TENANTS = {"chaos-a": 8, "chaos-b": 8}  # tenant -> quota in chips per generation present
 HOSTJOB = Path(__file__).resolve().with_name("hostjob.py")  # what an SPMD job runs on each host
 RAYDRIVER = Path(__file__).resolve().with_name("raydriver.py")  # what a Ray job runs as its driver
@@ -39,6 +42,20 @@ class ChaosConfig:
     server: str | None = None
     token: str | None = None
     server_state_dir: Path | None = None
+    # --replicas N: N `serve` replicas of the soak's own on this PostgreSQL database, and leader
+    # faults (LEADER_FAULTS) instead of the control-plane kill; the lease they run with (seconds)
+    replicas: int = 0
+    db: str | None = None
+    lease_s: float = 3.0
+    # --sandbox: the replicas serve this in-memory fleet (`serve --sandbox`), no Ray: no host
+    # faults, nothing executed (each job "runs" its seconds), only the leader faults
+    sandbox: str | None = None
+
+    def fault_kinds(self) -> tuple[str, ...]:
+        """The kinds of damage the window is made of (the Ray head's loss aside)."""
+        if not self.replicas:
+            return FAULT_KINDS
+        return LEADER_FAULTS if self.sandbox else (*HOST_FAULTS, *LEADER_FAULTS)
 
 
 @dataclass(frozen=True)
@@ -108,14 +125,18 @@ def plan_jobs(cfg: ChaosConfig, rng: random.Random) -> list[PlannedJob]:
 
 
 def plan_faults(cfg: ChaosConfig, rng: random.Random) -> list[Event]:
-    """Seeded fault times in [10 %, 85 %] of the window: one every ~15 s, at least one of each kind."""
+    """Seeded fault times in [10 %, 85 %] of the window: one every ~15 s, at least one of each kind
+    (``cfg.fault_kinds()``); the Ray head's loss once, unless the fleet is a sandbox."""
     window = cfg.minutes * 60
-    count = max(len(FAULT_KINDS), round(window / 15))
-    kinds = list(FAULT_KINDS)
+    each = cfg.fault_kinds()
+    count = max(len(each), round(window / 15))
+    kinds = list(each)
     rng.shuffle(kinds)
-    kinds += [rng.choice(FAULT_KINDS) for _ in range(count - len(kinds))]
+    kinds += [rng.choice(each) for _ in range(count - len(kinds))]
     times = sorted(rng.uniform(0.1 * window, 0.85 * window) for _ in range(count))
     events = [Event(round(at, 3), i, kind) for i, (at, kind) in enumerate(zip(times, kinds, strict=True))]
+    if cfg.sandbox:
+        return events
     # Once, in the middle of the window (its own stream, so the other faults stay as they were).
     head_at = random.Random(cfg.seed + 2).uniform(0.3 * window, 0.6 * window)
     return sorted([*events, Event(round(head_at, 3), count, HEAD_KILL)])

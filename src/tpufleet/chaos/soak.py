@@ -20,13 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tpufleet.chaos import verdict
+from tpufleet.chaos import fencing, verdict
 from tpufleet.chaos.faults import Faults
+from tpufleet.chaos.leaders import FailoverClient, Replicas
 from tpufleet.chaos.plan import TENANTS, ChaosConfig, PlannedJob, parse_slices, plan_faults, plan_jobs
 from tpufleet.chaos.server import ControlPlane
 from tpufleet.errors import SpecError, TpufleetError
 from tpufleet.scheduler.lifecycle import JobKind
 
+SANDBOX_SECONDS = "TPUFLEET_SANDBOX_SECONDS"  # a sandbox job's env: how long its hosts "run"
 SUBMIT_GRACE_S = 300.0  # after the window, how long a submit is retried while the server is down (then: lost)
 NO_CLOUD = {"NO_GCE_CHECK": "True", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
 
@@ -62,9 +64,18 @@ class Soak:
         self.port = _free_port()
         self.url = (cfg.server or f"http://127.0.0.1:{self.port}").rstrip("/")
         self.fleet: Any = None
-        self.server = ControlPlane(self.url, self.dir, self._serve_command if cfg.server is None else None)
+        self.server: ControlPlane | Replicas
+        if cfg.replicas:
+            self.ports = [self.port, *(_free_port() for _ in range(cfg.replicas - 1))]
+            urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+            self.server = Replicas(urls, self.dir, self._replica_command, cfg.lease_s)
+        else:
+            self.server = ControlPlane(
+                self.url, self.dir, self._serve_command if cfg.server is None else None
+            )
         self.faults: Faults | None = None
         self._t0 = 0.0
+        self._first_event = 0  # with replicas: the store's events before the soak are not judged
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
@@ -72,6 +83,9 @@ class Soak:
     def _start_fleet(self) -> None:
         from tpufleet.emulator import EmulatedFleet
 
+        if self.cfg.sandbox:
+            self.say(f"replicas serve a sandbox fleet {self.cfg.sandbox} each (no Ray)")
+            return
         if self.cfg.fleet_dir is not None:
             self.fleet = EmulatedFleet.attach(self.cfg.fleet_dir)
             self.say(f"soaking the emulated fleet in {self.cfg.fleet_dir} (Ray at {self.fleet.ray_address})")
@@ -95,10 +109,40 @@ class Soak:
             cmd.append("--allow-ray-jobs")
         return cmd, env
 
+    def _replica_dir(self, i: int) -> Path:
+        return self.dir / f"cp-{i}"
+
+    def _replica_command(self, i: int) -> tuple[list[str], dict[str, str]]:
+        """Replica ``i``'s ``tpufleet serve``: the soak's database, its own state dir and port, and
+        (on the emulated fleet) the checkpoint root every replica shares."""
+        assert self.cfg.db is not None
+        env = {**os.environ, **NO_CLOUD, "TPUFLEET_CONFIG": str(self.dir / f"cli-context-{i}.yaml")}
+        cmd = [sys.executable, "-m", "tpufleet", "serve", "--db", self.cfg.db]
+        cmd += ["--state-dir", str(self._replica_dir(i)), "--port", str(self.ports[i])]
+        cmd += ["--lease-seconds", f"{self.cfg.lease_s:g}"]
+        if self.cfg.sandbox:
+            return [*cmd, "--sandbox", self.cfg.sandbox], env
+        env.update(self.fleet.client_env())
+        cmd += ["--ray-address", self.fleet.ray_address, "--start-timeout", "120"]
+        cmd += ["--checkpoint-root", str(self._checkpoints())]
+        if any(j.kind == JobKind.RAY for j in self.jobs):
+            cmd.append("--allow-ray-jobs")
+        return cmd, env
+
+    def _checkpoints(self) -> Path:
+        """Where the jobs' checkpoint directories (and the hosts' markers) are."""
+        return self.dir / "checkpoints" if self.cfg.replicas else self.cp_dir / "checkpoints"
+
     def _admin(self) -> Any:
         from tpufleet.api.auth import ADMIN_TOKEN_FILE
         from tpufleet.client.http import Client
 
+        if self.cfg.replicas:  # each replica's own admin token: rows of the one database
+            servers = [
+                (p.url, (self._replica_dir(i) / ADMIN_TOKEN_FILE).read_text().strip())
+                for i, p in enumerate(self.server.planes)  # type: ignore[union-attr]
+            ]
+            return FailoverClient(servers)
         token = self.cfg.token or (self.cp_dir / ADMIN_TOKEN_FILE).read_text().strip()
         return Client(self.url, token, timeout_s=10)
 
@@ -111,6 +155,7 @@ class Soak:
         body = admin.submit(
             job.command(self.token),
             job.accelerator_type,
+            env={SANDBOX_SECONDS: f"{job.seconds:g}"} if self.cfg.sandbox else None,
             kind=job.kind,
             num_slices=job.num_slices,
             priority=job.priority,
@@ -125,7 +170,9 @@ class Soak:
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
             self._start_fleet()
-            if self.cfg.server is None:
+            if self.cfg.db is not None:
+                self._first_event = fencing.last_event(self.cfg.db)
+            if isinstance(self.server, Replicas) or self.cfg.server is None:
                 self.server.start()
             else:
                 self.server.await_up(None)
@@ -133,7 +180,7 @@ class Soak:
         finally:
             if self.faults is not None:
                 self.faults.stop()
-            if self.cfg.server is not None:
+            if self.cfg.server is not None and isinstance(self.server, ControlPlane):
                 self.server.restart_external()  # leave it as it was found: running
             self.server.kill(signal.SIGTERM)
             if self.fleet is not None and self.cfg.fleet_dir is None:
@@ -170,7 +217,7 @@ class Soak:
         ids, rejected = self._submit_all(admin, faults)
         # the window is over: no new faults; bring every host and the control plane back
         faults.stop(timeout_s=300)
-        for name in sorted(self.fleet.down_hosts()):
+        for name in sorted(self.fleet.down_hosts() if self.fleet is not None else ()):
             try:
                 self.fleet.restore(name)
             except TpufleetError as err:
@@ -243,9 +290,12 @@ class Soak:
     def _result(
         self, admin: Any, ids: dict[int, str], rejected: dict[int, str], faults: Faults
     ) -> dict[str, Any]:
-        judged = verdict.judge_jobs(self.jobs, ids, rejected, admin.job, self.cp_dir / "checkpoints")
-        pgs = verdict.leaked_placement_groups(self.fleet, admin)
+        judged = verdict.judge_jobs(self.jobs, ids, rejected, admin.job, self._checkpoints())
+        pgs = verdict.leaked_placement_groups(self.fleet, admin) if self.fleet is not None else []
         procs = verdict.leaked_processes(self.token)
+        leaders: dict[str, Any] = {}
+        if self.cfg.replicas and self.cfg.db is not None:
+            leaders = {"replicas": self.cfg.replicas, **fencing.judge(self.cfg.db, self._first_event)}
         return {
             "seed": self.cfg.seed,
             "slices": self.cfg.slices,
@@ -264,4 +314,5 @@ class Soak:
             "fault_log": faults.log,
             "control_plane_starts": self.server.starts,
             "ray_reconnects": verdict.reconnects(self.dir),
+            **leaders,
         }

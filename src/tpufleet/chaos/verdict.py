@@ -175,15 +175,17 @@ def reconnects(log_dir: Path) -> int:
     """How often the control plane started afresh on its own after losing the Ray head (its logs)."""
     return sum(
         log.read_text(errors="replace").count("was lost: waiting for Ray to answer again")
-        for log in sorted(log_dir.glob("serve-*.log"))
+        for log in sorted(log_dir.rglob("serve-*.log"))
     )
 
 
 def passed(result: dict[str, Any]) -> bool:
-    """The soak's verdict: nothing lost, nothing ran twice, nothing leaked."""
+    """The soak's verdict: nothing lost, nothing ran twice, nothing leaked; with replicas, never
+    two leaders acting at once (``overlapping_leaders``, ``fencing.py``)."""
     return not (
         result["lost"]
         or result["double_runs"]
         or result["leaked_placement_groups"]
         or result["leaked_processes"]
+        or result.get("overlapping_leaders")
     )

@@ -37,6 +37,15 @@ def result_table(result: dict[str, Any]) -> Table:
         ),
         ("leaked_processes", len(result["leaked_processes"]), " ".join(map(str, result["leaked_processes"]))),
         ("faults", sum(v for k, v in result["faults"].items() if k != "skipped"), faults),
+    ]
+    if "overlapping_leaders" in result:
+        terms = (
+            f"{result['terms']} terms, {result['stamped_writes']} writes with a fencing token, "
+            f"{result.get('refused_writes', 0)} refused by the fence"
+        )
+        why = "; ".join(o["why"] for o in result["overlapping_leaders"])
+        rows.append(("overlapping_leaders", len(result["overlapping_leaders"]), why or terms))
+    rows += [
         ("seconds", result["seconds"], ""),
     ]
     for name, value, detail in rows:
@@ -89,6 +98,36 @@ def _server_access(server: str, token: str | None, state_dir: Path | None) -> tu
             f"--server {server}: give its --state-dir with --server-state-dir", field="--server-state-dir"
         )
     return token, state_dir
+
+
+def _check_replicas(
+    ctx: typer.Context, replicas: int, db: str | None, server: str | None, sandbox: str | None, given: Any
+) -> None:
+    """--replicas, --db, --lease-seconds and --sandbox go together, on PostgreSQL (SpecError)."""
+    if not replicas:
+        for name, value in (("--db", db), ("--sandbox", sandbox)):
+            if value is not None:
+                raise SpecError(f"{name} goes with --replicas N", field=name)
+        if ctx.get_parameter_source("lease_seconds").name == "COMMANDLINE":  # type: ignore[union-attr]
+            raise SpecError("--lease-seconds goes with --replicas N", field="--lease-seconds")
+        return
+    if db is None or not db.startswith("postgresql"):
+        raise SpecError(
+            f"--replicas {replicas} runs replicas on one PostgreSQL database: give --db "
+            "postgresql+psycopg://USER@HOST/DB (SQLite takes one serve)",
+            field="--db",
+        )
+    if server is not None:
+        raise SpecError("--replicas starts replicas of the soak's own: not with --server", field="--server")
+    if sandbox is not None and (given or ctx.get_parameter_source("slices").name == "COMMANDLINE"):  # type: ignore[union-attr]
+        raise SpecError(
+            "--sandbox SLICES is the replicas' fleet: not with --slices, --ray-address or --emulator-dir",
+            field="--sandbox",
+        )
+    if sandbox is not None:
+        from tpufleet.control.cluster.sandbox import sandbox_slices
+
+        sandbox_slices(sandbox)  # a bad spec fails here, in one line
 
 
 @app.command("chaos")
@@ -170,16 +209,53 @@ def chaos_cmd(
             show_default=False,
         ),
     ] = None,
+    replicas: Annotated[
+        int,
+        typer.Option(
+            "--replicas",
+            min=0,
+            help="Run N `serve` replicas of the soak's own on --db (PostgreSQL) and add leader faults: "
+            "the leader SIGKILLed, SIGSTOPped past its lease, SIGTERMed, every replica killed at once; "
+            "the verdict adds overlapping_leaders (from the store's fencing tokens).",
+        ),
+    ] = 0,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            metavar="URL",
+            help="With --replicas: the PostgreSQL database the replicas share (postgresql+psycopg://...).",
+            show_default=False,
+        ),
+    ] = None,
+    lease_seconds: Annotated[
+        float, typer.Option("--lease-seconds", min=0.5, help="With --replicas: the replicas' lease.")
+    ] = 3.0,
+    sandbox: Annotated[
+        str | None,
+        typer.Option(
+            "--sandbox",
+            metavar="SLICES",
+            help="With --replicas: the replicas serve this in-memory fleet (`serve --sandbox`, no Ray, "
+            "nothing executed), and the faults are the leader faults only.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object instead of the table.")] = False,
 ) -> None:
     """Soak an emulated fleet: seeded jobs of mixed shapes, tenants and priorities while hosts are
     killed, slices preempted (with and without notice) and restored, the control plane is
     SIGKILLed and restarted on the same store, and once the Ray head is killed and the fleet
-    restarted in place. Exits 0 only when no job was lost or ran twice, no placement group or job
-    process leaked and every job ended (docs/reliability.md)."""
+    restarted in place. With --replicas N (PostgreSQL --db), N replicas and leader faults instead
+    of the control plane's kill; with --sandbox too, on in-memory fleets, leader faults only.
+    Exits 0 only when no job was lost or ran twice, no placement group or job process leaked,
+    every job ended and, with replicas, no two leaders acted at once (docs/reliability.md)."""
     from tpufleet.chaos import ChaosConfig, Soak, passed
 
     fleet_dir, server_dir = None, None
+    _check_replicas(ctx, replicas, db, server, sandbox, ray_address or emulator_dir)
+    if sandbox is not None:
+        slices, ray_jobs = sandbox, 0.0
     if ray_address or emulator_dir:
         if ctx.get_parameter_source("slices").name == "COMMANDLINE":  # type: ignore[union-attr]
             raise SpecError(
@@ -205,6 +281,10 @@ def chaos_cmd(
         server=server,
         token=token,
         server_state_dir=server_dir,
+        replicas=replicas,
+        db=db,
+        lease_s=lease_seconds,
+        sandbox=sandbox,
     )
     soak = Soak(cfg, say=lambda m: console_err.print(m, highlight=False, markup=False))
     result = soak.run()

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection
 
+from tpufleet.control.store.facade import FenceStamp
 from tpufleet.control.store.lease import FencedError, Lease
 
 __all__ = ["FencedError", "Leadership"]
@@ -58,13 +59,14 @@ class Leadership:
         return state.holder if state is not None and state.live else None
 
     # -- the fence ---------------------------------------------------------------------------------
-    def check(self, conn: Connection) -> None:
-        """The loop's fence: raises ``FencedError`` unless the lease still has the acting term.
-        Takes no lock (it runs inside the loop's transaction, which may hold the lease row):
-        the service calls :meth:`deposed` once the transaction is over."""
+    def check(self, conn: Connection) -> FenceStamp:
+        """The loop's fence: raises ``FencedError`` unless the lease still has the acting term;
+        else the stamp the transaction's writes carry. Takes no lock (it runs inside the loop's
+        transaction, which may hold the lease row): the service calls :meth:`deposed` once the
+        transaction is over."""
         term = self.acting
         try:
-            self.lease.check(conn, term)
+            return self.lease.check(conn, term)
         except FencedError as err:
             self.refused += 1
             self.fenced = term

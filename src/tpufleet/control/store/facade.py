@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -54,9 +55,34 @@ from tpufleet.errors import (
 )
 from tpufleet.scheduler import lifecycle as lc
 
-__all__ = ["Clock", "Store", "make_engine", "new_job_id", "new_token", "token_hash"]
+__all__ = ["Clock", "FenceStamp", "Store", "make_engine", "new_job_id", "new_token", "token_hash"]
 
 Clock = r.Clock  # where callers have always imported it from
+_STAMP = "tpufleet.fence"  # a session's ``info`` key: the FenceStamp its transaction passed with
+
+
+@dataclass(frozen=True)
+class FenceStamp:
+    """What a fenced transaction passed the fence with: the fencing token of the leader's term and
+    the database's clock at the check (seconds since the epoch). Every event that transaction
+    writes carries both (``events.term``, ``events.fenced_at``), and an attempt it launches or
+    ends its term (``attempts.launch_term``, ``end_term``), so who wrote what, when, can be read
+    back from the store alone (``tpufleet chaos --replicas``, ``chaos/fencing.py``)."""
+
+    term: int
+    at: float
+
+
+def stamp_of(s: Session) -> FenceStamp | None:
+    """The fence stamp of ``s``'s transaction; None on an unfenced store (the API, a lone SQLite serve)."""
+    stamp = s.info.get(_STAMP)
+    return stamp if isinstance(stamp, FenceStamp) else None
+
+
+def term_of(s: Session) -> int | None:
+    """The fencing token ``s``'s transaction writes under (None: unfenced)."""
+    stamp = stamp_of(s)
+    return None if stamp is None else stamp.term
 
 
 def new_job_id() -> str:
@@ -130,7 +156,7 @@ class Store(TenantOps, RayOps):
         self.limits = limits
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._fence: Callable[[Connection], None] | None = None
+        self._fence: Callable[[Connection], FenceStamp] | None = None
 
     @classmethod
     def open(
@@ -180,11 +206,14 @@ class Store(TenantOps, RayOps):
             why = "; ".join(line.strip() for line in str(err.orig).splitlines() if line.strip())
             raise ClusterError(f"cannot open the database {_safe_url(self.url)}: {why}") from err
 
-    def fenced(self, check: Callable[[Connection], None]) -> Store:
+    def fenced(self, check: Callable[[Connection], FenceStamp]) -> Store:
         """This store (the same engine and connections) with ``check`` run first in every
         transaction it begins: the loop's store on a replica (``control/store/lease.py``), whose
         check raises ``FencedError`` once another replica leads, so that transaction rolls back
-        having written nothing. The API's store stays unfenced: every replica serves the API."""
+        having written nothing. What the check returns stamps the transaction's writes (the one
+        place they are stamped: :meth:`tx` keeps it in the session, :meth:`add_event` and the
+        loop's attempt writes read it: :func:`stamp_of`). The API's store stays unfenced: every
+        replica serves the API."""
         view = copy.copy(self)
         view._fence = check
         return view
@@ -203,7 +232,7 @@ class Store(TenantOps, RayOps):
         included: see :meth:`fenced`)."""
         with self._sessions.begin() as session:
             if self._fence is not None:
-                self._fence(session.connection())
+                session.info[_STAMP] = self._fence(session.connection())
             yield session
 
     @contextmanager
@@ -599,8 +628,11 @@ class Store(TenantOps, RayOps):
         kind: str = "info",
         tenant: str | None = None,
         actor: str | None = None,
+        stamp: FenceStamp | None = None,
     ) -> None:
-        """An event in ``s``'s transaction; with ``actor`` (who did it) it is in the audit log."""
+        """An event in ``s``'s transaction; with ``actor`` (who did it) it is in the audit log.
+        Stamped with the fence stamp of ``s``'s transaction (:meth:`fenced`), else ``stamp``."""
+        stamp = stamp_of(s) or stamp
         s.add(
             EventRow(
                 job_id=job_id,
@@ -610,6 +642,8 @@ class Store(TenantOps, RayOps):
                 message=message,
                 tenant=tenant,
                 actor=actor,
+                term=None if stamp is None else stamp.term,
+                fenced_at=None if stamp is None else stamp.at,
             )
         )
 

@@ -38,7 +38,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
-from tpufleet.control.store.facade import Store
+from tpufleet.control.store.facade import FenceStamp, Store
 
 __all__ = ["LEASE_S", "RENEW_S", "FencedError", "Lease", "LeaseState", "replica_id"]
 
@@ -138,11 +138,18 @@ class Lease:
                 taken = 1
             if not taken:
                 return False
-            token, since = conn.execute(
-                text("SELECT token, since FROM leader_lease WHERE id = :id"), {"id": _ROW}
+            token, since, took = conn.execute(
+                text(f"SELECT token, since, {now} FROM leader_lease WHERE id = :id"), {"id": _ROW}
             ).one()
+            # The term's first stamped write: the database's clock once the UPDATE above holds the
+            # row (after the deposed term's last fenced write committed), never ``since``, which
+            # the UPDATE may have computed before it waited for that write's share lock.
             self.store.add_event(
-                s, f"replica {self.replica} leads (fencing token {token})", kind="leader", actor=self.replica
+                s,
+                f"replica {self.replica} leads (fencing token {token})",
+                kind="leader",
+                actor=self.replica,
+                stamp=FenceStamp(int(token), float(took)),
             )
         self.token, self.since = int(token), float(since)
         return True
@@ -231,17 +238,20 @@ class Lease:
         return LeaseState(row[0], int(row[1]), float(row[2]), float(row[3]), float(row[4]))
 
     # -- fencing -------------------------------------------------------------------------------
-    def check(self, conn: Connection, token: int | None) -> None:
+    def check(self, conn: Connection, token: int | None) -> FenceStamp:
         """Fence a transaction of term ``token``: raise :class:`FencedError` unless the lease still
-        has that token (see the module docstring). Runs first in the transaction; on PostgreSQL it
-        also bounds how long the transaction may sit idle (:func:`_idle_limit`)."""
+        has that token (see the module docstring); else the stamp its writes carry (the token and
+        the database's clock at the check). Runs first in the transaction; on PostgreSQL it also
+        bounds how long the transaction may sit idle (:func:`_idle_limit`)."""
         if conn.dialect.name == "postgresql":
-            query = f"SELECT token, {_IDLE_LIMIT} FROM leader_lease WHERE id = :id FOR SHARE"
+            query = f"SELECT token, {_now(conn)}, {_IDLE_LIMIT} FROM leader_lease WHERE id = :id FOR SHARE"
         else:
-            query = "SELECT token FROM leader_lease WHERE id = :id"
-        have: Any = conn.execute(text(query), {"id": _ROW, "idle": self._idle_ms()}).scalar()
+            query = f"SELECT token, {_now(conn)} FROM leader_lease WHERE id = :id"
+        row: Any = conn.execute(text(query), {"id": _ROW, "idle": self._idle_ms()}).first()
+        have = None if row is None else row[0]
         if token is None or have != token:
             raise FencedError(
                 f"replica {self.replica} may not write: the lease's fencing token is {have}, "
                 f"this replica's term is {token}"
             )
+        return FenceStamp(int(have), float(row[1]))

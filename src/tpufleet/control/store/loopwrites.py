@@ -9,6 +9,10 @@ The loop's decisions are written in groups, one transaction per cycle and kind (
 each member's compare-and-set and answers per member, in order (a member that no longer applies
 is dropped alone; the others are written). Every grouped write of the loop is here. The
 one-member methods (``admit``, ``begin_stop``, ...) are groups of one.
+
+On a replica the store is fenced (``Store.fenced``): each transaction here passed the fence, and
+what it writes carries its fencing token: every event (``Store.add_event``), and the attempt rows it
+launches (``launch_term``) and ends (``end_term``), read from the transaction (``term_of``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from sqlalchemy.orm import Session
 from tpufleet.control.cluster.protocol import AttemptStatus, SliceInfo
 from tpufleet.control.store import logs
 from tpufleet.control.store import values as r
-from tpufleet.control.store.facade import Store, columns, life_of, slice_state
+from tpufleet.control.store.facade import Store, columns, life_of, slice_state, term_of
 from tpufleet.control.store.tables import AttemptRow, EventRow, JobRow, LogCursorRow, SliceRow, TenantRow
 from tpufleet.errors import NotFoundError
 from tpufleet.runtime import StepProgress
@@ -465,7 +469,7 @@ class Transitions:
         }
         layout = [(name, worker) for name in job.slices for worker in range(sizes.get(name, 1))]
         logs.open_streams(s, job_id, attempt, layout)
-        _attempt_row(s, job_id, attempt, state=r.STARTING)
+        _attempt_row(s, job_id, attempt, state=r.STARTING, launch_term=term_of(s))
         self.store.add_event(
             s, f"attempt {attempt} launched on {len(layout)} hosts", job_id=job_id, kind="launch"
         )
@@ -540,6 +544,7 @@ class Transitions:
             state=recorded,
             message=message,
             ended_at=now,
+            end_term=term_of(s),
             exit_codes=_host_codes(status),
             **progress_columns(status.progress if status else None),
         )

@@ -152,12 +152,18 @@ class AttemptRow(Base):
     first_step_at: Mapped[float | None]
     last_step: Mapped[int | None]
     last_step_at: Mapped[float | None]
+    # the fencing tokens of the terms that launched and ended it (replicas; NULL without a lease)
+    launch_term: Mapped[int | None] = mapped_column(BigInteger)
+    end_term: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class EventRow(Base):
     """Something that happened to a job, a slice or a tenant. ``actor`` is set on the audit log's
     events (``GET /api/v1/events``): who did it, ``admin``, a token id, or ``scheduler`` for a
-    preemption; ``tenant`` is the tenant it concerns."""
+    preemption; ``tenant`` is the tenant it concerns. ``term`` and ``fenced_at``: on an event the
+    leader's loop wrote (replicas), the fencing token of its term and the database's clock when its
+    transaction passed the fence (``Store.tx``); on a term's first event (``... leads``), the
+    database's clock once it took the lease. NULL for the API's events and without a lease."""
 
     __tablename__ = "events"
     __table_args__ = (Index("ix_events_tenant_id", "tenant", "id"),)
@@ -170,6 +176,8 @@ class EventRow(Base):
     message: Mapped[str] = mapped_column(Text)
     tenant: Mapped[str | None] = mapped_column(String(63))
     actor: Mapped[str | None] = mapped_column(String(80))
+    term: Mapped[int | None] = mapped_column(BigInteger)
+    fenced_at: Mapped[float | None]
 
 
 class LogCursorRow(Base):
