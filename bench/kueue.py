@@ -17,7 +17,7 @@ times the monitoring time. ``rangespec.yaml`` publishes the baseline's averages 
   attempt ended early runs its whole time again, as an evicted Kueue workload does).
 - cpu are chips of one family, v5e (the family with 1-chip slices). Two mappings (``--mapping``):
 
-  * ``slices`` (default): a request is ONE whole slice, the smallest v5e slice with at least
+  * ``slices`` (default): a request is ONE whole slice, the v5e slice nearest (by ratio) to
     ``request x 1.6`` chips: 1 -> ``v5litepod-1`` (1 chip), 5 -> ``v5litepod-8``, 20 ->
     ``v5litepod-32``; the quota is ``20 x 1.6 = 32`` chips of v5e, so a large workload fills its
     tenant's quota and a medium one takes a quarter of it, as in Kueue (a small one takes 1/32
@@ -159,12 +159,9 @@ class Plan:
         return len(self.tenants) * sum(s.count for s in self.sets)
 
 
-def smallest_slice(chips: float) -> str:
-    """The smallest v5e slice with at least ``chips`` chips."""
-    for name in V5E_SLICES:
-        if catalog.slice_type(name).chips >= chips:
-            return name
-    raise ValueError(f"no v5e slice has {chips:g} chips")
+def nearest_slice(chips: float) -> str:
+    """The v5e slice whose chips are nearest to ``chips`` by ratio (1.6 -> 1 chip, 8 -> 8, 32 -> 32)."""
+    return min(V5E_SLICES, key=lambda name: abs(math.log(catalog.slice_type(name).chips / chips)))
 
 
 def plan(config: KueueConfig, mapping: str = "slices", scale: float = 1.0) -> Plan:
@@ -178,7 +175,7 @@ def plan(config: KueueConfig, mapping: str = "slices", scale: float = 1.0) -> Pl
         return Plan(tenants, quota, f"v5litepod-1:{quota * len(tenants)}", shapes, sets)
     if mapping != "slices":
         raise ValueError(f"mapping must be slices or chips, got {mapping!r}")
-    shapes = {s.name: Shape(smallest_slice(s.request * CHIPS_PER_CPU), 1) for s in sets}
+    shapes = {s.name: Shape(nearest_slice(s.request * CHIPS_PER_CPU), 1) for s in sets}
     quota = math.ceil(config.nominal_quota * CHIPS_PER_CPU)
     return Plan(tenants, quota, split_fleet(quota * len(tenants), sets, shapes), shapes, sets)
 
@@ -268,7 +265,9 @@ async def generate(
 async def drive(url: str, token: str, plan: Plan, timeout_s: float) -> tuple[float, float]:
     """Every generator at once, then wait until no job is queued or active: (start, generation end)
     as wall-clock times."""
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    # idle connections are dropped before uvicorn's 5 s keep-alive ends, so a request never goes out
+    # on a connection the server is closing (an httpx.ReadError)
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2)
     auth = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(base_url=url, headers=auth, limits=limits, timeout=120) as http:
         errors: list[str] = []
