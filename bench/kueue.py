@@ -64,6 +64,7 @@ import asyncio
 import contextlib
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -388,6 +389,8 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="the fraction of each set's workloads")
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
+    # SIGTERM (a `timeout`) unwinds like Ctrl-C, so the serve subprocess is stopped, not orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.db == "sqlite":
         run(args, None)
         return 0
