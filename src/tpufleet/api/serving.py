@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,24 +103,34 @@ def _flock(fd: int, tries: int = 5) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def lock_state_dir(state_dir: Path) -> StateDirLock:
-    """Lock ``state_dir`` for this process (made if missing), or a ConflictError naming the serve
-    that holds it: one line, exit 2."""
-    fd = _open(state_dir)
+def _take(fd: int, path: Path, what: str, taken: Callable[[Holder, str], str]) -> StateDirLock:
+    """Lock ``fd`` (the lock file ``path``) for this process and note who holds it, or close it
+    and raise: a ConflictError of ``taken(holder, how to stop it)`` when another process holds
+    it, an InputError naming ``what`` for any other failure. One line, exit 2."""
     try:
         _flock(fd)
     except OSError as err:
         who = _read(fd)
         os.close(fd)
         if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise InputError(f"cannot lock the state dir {state_dir}: {err.strerror or err}") from None
-        stop = f"stop it (kill {who.pid})" if who.pid else "stop it"
-        raise ConflictError(
-            f"{who} already runs from the state dir {state_dir}: {stop}, or give this one another --state-dir"
-        ) from None
-    lock = StateDirLock(state_dir / LOCK_FILE, fd)
+            raise InputError(f"cannot lock {what}: {err.strerror or err}") from None
+        raise ConflictError(taken(who, f"stop it (kill {who.pid})" if who.pid else "stop it")) from None
+    lock = StateDirLock(path, fd)
     lock.note()
     return lock
+
+
+def lock_state_dir(state_dir: Path) -> StateDirLock:
+    """Lock ``state_dir`` for this process (made if missing), or a ConflictError naming the serve
+    that holds it: one line, exit 2."""
+    return _take(
+        _open(state_dir),
+        state_dir / LOCK_FILE,
+        f"the state dir {state_dir}",
+        lambda who, stop: (
+            f"{who} already runs from the state dir {state_dir}: {stop}, or give this one another --state-dir"
+        ),
+    )
 
 
 def lock_database(url: str) -> StateDirLock | None:
@@ -137,21 +148,15 @@ def lock_database(url: str) -> StateDirLock | None:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as err:
         raise InputError(f"cannot lock the database {where}: {err.strerror or err}") from None
-    try:
-        _flock(fd)
-    except OSError as err:
-        who = _read(fd)
-        os.close(fd)
-        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise InputError(f"cannot lock the database {where}: {err.strerror or err}") from None
-        stop = f"stop it (kill {who.pid})" if who.pid else "stop it"
-        raise ConflictError(
-            f"{who} already uses the SQLite database {where}, and SQLite takes one serve: {stop}, "
-            "or run replicas on PostgreSQL (--db postgresql+psycopg://...)"
-        ) from None
-    lock = StateDirLock(lock_path, fd)
-    lock.note()
-    return lock
+    return _take(
+        fd,
+        lock_path,
+        f"the database {where}",
+        lambda who, stop: (
+            f"{who} already uses the SQLite database {where}, and SQLite takes one "
+            f"serve: {stop}, or run replicas on PostgreSQL (--db postgresql+psycopg://...)"
+        ),
+    )
 
 
 def holder(state_dir: Path) -> Holder | None:
