@@ -50,7 +50,7 @@ services:
 test:
 	@$(MAKE) --no-print-directory -j2 services bytecode
 	@# The linters (niced) beside the tests, three pytest processes side by side (side-by-side-tests.sh):
-	@# the unit, host and in-memory conformance tests (niced, a test at a time on two workers; no two
+	@# the host, unit and in-memory conformance tests (niced, a test at a time on three workers; no two
 	@# host tests that sweep or scan processes overlap, see tests/host/conftest.py), the tests that
 	@# share an emulated Ray fleet (with the conformance suites' Ray cases) and those that start a
 	@# fleet of their own, each on two workers a file at a time. The fleet tests wait much of the

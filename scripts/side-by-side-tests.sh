@@ -3,8 +3,10 @@
 #
 #   scripts/side-by-side-tests.sh PYTHON [PYTEST ARGS...]
 #
-# - fast: the unit tests, the host tests and the conformance suites' in-memory cases, at a lower
-#   CPU priority (nice 10), on two workers a test at a time;
+# - fast: the host tests, the unit tests and the conformance suites' in-memory cases, at a lower
+#   CPU priority (nice 10), on three workers a test at a time, the host tests first: many of them
+#   mostly wait (serve processes, replicas, a soak's minute), which costs nothing while the fleet
+#   streams use the cores, and left for last they kept the machine idle for minutes at the end;
 # - shared: the tests that share an emulated fleet (tests/conftest.py): those of tests/integration
 #   and the conformance suites' Ray cases (marked integration), on two workers a file at a time
 #   (--dist loadfile: a file's tests keep their order and share their fixtures), so the shared fleet
@@ -44,8 +46,8 @@ pids=()
 # An interrupted run (Ctrl-C, a CI timeout) stops the background processes too, by their PIDs.
 trap 'kill "${pids[@]}" 2>/dev/null; rm -f "$fast_log" "$own_log"' EXIT
 
-nice -n 10 "$py" -m pytest tests/unit tests/host tests/conformance -m "not integration" \
-  -n 2 --dist worksteal --durations=10 "$@" >"$fast_log" 2>&1 &
+nice -n 10 "$py" -m pytest tests/host tests/unit tests/conformance -m "not integration" \
+  -n 3 --dist worksteal --durations=10 "$@" >"$fast_log" 2>&1 &
 fast=$!
 pids+=("$fast")
 "$py" -m pytest "${SOLO[@]}" -n 2 --dist loadfile --durations=10 "$@" >"$own_log" 2>&1 &

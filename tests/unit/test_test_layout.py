@@ -4,7 +4,7 @@
   the same name anywhere under tests/ make the whole run fail to collect ("import file mismatch"),
   although each passes on its own.
 - Tests sit in a folder that says their kind, which says how ``make test`` runs them: tests/unit
-  (pure: no process, no Ray; on two workers), tests/host (start, scan or kill the host's processes),
+  (pure: no process, no Ray; on three workers), tests/host (start, scan or kill the host's processes),
   tests/conformance (the same tests against every implementation of a seam), tests/integration (the
   shared emulated Ray fleet), tests/e2e (a fleet or browser of their own); helpers in tests/support.
 - A tests/unit file that starts a process or Ray belongs in tests/host: beside the unit tests' other
