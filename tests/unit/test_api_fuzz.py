@@ -62,7 +62,9 @@ STORE, TOKENS = _fleet(_DIR / "fleet.db")
 schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(STORE))
 
 
-@pytest.fixture(scope="module", autouse=True)
+# Session scope: under ``--dist worksteal`` a worker may run this module's tests, move on (which would
+# end a module-scoped fixture), then steal more of them; the store must outlive that.
+@pytest.fixture(scope="session", autouse=True)
 def _cleanup() -> Iterator[None]:
     yield
     STORE.close()
