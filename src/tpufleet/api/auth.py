@@ -18,7 +18,6 @@ from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import ADMIN_SCOPE, METRICS_SCOPE, Principal
 from tpufleet.errors import AuthError, ForbiddenError, SpecError
 
-ADMIN_TOKEN_FILE = "admin-token"
 METRICS_PATHS = frozenset({"/metrics", "/api/v1/metrics"})  # all a metrics-scope token may read
 
 

@@ -29,8 +29,8 @@ import uvicorn
 
 from tpufleet import pricing
 from tpufleet.api.app import create_app
-from tpufleet.api.auth import ADMIN_TOKEN_FILE, ensure_admin_token
-from tpufleet.api.serving import listen
+from tpufleet.api.auth import ensure_admin_token
+from tpufleet.api.serving import ADMIN_TOKEN_FILE, default_state_dir, listen
 from tpufleet.control.cluster.protocol import ClusterClient
 from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
 from tpufleet.control.loop.service import Decide, ServiceConfig
@@ -50,11 +50,6 @@ from tpufleet.provision.base import Provider
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8600
-
-
-def default_state_dir() -> Path:
-    """``$TPUFLEET_STATE_DIR``, or ``~/.tpufleet``."""
-    return Path(os.environ.get("TPUFLEET_STATE_DIR") or Path.home() / ".tpufleet")
 
 
 def ray_cluster(address: str, connect_timeout_s: float = 5.0) -> ClusterClient:

@@ -134,7 +134,7 @@ class Soak:
         return self.dir / "checkpoints" if self.cfg.replicas else self.cp_dir / "checkpoints"
 
     def _admin(self) -> Any:
-        from tpufleet.api.auth import ADMIN_TOKEN_FILE
+        from tpufleet.api.serving import ADMIN_TOKEN_FILE
         from tpufleet.client.http import Client
 
         if self.cfg.replicas:  # each replica's own admin token: rows of the one database

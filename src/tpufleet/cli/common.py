@@ -76,9 +76,9 @@ def make_client(ctx: typer.Context, server: str, token: str | None) -> Client:
     if not token and remembered.admin_token_path and server == remembered.server:
         token = read_token(Path(remembered.admin_token_path))
     if not token:
-        from tpufleet.api.server import default_state_dir
+        from tpufleet.api.serving import ADMIN_TOKEN_FILE, default_state_dir
 
-        path = default_state_dir() / "admin-token"
+        path = default_state_dir() / ADMIN_TOKEN_FILE
         if path.is_file():
             token = read_token(path)
     return Client(server or DEFAULT_SERVER, token, http=seams(ctx).http)

@@ -152,8 +152,7 @@ def use_state_dir(state_dir: Path) -> Context:
     """Remember the serve that holds ``state_dir`` (or ``state_dir/sandbox``, where ``serve
     --sandbox`` keeps its state) now, its lock naming its URL, with its admin token file; an
     InputError when no serve runs from there."""
-    from tpufleet.api.auth import ADMIN_TOKEN_FILE
-    from tpufleet.api.serving import holder
+    from tpufleet.api.serving import ADMIN_TOKEN_FILE, holder
 
     where = state_dir.expanduser().resolve()
     who = holder(where)

@@ -31,7 +31,7 @@ def _url(db: str | None, state_dir: Path | None) -> str:
     """The database ``serve`` would use: ``--db``, else ``tpufleet.db`` in the state dir."""
     if db:
         return db
-    from tpufleet.api.server import default_state_dir
+    from tpufleet.api.serving import default_state_dir
 
     directory = state_dir or default_state_dir()
     directory.mkdir(parents=True, exist_ok=True)

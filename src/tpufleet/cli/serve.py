@@ -236,8 +236,8 @@ def serve_cmd(
     priorities, or load-test the loop. One serve per state dir (a second one is refused, naming the
     first); once its port is bound it records its URL and admin token path in the CLI context
     (`tpufleet context`), so client commands on this machine need neither --server nor --token."""
-    from tpufleet.api.server import ControlPlane, default_state_dir
-    from tpufleet.api.serving import listen, lock_database, lock_state_dir, url_of
+    from tpufleet.api.server import ControlPlane
+    from tpufleet.api.serving import default_state_dir, listen, lock_database, lock_state_dir, url_of
     from tpufleet.cli import context
     from tpufleet.control.loop.service import ServiceConfig
     from tpufleet.control.plane import Replicas

@@ -140,8 +140,7 @@ def token_rotate_admin(
 def _admin_token_target(state_dir: Path | None, server: str) -> Path:
     """The admin-token file client commands read: --state-dir's, the one `serve` recorded for this
     server, else the default state dir's."""
-    from tpufleet.api.auth import ADMIN_TOKEN_FILE
-    from tpufleet.api.server import default_state_dir
+    from tpufleet.api.serving import ADMIN_TOKEN_FILE, default_state_dir
     from tpufleet.cli import context
 
     if state_dir is not None:
