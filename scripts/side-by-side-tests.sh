@@ -42,9 +42,13 @@ done
 
 fast_log=$(mktemp "${TMPDIR:-/tmp}/tpufleet-fast-tests.XXXXXX")
 own_log=$(mktemp "${TMPDIR:-/tmp}/tpufleet-own-fleet-tests.XXXXXX")
+# One JAX compilation cache for the hosts of every emulated fleet the three start (plan.py's
+# jax_cache_env): the same examples run on them again and again, and each compile is ~1 CPU-s.
+TPUFLEET_EMULATOR_JAX_CACHE=$(mktemp -d "${TMPDIR:-/tmp}/tpufleet-jax-cache.XXXXXX")
+export TPUFLEET_EMULATOR_JAX_CACHE
 pids=()
 # An interrupted run (Ctrl-C, a CI timeout) stops the background processes too, by their PIDs.
-trap 'kill "${pids[@]}" 2>/dev/null; rm -f "$fast_log" "$own_log"' EXIT
+trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$fast_log" "$own_log" "$TPUFLEET_EMULATOR_JAX_CACHE"' EXIT
 
 nice -n 10 "$py" -m pytest tests/host tests/unit tests/conformance -m "not integration" \
   -n 3 --dist worksteal --durations=10 "$@" >"$fast_log" 2>&1 &

@@ -31,6 +31,7 @@ from dbserver import PG_HINT, PostgresServer, pg_bindir
 from tpufleet.control.cluster.fake import FakeClock
 from tpufleet.control.store.facade import Store
 from tpufleet.emulator import EmulatedFleet
+from tpufleet.emulator.plan import JAX_CACHE_VAR
 
 NO_CLOUD = {"NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
 
@@ -146,6 +147,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatedFleet]:
         yield EmulatedFleet.attach(reuse).authenticate()
         return
     state_dir = tmp_path_factory.mktemp("fleet")
+    # One JAX compilation cache for every fleet of the run (scripts/side-by-side-tests.sh makes one
+    # for its three pytest processes); without it, this worker's own.
+    os.environ.setdefault(JAX_CACHE_VAR, str(tmp_path_factory.mktemp("jax-cache")))
     f = EmulatedFleet(FLEET_SLICES, cpus_per_host=CPUS_PER_HOST, state_dir=state_dir).up()  # authenticates
     try:
         yield f

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from ray.util import tpu
 
 from tpufleet.contract import megascale_env
 from tpufleet.emulator import EmulatedFleet
+from tpufleet.emulator.plan import JAX_CACHE_VAR
 from tpufleet.emulator.procs import free_ports
 
 pytestmark = pytest.mark.integration
@@ -23,7 +25,9 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 HELLO = Path(__file__).parents[2] / "examples" / "spmd_hello.py"
 
 
-def _psum_loop() -> dict[str, float]:
+def _psum_loop() -> dict[str, object]:
+    import os
+
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
@@ -34,7 +38,8 @@ def _psum_loop() -> dict[str, float]:
     x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("i")), local)
     psum = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P()))
     total = float(psum(x).addressable_data(0)[0])
-    return {"psum": total, "devices": jax.device_count(), "processes": jax.process_count()}
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    return {"psum": total, "devices": jax.device_count(), "processes": jax.process_count(), "cache": cache}
 
 
 def test_jax_trainer_runs_a_cross_host_psum_on_one_v4_slice(ray_client: object, tmp_path: Path) -> None:
@@ -50,7 +55,9 @@ def test_jax_trainer_runs_a_cross_host_psum_on_one_v4_slice(ray_client: object, 
     )
     result = trainer.fit()
     # 2 processes x 4 CPU devices; process p contributes p+1 on each of its devices: 4*1 + 4*2.
-    assert result.return_value == {"psum": 12.0, "devices": 8, "processes": 2}
+    cache = os.environ[JAX_CACHE_VAR]  # the session's (tests/conftest.py): every host shares it
+    assert result.return_value == {"psum": 12.0, "devices": 8, "processes": 2, "cache": cache}
+    assert [p for p in Path(cache).iterdir() if p.name.startswith("jit_")], "JAX cached no compilation"
 
 
 @ray.remote

@@ -34,6 +34,7 @@ def default_state_dir() -> Path:
     """``$TPUFLEET_STATE_DIR``, or ``~/.tpufleet``."""
     return Path(os.environ.get("TPUFLEET_STATE_DIR") or Path.home() / ".tpufleet")
 
+
 __all__ = [
     "LOCK_FILE",
     "Holder",

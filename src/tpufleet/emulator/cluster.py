@@ -220,9 +220,11 @@ class EmulatedFleet:
 
     def _hosts_env(self, st: FleetState) -> dict[str, str]:
         """What every host's launch gets, whichever host: the caller's clean environment, the
-        fleet's Ray token and, lean, no prestarted workers."""
+        fleet's Ray token, lean, no prestarted workers, and the shared JAX compilation cache when
+        ``TPUFLEET_EMULATOR_JAX_CACHE`` names one (``plan.jax_cache_env``)."""
         lean = plan.LEAN_HOST_ENV if st.lean else {}
-        return plan.clean_base_env(os.environ) | auth.server_env(self.auth_token_path) | lean
+        cache = plan.jax_cache_env(os.environ.get(plan.JAX_CACHE_VAR))
+        return plan.clean_base_env(os.environ) | auth.server_env(self.auth_token_path) | lean | cache
 
     def _host_start(
         self, st: FleetState, rec: EmulatedSlice, worker: int

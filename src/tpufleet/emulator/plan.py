@@ -53,6 +53,28 @@ def emulator_env(slice_type: SliceType) -> dict[str, str]:
     }
 
 
+# A JAX persistent compilation cache the hosts of emulated fleets share, as a real pod points every
+# host at one bucket: with ``TPUFLEET_EMULATOR_JAX_CACHE=DIR`` where a fleet starts, each host's JAX
+# (SPMD jobs, Ray Train workers) keeps every XLA compilation in DIR, and the next process that runs
+# the same program on the same shapes loads it instead (a small model's compile is ~1 of the ~4
+# CPU-s a JAX process costs here). The test suite sets it: its fleets run the same examples often.
+JAX_CACHE_VAR = "TPUFLEET_EMULATOR_JAX_CACHE"
+
+
+def jax_cache_env(directory: str | None) -> dict[str, str]:
+    """JAX's own settings for a shared persistent compilation cache in ``directory`` (none: {})."""
+    if not directory:
+        return {}
+    return {
+        "JAX_COMPILATION_CACHE_DIR": directory,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # every compilation, not only slow ones
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+        # A size limit turns on JAX's file lock around each read and write: the processes of every
+        # host on this machine write the same entries at once.
+        "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 << 30),
+    }
+
+
 def host_envs(name: str, slice_type: SliceType, address: str) -> list[dict[str, str]]:
     """The environment of every host of one slice, in worker-id order.
 
