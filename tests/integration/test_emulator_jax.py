@@ -55,9 +55,12 @@ def test_jax_trainer_runs_a_cross_host_psum_on_one_v4_slice(ray_client: object, 
     )
     result = trainer.fit()
     # 2 processes x 4 CPU devices; process p contributes p+1 on each of its devices: 4*1 + 4*2.
-    cache = os.environ[JAX_CACHE_VAR]  # the session's (tests/conftest.py): every host shares it
+    # The session's JAX compilation cache (tests/conftest.py), which every host shares; none on a
+    # fleet of your own (TPUFLEET_TEST_FLEET_DIR) started without one.
+    cache = os.environ.get(JAX_CACHE_VAR)
     assert result.return_value == {"psum": 12.0, "devices": 8, "processes": 2, "cache": cache}
-    assert [p for p in Path(cache).iterdir() if p.name.startswith("jit_")], "JAX cached no compilation"
+    if "TPUFLEET_TEST_FLEET_DIR" not in os.environ:
+        assert cache and [p for p in Path(cache).iterdir() if p.name.startswith("jit_")], "nothing cached"
 
 
 @ray.remote
