@@ -34,7 +34,8 @@ def make_zip(entries: dict[str, bytes] | None = None, *, links: dict[str, str] |
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name, data in (entries if entries is not None else {"train.py": b"print(1)\n"}).items():
-            zf.writestr(name, data)
+            # A fixed time: the same entries make the same bytes, whenever (writestr takes the clock's).
+            zf.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), data, zipfile.ZIP_DEFLATED)
         for name, target in (links or {}).items():
             info = zipfile.ZipInfo(name)
             info.external_attr = (stat.S_IFLNK | 0o777) << 16
