@@ -230,6 +230,12 @@ def kill_sessions(sessions: Sequence[Session], grace_s: float = 0.0, timeout_s: 
         while known and time.monotonic() < deadline:
             time.sleep(0.1)
             known = _snapshot(sessions, known)
+    else:
+        # A VM that vanishes ends all its processes at the same instant. Sent one by one, SIGKILL
+        # gave a raylet that outlived its workers by a few milliseconds (a loaded machine) the time
+        # to report them dead on their own, so Ray blamed a worker crash instead of the node's end
+        # (a preempted host's actors died "unexpectedly", not "preempted"). Frozen first, none can.
+        _send(known, signal.SIGSTOP)
     deadline = time.monotonic() + timeout_s
     while True:
         _send(known, signal.SIGKILL)
