@@ -14,7 +14,7 @@ import ray
 from ray.util import tpu
 
 from tpufleet import doctor, inventory
-from tpufleet.emulator import EmulatedFleet, procs
+from tpufleet.emulator import EmulatedFleet, plan, procs
 from tpufleet.emulator import state as store
 from tpufleet.emulator.state import EmulatedSlice, FleetState, HostRecord
 
@@ -63,9 +63,12 @@ def test_hosts_carry_the_labels_and_resources_ray_derives_on_real_tpus(ray_clien
     assert "TPU" not in head["Resources"] and head["Resources"].get("CPU", 0) == 0
 
 
-def test_ray_trains_controller_on_the_head_polls_its_workers_every_half_second(ray_client: object) -> None:
+def test_the_nodes_ray_settings_reach_their_workers_and_train_polls_every_half_second(
+    ray_client: object,
+) -> None:
     """Ray Train's controller runs on its driver's node (a Ray job's: the head) and reads its poll
-    interval from the environment it inherits there (docs/emulator.md)."""
+    interval from the environment it inherits there (docs/emulator.md); every node's workers see
+    the settings the emulator gives all nodes (plan.NODE_ENV)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     @ray.remote(num_cpus=0)
@@ -77,11 +80,19 @@ def test_ray_trains_controller_on_the_head_polls_its_workers_every_half_second(r
 
     head = next(n for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
     on_head = NodeAffinitySchedulingStrategy(head["NodeID"], soft=False)
+    host = next(n for n in ray.nodes() if n["Alive"] and n["Resources"].get("TPU"))
+    on_host = NodeAffinitySchedulingStrategy(host["NodeID"], soft=False)
     reader = EnvReader.options(scheduling_strategy=on_head).remote()  # type: ignore[attr-defined]
+    other = EnvReader.options(scheduling_strategy=on_host).remote()  # type: ignore[attr-defined]
     try:
         assert ray.get(reader.get.remote("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"), timeout=60) == "0.5"
+        # Every node without Ray's OOM killer, and with the log monitor's slower file scan (plan.NODE_ENV).
+        for node in (reader, other):
+            got = {k: ray.get(node.get.remote(k), timeout=60) for k in plan.NODE_ENV}
+            assert got == plan.NODE_ENV
     finally:
         ray.kill(reader)
+        ray.kill(other)
 
 
 def test_what_a_task_prints_on_a_host_reaches_the_driver_from_that_host(
