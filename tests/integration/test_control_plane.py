@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 
 PY = sys.executable
 CONFIG = ServiceConfig(
-    interval_s=0.2,
+    interval_s=0.5,
     preempt_grace_s=3.0,
     cancel_grace_s=1.0,
     fail_grace_s=1.0,

@@ -23,7 +23,7 @@ from tpufleet.control.ray.client import RayExecutor
 
 pytestmark = pytest.mark.integration
 
-CONFIG = ServiceConfig(interval_s=0.2, cancel_grace_s=1.0, fail_grace_s=1.0, progress_write_s=0.5)
+CONFIG = ServiceConfig(interval_s=0.5, cancel_grace_s=1.0, fail_grace_s=1.0, progress_write_s=0.5)
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
 
 

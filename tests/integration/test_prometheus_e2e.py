@@ -129,7 +129,7 @@ def test_prometheus_sees_the_measured_duty_cycle_of_a_busy_emulated_host(
     prometheus_binary()
     cluster = RayExecutor.connect(fleet.ray_address)
     cp = ControlPlane(
-        cluster, state_dir=tmp_path / "cp", config=ServiceConfig(interval_s=0.2, cancel_grace_s=1.0)
+        cluster, state_dir=tmp_path / "cp", config=ServiceConfig(interval_s=0.5, cancel_grace_s=1.0)
     )
     prom = None
     try:

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.integration
 PY = sys.executable
 EXAMPLE = Path(__file__).parents[2] / "examples" / "train_jaxtrainer.py"
 CONFIG = ServiceConfig(
-    interval_s=0.2, preempt_grace_s=3.0, cancel_grace_s=1.0, fail_grace_s=1.0, start_timeout_s=300.0
+    interval_s=0.5, preempt_grace_s=3.0, cancel_grace_s=1.0, fail_grace_s=1.0, start_timeout_s=300.0
 )
 WORKER = re.compile(r"worker (\d+) on ([\w-]+)/(\d+)")
 MEMORY = ("--data", "memory")  # no Ray Data pipeline: see the module docstring
