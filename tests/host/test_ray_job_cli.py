@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,21 +23,12 @@ import httpx
 import planes
 import pytest
 import ray
+import raycli
 from ray.exceptions import AuthenticationError
 from ray.job_submission import JobSubmissionClient
 
 from tpufleet.api import raysubmit
 
-RAY_CLI = str(Path(sys.executable).parent / "ray")
-# what would point Ray's CLI elsewhere or give it another token (an emulated fleet sets some)
-RAY_CLIENT_VARS = (
-    "RAY_ADDRESS",
-    "RAY_API_SERVER_ADDRESS",
-    "RAY_JOB_HEADERS",
-    "RAY_AUTH_MODE",
-    "RAY_AUTH_TOKEN",
-    "RAY_AUTH_TOKEN_PATH",
-)
 SHORT = json.dumps({"env_vars": {"TPUFLEET_SANDBOX_SECONDS": "1"}})
 
 
@@ -85,15 +74,9 @@ def ray_job(
 ) -> Any:
     """``ray job ARGS --address URL/ray`` as a user types it, with the tenant's token in
     RAY_JOB_HEADERS (or ``env``'s): run to its end, or only started (``wait=False``)."""
-    base = {k: v for k, v in os.environ.items() if k not in RAY_CLIENT_VARS}
-    if tenant is not None:
-        base["RAY_JOB_HEADERS"] = json.dumps({"Authorization": f"Bearer {plane.tokens[tenant]}"})
-    cmd = [RAY_CLI, "job", *args[:1], "--address", f"{plane.url}/ray", *args[1:]]
-    if not wait:
-        return subprocess.Popen(
-            cmd, env=base | (env or {}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-    return subprocess.run(cmd, env=base | (env or {}), capture_output=True, text=True, timeout=120)
+    given = raycli.bearer(plane.tokens[tenant]) if tenant is not None else {}
+    cmd = [*args[:1], "--address", f"{plane.url}/ray", *args[1:]]
+    return raycli.ray_job(cmd, given | (env or {}), wait=wait)
 
 
 def client(plane: Plane, tenant: str) -> JobSubmissionClient:

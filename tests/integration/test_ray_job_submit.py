@@ -14,10 +14,7 @@ Ray's CLI costs about 2 s of CPU, so the CLI runs five times in all.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +22,7 @@ from typing import Any
 
 import planes
 import pytest
+import raycli
 from _executor_helpers import wait_for
 
 from tpufleet.client.http import Client
@@ -34,17 +32,7 @@ from tpufleet.control.store.values import Limits
 
 pytestmark = pytest.mark.integration
 
-RAY_CLI = str(Path(sys.executable).parent / "ray")
-# what would point Ray's CLI elsewhere or give it the fleet's Ray token (the fleet fixture sets some)
-RAY_CLIENT_VARS = (
-    "RAY_ADDRESS",
-    "RAY_API_SERVER_ADDRESS",
-    "RAY_JOB_HEADERS",
-    "RAY_AUTH_MODE",
-    "RAY_AUTH_TOKEN",
-    "RAY_AUTH_TOKEN_PATH",
-)
-# a cycle every 0.5 s (not test_ray_jobs.py's 0.2 s): each polls Ray, and these jobs last seconds
+# a cycle every 0.5 s (serve's default): each polls Ray, and these jobs last seconds
 CONFIG = ServiceConfig(interval_s=0.5, cancel_grace_s=1.0, fail_grace_s=1.0, start_timeout_s=300.0)
 # The user's script: plain Ray, as Ray documents running a function on every host of a TPU slice.
 PROBE = """\
@@ -84,18 +72,8 @@ def ray_job(
 ) -> Any:
     """``ray job ARGS`` as docs/ray-jobs.md has a user type it: the address and the tenant's token
     in ``RAY_API_SERVER_ADDRESS`` and ``RAY_JOB_HEADERS``. Run to its end, or only started."""
-    env = {k: v for k, v in os.environ.items() if k not in RAY_CLIENT_VARS} | {
-        "RAY_API_SERVER_ADDRESS": f"{plane.url}/ray",
-        "RAY_JOB_HEADERS": json.dumps({"Authorization": f"Bearer {tenant.token}"}),
-    }
-    cmd = [RAY_CLI, "job", *args]
-    if not wait:
-        return subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    return subprocess.run(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120
-    )
+    env = {"RAY_API_SERVER_ADDRESS": f"{plane.url}/ray"} | raycli.bearer(tenant.token)
+    return raycli.ray_job(list(args), env, cwd=cwd, wait=wait, merge=True)
 
 
 def _free(plane: planes.Served, names: list[str]) -> bool:
