@@ -2,26 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
+import benches
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "simulate.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_simulate", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-sim = _load()
+sim = benches.load("simulate")
 H = 3600.0
 
 
