@@ -218,14 +218,17 @@ class EmulatedFleet:
 
     # -- starting -------------------------------------------------------------------------------
 
+    def _node_env(self) -> dict[str, str]:
+        """What every node's launch gets, the head's too: the caller's clean environment,
+        ``plan.NODE_ENV`` and the fleet's Ray token."""
+        return plan.clean_base_env(os.environ) | plan.NODE_ENV | auth.server_env(self.auth_token_path)
+
     def _hosts_env(self, st: FleetState) -> dict[str, str]:
-        """What every host's launch gets, whichever host: the caller's clean environment,
-        ``plan.NODE_ENV``, the fleet's Ray token, lean, no prestarted workers, and the shared JAX
-        compilation cache when ``TPUFLEET_EMULATOR_JAX_CACHE`` names one (``plan.jax_cache_env``)."""
+        """What every host's launch gets, whichever host: :meth:`_node_env`, lean, no prestarted
+        workers, and the shared JAX compilation cache when ``TPUFLEET_EMULATOR_JAX_CACHE`` names
+        one (``plan.jax_cache_env``)."""
         lean = plan.LEAN_HOST_ENV if st.lean else {}
-        cache = plan.jax_cache_env(os.environ.get(plan.JAX_CACHE_VAR))
-        base = plan.clean_base_env(os.environ) | plan.NODE_ENV
-        return base | auth.server_env(self.auth_token_path) | lean | cache
+        return self._node_env() | lean | plan.jax_cache_env(os.environ.get(plan.JAX_CACHE_VAR))
 
     def _host_start(
         self, st: FleetState, rec: EmulatedSlice, worker: int
@@ -373,9 +376,7 @@ class EmulatedFleet:
             (client_port,) = procs.free_ports(1)
             argv = plan.head_argv(_ray_bin(), *where, client_port, st.temp_dir, st.object_store_bytes)
         log = self.state_dir / "logs" / "head.log"
-        env = plan.clean_base_env(os.environ) | plan.NODE_ENV | HEAD_ENV
-        env |= auth.server_env(self.auth_token_path)
-        proc, st.head = procs.spawn(argv, env, log)
+        proc, st.head = procs.spawn(argv, self._node_env() | HEAD_ENV, log)
         return proc, log
 
     def _await(self, st: FleetState, launchers: Sequence[tuple[Popen[bytes], Path]], keys: list[Key]) -> None:

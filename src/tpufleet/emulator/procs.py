@@ -218,7 +218,8 @@ def _send(procs: dict[int, int], sig: signal.Signals) -> None:
 
 
 def kill_sessions(sessions: Sequence[Session], grace_s: float = 0.0, timeout_s: float = 15.0) -> list[int]:
-    """End every process of ``sessions``: SIGTERM and ``grace_s`` to exit, then SIGKILL.
+    """End every process of ``sessions``: SIGTERM and ``grace_s`` to exit, then SIGKILL; with no
+    grace (a host that vanishes), all of them are frozen (SIGSTOP) before the first SIGKILL.
 
     Processes seen once are tracked by PID and start time, so a child that was orphaned (and
     re-parented) on the way is still ended. Returns the PIDs still alive after ``timeout_s``.
