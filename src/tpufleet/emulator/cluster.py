@@ -63,6 +63,11 @@ HEAD_ENV = {
     # checkpoint and where the end of a run is seen: a 4-step JaxTrainer run on v4-16 took 38.5 s
     # end to end with Ray's default and 25.0 s with this.
     RAY_TRAIN_POLL_VAR: str(RAY_TRAIN_POLL_MIN_S),
+    # The head's start waits for its dashboard (Ray's job API) up to this long, not Ray's 60 s: on
+    # a loaded 2-core CI runner the dashboard, which imports and forks its ten modules, once took
+    # longer, and the head (and every host waiting for it) failed. Shorter than JOIN_WAIT_S, so
+    # that a dashboard that never comes up fails for its own reason first.
+    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "240",
 }
 
 Key = tuple[str, int]  # (slice name, worker id)

@@ -44,10 +44,11 @@ And a node waiting for its own raylet to register asks the GCS every 50 ms: Ray 
 each time through a new GCS connection, and five nodes starting on two cores spent seconds of CPU
 doing so, which slowed the raylets they waited for.
 
-Both waits last ``REGISTER_WAIT_S`` (two minutes), not Ray's 30 s for a node's own raylet and 40 s
+Both waits last ``REGISTER_WAIT_S`` (four minutes), not Ray's 30 s for a node's own raylet and 40 s
 for the head: on an overloaded machine (several fleets starting at once on a 2-core CI runner) the
 GCS answered late and a healthy node gave up (``The current node timed out during startup``), which
-left the fleet half started. A node that is really broken still fails, after two minutes.
+left the fleet half started; two minutes were once not enough for a host waiting on a head that a
+CI runner started slowly. A node that is really broken still fails, after four minutes.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def _dashboard_after_raylet(node_class: Any) -> None:
 # How often a starting node asks again (for the head, for its own raylet) and checks a forked child.
 POLL_S = 0.05
 # How long a starting node waits for the head, and for its own raylet, to be registered in the GCS.
-REGISTER_WAIT_S = 120.0
+REGISTER_WAIT_S = 240.0
 
 
 def _poll_for_the_head_quickly(node_module: Any, constants: Any) -> None:
