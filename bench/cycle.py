@@ -5,7 +5,7 @@ tests/unit/conftest.py starts one; ``--no-pg`` to skip) and each queue size (``-
 10,000 and 100,000):
 
 - submits the jobs with ``Store.submit_many`` (the batch API's path) and prints jobs/s;
-- runs one cycle of a ``Service`` over an in-memory cluster (``FakeCluster``; the policy and the
+- runs one cycle of a ``Service`` over an in-memory cluster (``MemoryCluster``; the policy and the
   store are the real ones; it admits what fits and stores every job's wait reason), then times
   the first cycle of a second ``Service`` on the same store: a restarted control plane's whole read;
 - runs ``--cycles`` steady cycles during which five jobs arrive and a few running ones end (and
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 
 from _pg import postgres_server
 
-from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import JobRequest, Limits
@@ -72,7 +72,7 @@ def fill(url: str, queued: int) -> tuple[Store, float]:
 
 def measure(store: Store, tmp: str, cycles: int, incremental: bool) -> dict[str, float]:
     """First cycle of a fresh service, then steady cycles with arrivals and endings."""
-    cluster = FakeCluster.of(FLEET, script=lambda spec: Script(run_after=1, exit_after=None))
+    cluster = MemoryCluster.of(FLEET, script=lambda spec: Script(run_after=1, exit_after=None))
     config = ServiceConfig(stop_threads=0, incremental=incremental)
     Service(store, cluster, state_dir=tmp, config=config).run_once()  # admits, writes every reason
     policy_s: list[float] = []

@@ -3,7 +3,7 @@
 The page and ``tpufleet top`` poll it every second per viewer, so it must not grow with the queue.
 For each queue size (``--queued``, default 10,000 and 100,000) on SQLite in a temp dir: submits the
 jobs (eight tenants, mixed shapes and priorities), runs one scheduling cycle over an in-memory
-cluster (``FakeCluster``: the fleet's slices are stored and the jobs that fit are admitted), then
+cluster (``MemoryCluster``: the fleet's slices are stored and the jobs that fit are admitted), then
 times ``--reads`` reads through the API in-process (FastAPI's TestClient: routing, auth, JSON) for
 the admin and for one tenant, and prints p50/p95 and the answer's size. Goal: well inside the
 page's one-second poll at 100,000 queued (the admin's read is a top-N query plus per-tenant counts;
@@ -24,7 +24,7 @@ from cycle import FLEET, TENANTS, fill
 from fastapi.testclient import TestClient
 
 from tpufleet.api.app import create_app
-from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.loop.service import Service, ServiceConfig
 
 
@@ -50,7 +50,7 @@ def main() -> None:
     for queued in (int(x) for x in args.queued.split(",")):
         with tempfile.TemporaryDirectory(prefix="tpufleet-bench-") as tmp:
             store, _ = fill(f"sqlite:///{tmp}/db.sqlite", queued)
-            cluster = FakeCluster.of(FLEET, script=lambda spec: Script(run_after=1, exit_after=None))
+            cluster = MemoryCluster.of(FLEET, script=lambda spec: Script(run_after=1, exit_after=None))
             Service(store, cluster, state_dir=tmp, config=ServiceConfig(stop_threads=0)).run_once()
             http = TestClient(create_app(store))
             tenant = next(iter(TENANTS))

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import insert, update
 
 from tpufleet import pricing
-from tpufleet.control.cluster.fake import FakeClock
+from tpufleet.control.cluster.memory import FakeClock
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.tables import AttemptRow, JobRow
 from tpufleet.control.store.usage import Usage

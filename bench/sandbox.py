@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.store.tables import AttemptRow
 
@@ -61,7 +61,7 @@ def main() -> int:
     args = parser.parse_args()
 
     tmp = tempfile.TemporaryDirectory()
-    cluster = SandboxCluster.of(args.fleet, job_seconds=args.job_seconds)
+    cluster = MemoryCluster.sandbox(args.fleet, job_seconds=args.job_seconds)
     config = ServiceConfig(interval_s=0.05, busy_interval_s=0.01)
     cp = ControlPlane(cluster, state_dir=tmp.name, db_url=args.db, config=config)
     cycle_ms: list[float] = []

@@ -1,5 +1,5 @@
 """End-to-end job throughput (issue 30): jobs/s from submit to SUCCEEDED through the whole control
-plane of ``serve --sandbox`` (store, loop, policy, API in process, the in-memory ``SandboxCluster``),
+plane of ``serve --sandbox`` (store, loop, policy, API in process, ``MemoryCluster.sandbox``),
 on a fleet with room (more slices than jobs in flight), on SQLite and PostgreSQL.
 
 Each run: a fresh database, one tenant whose quota covers the fleet, ``--jobs`` one-slice jobs
@@ -28,14 +28,14 @@ from _pg import postgres_server
 from fastapi.testclient import TestClient
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.loop.service import ServiceConfig
 
 
 def one_run(url: str | None, args: argparse.Namespace) -> float:
     """Jobs per second from the batch submit to the last job's end (None: SQLite in a temp dir)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = SandboxCluster.of(args.fleet, job_seconds=args.job_seconds)
+        cluster = MemoryCluster.sandbox(args.fleet, job_seconds=args.job_seconds)
         config = ServiceConfig(interval_s=0.05, busy_interval_s=0.01)
         cp = ControlPlane(cluster, state_dir=tmp, db_url=url, config=config)
         http = TestClient(cp.app)

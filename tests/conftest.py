@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from dbserver import PG_HINT, PostgresServer, pg_bindir
 
-from tpufleet.control.cluster.fake import FakeClock
+from tpufleet.control.cluster.memory import FakeClock
 from tpufleet.control.store.facade import Store
 from tpufleet.emulator import EmulatedFleet
 from tpufleet.emulator.plan import JAX_CACHE_VAR

@@ -1,15 +1,15 @@
 """One conformance suite for the cluster seam: the same tests against every ``ClusterClient``: the
-in-memory cluster as tests drive it (``FakeCluster``), as ``serve --sandbox`` serves it
-(``SandboxCluster``) and the Ray executor (``RayExecutor`` on the shared emulated fleet), so they
-cannot drift apart again (launch twice, poll an unknown attempt, stop twice, reads that change
-nothing, the host contract, logs, adoption).
+in-memory cluster (``MemoryCluster``) as tests drive it (a ``Script``) and as ``serve --sandbox``
+serves it (``MemoryCluster.sandbox``: a run on the wall clock), and the Ray executor
+(``RayExecutor`` on the shared emulated fleet), so they cannot drift apart again (launch twice,
+poll an unknown attempt, stop twice, reads that change nothing, the host contract, logs, adoption).
 
-What differs is only how a job "runs": a real command on the emulator, a ``Script`` on the fake,
-the job's ``TPUFLEET_SANDBOX_*`` settings on the sandbox (which executes nothing: what a command
-would print from its host contract is read from the contract each host got). Each test asks for a
-behaviour (``ok``, ``fail``, ``sleep``) and the ``Cluster`` adapter turns it into one or the other.
-The Ray cases are marked ``integration`` (they run in the shared fleet's stream); the in-memory
-ones run with the unit tests and take milliseconds.
+What differs is only how a job "runs": a real command on the emulator, a ``Script`` on the
+in-memory cluster, the job's ``TPUFLEET_SANDBOX_*`` settings on the sandbox (which executes
+nothing: what a command would print from its host contract is read from the contract each host
+got). Each test asks for a behaviour (``ok``, ``fail``, ``sleep``) and the ``Cluster`` adapter
+turns it into one or the other. The Ray cases are marked ``integration`` (they run in the shared
+fleet's stream); the in-memory ones run with the unit tests and take milliseconds.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from typing import Any
 import pytest
 from _executor_helpers import JOB_ROOT, TENANT, wait_for
 
-from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.memory import EXIT_VAR, SECONDS_VAR, MemoryCluster, Script
 from tpufleet.control.cluster.protocol import AttemptSpec, AttemptStatus, ClusterClient, HostState, WarmPool
-from tpufleet.control.cluster.sandbox import EXIT_VAR, SECONDS_VAR, SandboxCluster
 from tpufleet.control.ray.client import RayExecutor
 from tpufleet.errors import NotFoundError
 from tpufleet.host.jobfiles import run_paths
@@ -98,13 +97,21 @@ class Cluster:
     def hello(self, spec: AttemptSpec, worker: int) -> str:
         """What ``ok`` printed on ``worker``; on the sandbox, what it would print from that host's
         contract."""
-        if isinstance(self.client, SandboxCluster):
+        if self.kind == "sandbox":
             env = self.client.host_envs(spec.job_id, spec.attempt)[worker]
             return f"hello {env['TPU_NAME']} {env['TPU_WORKER_ID']}"
         return self.log(spec, worker).strip()
 
+    def driver_said(self, spec: AttemptSpec) -> str:
+        """What ``driver`` printed (host 0's log, a Ray job's one driver); on the sandbox, what it
+        would print from the driver's contract, once host 0's log shows it ran."""
+        if self.kind == "sandbox":
+            assert "running" in self.log(spec, 0)
+            return f"driver of {self.client.host_envs(spec.job_id, spec.attempt)[0]['TPUFLEET_SLICES']}"
+        return self.log(spec, 0).strip()
 
-def _fake_script(spec: AttemptSpec) -> Script:
+
+def _scripted(spec: AttemptSpec) -> Script:
     return next(SCRIPTS[name] for name, code in CODE.items() if code == spec.command[-1])
 
 
@@ -118,12 +125,12 @@ def ray_executor(ray_client: object) -> Iterator[RayExecutor]:
     executor.release_all()
 
 
-@pytest.fixture(params=["fake", "sandbox", pytest.param("ray", marks=pytest.mark.integration)])
+@pytest.fixture(params=["memory", "sandbox", pytest.param("ray", marks=pytest.mark.integration)])
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    if request.param == "fake":
-        c = Cluster("fake", FakeCluster.of("v4-16:2", script=_fake_script), "tpu-v4-16-0")
+    if request.param == "memory":
+        c = Cluster("memory", MemoryCluster.of("v4-16:2", script=_scripted), "tpu-v4-16-0")
     elif request.param == "sandbox":
-        c = Cluster("sandbox", SandboxCluster.of("v4-16:2"), "tpu-v4-16-0", failing_worker=0)
+        c = Cluster("sandbox", MemoryCluster.sandbox("v4-16:2"), "tpu-v4-16-0", failing_worker=0)
     else:
         executor: RayExecutor = request.getfixturevalue("ray_executor")
         name = next(s.name for s in executor.inventory() if s.accelerator_type == "v4-16" and s.intact)
@@ -135,10 +142,10 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 def _sandbox_differs(cluster: Cluster, request: pytest.FixtureRequest, why: str) -> None:
-    """Where ``SandboxCluster`` does not yet behave as the others do: expected to fail, strictly, so
+    """Where the sandbox does not yet behave as the others do: expected to fail, strictly, so
     the case passes the day it does."""
     if cluster.kind == "sandbox":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"SandboxCluster {why}"))
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"the sandbox {why}"))
 
 
 def test_a_job_that_exits_0_everywhere_succeeds_with_the_contract_and_its_output(cluster: Cluster) -> None:
@@ -158,7 +165,6 @@ def test_a_ray_job_runs_its_driver_once_and_its_output_is_host_0s_log(
     cluster: Cluster, request: pytest.FixtureRequest
 ) -> None:
     """kind=ray (docs/ray-jobs.md): one driver, shown as every host of its slice, which exits 0."""
-    _sandbox_differs(cluster, request, "runs every host of a kind=ray attempt, not one driver")
     spec = replace(cluster.spec("driver"), kind="ray")
     cluster.client.launch(spec)
     cluster.client.launch(spec)  # again: nothing more
@@ -166,7 +172,7 @@ def test_a_ray_job_runs_its_driver_once_and_its_output_is_host_0s_log(
     assert [(h.slice, h.worker_id, h.exit_code) for h in status.hosts] == [
         (cluster.slice_name, w, 0) for w in (0, 1)
     ]
-    assert f"driver of {cluster.slice_name}" in cluster.log(spec, 0)
+    assert f"driver of {cluster.slice_name}" in cluster.driver_said(spec)
     assert cluster.log(spec, 1) == ""
     cluster.client.stop(spec.job_id, spec.attempt)
     cluster.client.stop(spec.job_id, spec.attempt)
@@ -212,9 +218,9 @@ def test_reads_change_nothing_and_adopt_names_the_running_attempts(cluster: Clus
 
 
 def test_release_and_warm_hand_a_free_slice_back_and_take_it_again(cluster: Cluster) -> None:
-    """Only a cluster that keeps a warm pool has the calls (the sandbox reserves nothing)."""
+    """Only a cluster that keeps a warm pool has the calls (the in-memory one reserves nothing)."""
     if not isinstance(cluster.client, WarmPool):
-        assert isinstance(cluster.client, SandboxCluster)  # every other client keeps one
+        assert isinstance(cluster.client, MemoryCluster)  # the Ray client keeps one
         return
     others = [s.name for s in cluster.client.inventory() if s.name != cluster.slice_name]
     victim = next(n for n in others if n.startswith("tpu-v4-16"))

@@ -28,7 +28,7 @@ import kube_api
 import pytest
 
 from tpufleet import catalog
-from tpufleet.control.cluster.fake import FakeClock
+from tpufleet.control.cluster.memory import FakeClock
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, Provider, SliceRequest
 from tpufleet.provision.memory import MemoryProvider
 

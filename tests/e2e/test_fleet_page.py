@@ -29,8 +29,7 @@ import httpx
 import pytest
 
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.cluster.fake import FakeCluster, Script
-from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.store.fleetview import duty_cycles
 from tpufleet.emulator import procs
@@ -352,7 +351,7 @@ def test_chips_are_shaded_by_their_measured_duty_cycle(browser: Any, tmp_path: P
     """A control plane in this process over a sandbox v4-16, its duty cycles given as a device
     sampler's readings of host 0 (host 1 reports nothing): busier chips are drawn darker, and the
     silent host's chips say "—" instead of a number."""
-    cluster = SandboxCluster.of("v4-16:1", job_seconds=300)
+    cluster = MemoryCluster.sandbox("v4-16:1", job_seconds=300)
     cp = ControlPlane(cluster, state_dir=tmp_path / "cp", config=ServiceConfig(interval_s=0.05))
     percents = (5.0, 35.0, 65.0, 95.0)
     readings = {
@@ -408,7 +407,7 @@ def test_a_jobs_own_lines_cannot_draw_a_host_header_and_names_are_isolated(
     """Today the log view was one text with "== <slice> worker <n> ==" lines between hosts: a job
     printing that line drew a header that looked real. Names and reasons were not bidi-isolated."""
     output = "step 1 on {TPU_WORKER_ID}\n" + FAKE_HEADER + "\nforged line\n"
-    cluster = FakeCluster.of("v4-16:1", script=lambda spec: Script(exit_after=None, output=output))
+    cluster = MemoryCluster.of("v4-16:1", script=lambda spec: Script(exit_after=None, output=output))
     cp = ControlPlane(cluster, state_dir=tmp_path / "cp", config=ServiceConfig(interval_s=0.05))
     try:
         url = cp.start_http()

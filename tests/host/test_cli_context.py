@@ -2,7 +2,7 @@
 
 Flags beat ``TPUFLEET_*`` variables, which beat the context, which beats the built-in defaults.
 The context holds paths, never a token. Client commands run in-process against a real control
-plane (uvicorn on a free port, FakeCluster), the way tests/unit/test_cli_control_server.py does.
+plane (uvicorn on a free port, MemoryCluster), the way tests/unit/test_cli_control_server.py does.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from cli_inproc import tpufleet
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import context
-from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.emulator import procs
 
 
@@ -95,7 +95,7 @@ def test_emulate_down_forgets_the_ray_address_but_keeps_the_directory(
 
 @pytest.fixture
 def plane(tmp_path: Path) -> Iterator[ControlPlane]:
-    with planes.running(FakeCluster.of("v4-16"), tmp_path / "serve", http=True) as cp:
+    with planes.running(MemoryCluster.of("v4-16"), tmp_path / "serve", http=True) as cp:
         yield cp
 
 
@@ -116,7 +116,7 @@ def test_client_commands_use_the_remembered_server_and_admin_token_path(
 def test_the_remembered_admin_token_never_goes_to_another_server(
     plane: ControlPlane, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    other = ControlPlane(FakeCluster.of("v4-16"), state_dir=tmp_path / "other")
+    other = ControlPlane(MemoryCluster.of("v4-16"), state_dir=tmp_path / "other")
     try:
         url = other.start_http()
         context.remember(server=plane.url, admin_token_path=str(plane.admin_token_path))

@@ -1,4 +1,4 @@
-"""Sandbox mode (issue 9, item 5): ``SandboxCluster``, a wall-clock in-memory cluster, and
+"""Sandbox mode (issue 9, item 5): ``MemoryCluster.sandbox``, the in-memory cluster on the wall clock, and
 ``tpufleet serve --sandbox SLICES [--job-seconds S]``; the proof that a batch of mixed shapes from
 two tenants all succeed exactly once through the whole control plane."""
 
@@ -22,9 +22,15 @@ from sqlalchemy import select
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import command
-from tpufleet.control.cluster.fake import SIGTERM_EXIT, FakeClock
+from tpufleet.control.cluster.memory import (
+    EXIT_VAR,
+    SECONDS_VAR,
+    SIGTERM_EXIT,
+    FakeClock,
+    MemoryCluster,
+    fleet_slices,
+)
 from tpufleet.control.cluster.protocol import AttemptSpec, HostState
-from tpufleet.control.cluster.sandbox import EXIT_VAR, SECONDS_VAR, SandboxCluster, sandbox_slices
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.store.tables import AttemptRow
 from tpufleet.errors import ClusterError, NotFoundError, SpecError
@@ -40,22 +46,22 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def fleet(clock: FakeClock) -> SandboxCluster:
-    return SandboxCluster.of("v4-16:2,v6e-16", job_seconds=2.0, clock=clock)
+def fleet(clock: FakeClock) -> MemoryCluster:
+    return MemoryCluster.sandbox("v4-16:2,v6e-16", job_seconds=2.0, clock=clock)
 
 
 # -- the cluster -------------------------------------------------------------------------------
 def test_slices_are_named_per_type_and_a_bad_list_is_a_spec_error() -> None:
-    names = [s.name for s in sandbox_slices("v4-16:2,v4-32,v4-16")]
+    names = [s.name for s in fleet_slices("v4-16:2,v4-32,v4-16")]
     assert names == ["tpu-v4-16-0", "tpu-v4-16-1", "tpu-v4-32-0", "tpu-v4-16-2"]
-    assert all(s.intact and len(s.hosts) == s.expected_hosts for s in sandbox_slices("v4-32:3"))
+    assert all(s.intact and len(s.hosts) == s.expected_hosts for s in fleet_slices("v4-32:3"))
     with pytest.raises(SpecError, match="closest"):
-        sandbox_slices("v4-17")
+        fleet_slices("v4-17")
     with pytest.raises(SpecError, match="hosts"):
-        sandbox_slices("v4-16:60000")
+        fleet_slices("v4-16:60000")
 
 
-def test_every_host_runs_for_the_job_seconds_then_exits_0(fleet: SandboxCluster, clock: FakeClock) -> None:
+def test_every_host_runs_for_the_job_seconds_then_exits_0(fleet: MemoryCluster, clock: FakeClock) -> None:
     fleet.launch(spec("j1", "tpu-v4-16-0"))
     assert fleet.poll("j1", 1).all_running
     clock.advance(1.9)
@@ -68,7 +74,7 @@ def test_every_host_runs_for_the_job_seconds_then_exits_0(fleet: SandboxCluster,
     assert fleet.read_logs("j1", 1, "tpu-v4-16-0", 1, log.next_offset).data == ""
 
 
-def test_a_launched_attempt_holds_its_slices_until_stopped(fleet: SandboxCluster, clock: FakeClock) -> None:
+def test_a_launched_attempt_holds_its_slices_until_stopped(fleet: MemoryCluster, clock: FakeClock) -> None:
     fleet.launch(spec("j1", "tpu-v4-16-0"))
     fleet.launch(spec("j1", "tpu-v4-16-0"))  # a second launch of a live attempt changes nothing
     clock.advance(5)
@@ -80,11 +86,11 @@ def test_a_launched_attempt_holds_its_slices_until_stopped(fleet: SandboxCluster
     fleet.stop("j1", 1)
     assert fleet.running_attempts() == [] and fleet.poll("j1", 1).succeeded  # ended before the stop
     fleet.launch(spec("j2", "tpu-v4-16-0"))
-    with pytest.raises(ClusterError, match="not in the sandbox fleet"):
+    with pytest.raises(ClusterError, match="is not in the cluster"):
         fleet.launch(spec("j3", "tpu-v4-16-9"))
 
 
-def test_a_stop_ends_live_hosts_as_sigterm(fleet: SandboxCluster) -> None:
+def test_a_stop_ends_live_hosts_as_sigterm(fleet: MemoryCluster) -> None:
     fleet.launch(spec("j1", "tpu-v4-16-0"))
     fleet.stop("j1", 1)
     status = fleet.poll("j1", 1)
@@ -106,7 +112,7 @@ def test_a_stop_ends_live_hosts_as_sigterm(fleet: SandboxCluster) -> None:
     ],
 )
 def test_a_jobs_env_sets_its_seconds_and_exit_code(
-    fleet: SandboxCluster, clock: FakeClock, env: dict[str, str], after: float, code: int, line: str
+    fleet: MemoryCluster, clock: FakeClock, env: dict[str, str], after: float, code: int, line: str
 ) -> None:
     fleet.launch(spec("j1", "tpu-v4-16-0", **env))
     if after:
@@ -118,7 +124,7 @@ def test_a_jobs_env_sets_its_seconds_and_exit_code(
     assert line in fleet.read_logs("j1", 1, "tpu-v4-16-0", 0, 0).data
 
 
-def test_hosts_get_the_host_contract(fleet: SandboxCluster) -> None:
+def test_hosts_get_the_host_contract(fleet: MemoryCluster) -> None:
     fleet.launch(spec("j1", "tpu-v4-16-0", "tpu-v4-16-1", attempt=2, MY_VAR="1"))
     envs = fleet.host_envs("j1", 2)
     assert [(e["TPU_NAME"], e["TPU_WORKER_ID"], e["MEGASCALE_SLICE_ID"]) for e in envs] == [
@@ -137,7 +143,7 @@ SHAPES = [("v4-16", 1), ("v4-32", 1), ("v4-16", 2), ("v6e-16", 1), ("v4-16", 1),
 
 @pytest.fixture
 def sandbox_plane(tmp_path: Path) -> Iterator[ControlPlane]:
-    cluster = SandboxCluster.of("v4-16:8,v4-32:4,v6e-16:4", job_seconds=0.05)
+    cluster = MemoryCluster.sandbox("v4-16:8,v4-32:4,v6e-16:4", job_seconds=0.05)
     config = ServiceConfig(interval_s=0.02, busy_interval_s=0.005, log_budget_s=0.05)
     cp = ControlPlane(cluster, state_dir=tmp_path / "state", config=config)
     yield cp
@@ -201,7 +207,7 @@ def test_at_scale_urgent_work_preempts_its_own_tenants_low_priority_work(tmp_pat
     40 short urgent ones of the same tenant preempt them. Every job ends SUCCEEDED, no retry is
     used, each urgent job runs once, and every preempted attempt names the urgent job it made room
     for; the other tenant's in-quota job is never touched."""
-    cluster = SandboxCluster.of("v4-16:16", job_seconds=0.05)
+    cluster = MemoryCluster.sandbox("v4-16:16", job_seconds=0.05)
     config = ServiceConfig(interval_s=0.02, busy_interval_s=0.005, log_budget_s=0.05, preempt_grace_s=0.2)
     cp = ControlPlane(cluster, state_dir=tmp_path / "state", config=config)
     try:

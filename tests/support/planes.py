@@ -1,7 +1,7 @@
 """One builder for a control plane under test, for every kind of test.
 
 - ``running(cluster, state_dir, http=..., **options)``: the whole process (store, loop, API) over a
-  cluster client in this process (``FakeCluster``, ``SandboxCluster`` or a ``RayExecutor``),
+  cluster client in this process (a ``MemoryCluster``, scripted or a sandbox, or a ``RayExecutor``),
   serving HTTP on a free port if asked, closed at the end. Every test that needs a control plane
   builds it here, so a change to how the process is assembled is made once.
 - ``served(...)``: the same serving HTTP, as a :class:`Served`: the admin's ``Client``, tenants made

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tpufleet.api.app import create_app
-from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 
@@ -169,7 +169,7 @@ def test_tenant_errors_and_unknown_ids(api: Api) -> None:
 
 
 def test_a_job_through_the_api_runs_logs_and_cancels(api: Api, tmp_path: Path) -> None:
-    cluster = FakeCluster.of(
+    cluster = MemoryCluster.of(
         "v4-16", script=lambda spec: Script(run_after=1, exit_after=None, output="hi {TPU_WORKER_ID}\n")
     )
     service = Service(api.store, cluster, state_dir=tmp_path, config=ServiceConfig(stop_threads=0))

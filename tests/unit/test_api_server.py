@@ -7,14 +7,14 @@ from pathlib import Path
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.client.http import Client
-from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 
 
 def test_every_api_connection_has_tcp_nodelay(tmp_path: Path) -> None:
     """Without TCP_NODELAY on the accepted connection, a response written in two parts (headers,
     then body) waits for the client's delayed ACK: about 40 ms on every keep-alive request."""
     with (
-        ControlPlane(FakeCluster.of("v4-16"), state_dir=tmp_path) as cp,
+        ControlPlane(MemoryCluster.of("v4-16"), state_dir=tmp_path) as cp,
         Client(cp.start_http(), cp.admin_token) as client,
     ):
         client.whoami()

@@ -1,4 +1,4 @@
-"""Tenants' checkpoint files through the loop, on FakeCluster and a fake clock (SQLite and PostgreSQL):
+"""Tenants' checkpoint files through the loop, on MemoryCluster and a fake clock (SQLite and PostgreSQL):
 the hosts' quota reason reaches the job, their measurements reach the store and `tpufleet tenants`,
 and the retention rule removes only long-finished jobs' files, through the cluster."""
 
@@ -16,7 +16,7 @@ from test_cli_control import Cli
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import command
-from tpufleet.control.cluster.fake import FakeClock, FakeCluster
+from tpufleet.control.cluster.memory import FakeClock, MemoryCluster
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import JobRequest, Limits
@@ -31,7 +31,7 @@ class World:
     def __init__(self, db_url: str, tmp_path: Path, clock: FakeClock, **config: object) -> None:
         self.clock = clock
         self.store = Store.open(db_url, clock=clock, limits=Limits(checkpoint_quota_bytes=8 * MiB))
-        self.cluster = FakeCluster.of("v4-16:2")
+        self.cluster = MemoryCluster.of("v4-16:2")
         self.cluster.clock = clock  # the hosts' clock
         cfg = ServiceConfig(**{**CONFIG.__dict__, **config})  # type: ignore[arg-type]
         self.service = Service(self.store, self.cluster, state_dir=tmp_path / "state", config=cfg)
@@ -162,7 +162,7 @@ def _zip(name: str) -> bytes:
 @pytest.fixture
 def cli(tmp_path: Path, db_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))
-    cluster = FakeCluster.of("v4-16:2")
+    cluster = MemoryCluster.of("v4-16:2")
     cluster.clock = clock
     limits = Limits(checkpoint_quota_bytes=5 << 30)
     cp = ControlPlane(cluster, state_dir=tmp_path / "state", db_url=db_url, clock=clock, limits=limits,
@@ -181,7 +181,7 @@ def test_tpufleet_tenants_shows_the_measured_usage_of_the_quota(cli: Cli) -> Non
     ]
     cli.cycle()
     cluster = cli.cp.cluster
-    assert isinstance(cluster, FakeCluster)
+    assert isinstance(cluster, MemoryCluster)
     cluster.start(job)
     cluster.write_files(job, int(1.2 * (1 << 30)))
     cli.cycle(2)

@@ -18,7 +18,7 @@ from tpufleet.api.server import ControlPlane
 from tpufleet.cli import command
 from tpufleet.cli.common import Seams
 from tpufleet.cli.jobs import FOLLOW_EXIT_CODES
-from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.errors import AuthError, ForbiddenError, NotFoundError, SpecError, TpufleetError
 from tpufleet.scheduler.lifecycle import TERMINAL_STATES
@@ -67,7 +67,7 @@ def cli(
     tmp_path: Path, db_url: str, ids: Callable[[], str], monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cli]:
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))  # no local admin-token fallback
-    cluster = FakeCluster.of("v4-16:2,v6e-16", script=lambda spec: SCRIPT)
+    cluster = MemoryCluster.of("v4-16:2,v6e-16", script=lambda spec: SCRIPT)
     cp = ControlPlane(
         cluster,
         state_dir=tmp_path / "state",
@@ -199,7 +199,7 @@ def test_logs_of_a_finished_job_whose_output_was_cut_warn_and_exit_3(cli: Cli) -
     cli.cycle(2)
     assert cli.run("logs", job_id, token=token).count("step 1") == 2  # running: no warning
     cluster = cli.cp.cluster
-    assert isinstance(cluster, FakeCluster)
+    assert isinstance(cluster, MemoryCluster)
     cluster.write(job_id, "x" * 2000, worker=1)
     cli.cp.service.config = replace(cli.cp.service.config, max_log_bytes=1000)  # a tiny per-host cap
     cluster.exit(job_id, 0)
@@ -213,7 +213,7 @@ def test_logs_of_a_finished_job_whose_output_was_cut_warn_and_exit_3(cli: Cli) -
 def test_logs_follow_exits_with_how_the_job_ended(cli: Cli) -> None:
     token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
     cluster = cli.cp.cluster
-    assert isinstance(cluster, FakeCluster)
+    assert isinstance(cluster, MemoryCluster)
     codes = {}
     for state, code in (("SUCCEEDED", 0), ("FAILED", 1), ("CANCELLED", None)):
         job_id = cli.run("submit", "--type", "v4-16", "--max-retries", "0", "--", "x", token=token).strip()
@@ -236,7 +236,7 @@ def test_logs_follow_prints_the_end_of_an_attempt_before_the_next_one(cli: Cli) 
     token = json.loads(cli.run("tenant", "create", "team-a", "--quota", "v4=16", "--json"))["token"]
     job_id = cli.run("submit", "--type", "v4-16", "--max-retries", "1", "--", "x", token=token).strip()
     cluster = cli.cp.cluster
-    assert isinstance(cluster, FakeCluster)
+    assert isinstance(cluster, MemoryCluster)
     cli.cycle(3)
     assert cli.cp.store.job(job_id).state == "RUNNING"
 
@@ -273,7 +273,7 @@ def test_a_command_not_found_on_every_host_fails_at_once_and_says_so(cli: Cli) -
     job_id = cli.run("submit", "--type", "v4-16", "--", "pyhton", "train.py", token=token).strip()
     cli.cycle(2)
     cluster = cli.cp.cluster
-    assert isinstance(cluster, FakeCluster)
+    assert isinstance(cluster, MemoryCluster)
     cluster.exit(job_id, 127)  # what host/jobstart.py exits with for a missing program
     cli.cycle()
     job = json.loads(cli.run("job", job_id, "--json", token=token))
@@ -358,7 +358,7 @@ def test_a_job_whose_attempt_failed_says_it_is_being_stopped_not_just_running(cl
     job_id = cli.run("submit", "--type", "v4-16", "--", "python", "train.py", token=token).strip()
     cli.cycle(2)
     cluster = cli.cp.cluster
-    assert isinstance(cluster, FakeCluster)
+    assert isinstance(cluster, MemoryCluster)
     [held] = cli.cp.store.job(job_id).slices
     seen: list[tuple[dict[str, object], str, dict[str, object]]] = []
 

@@ -21,7 +21,7 @@ from tpufleet.api.server import ControlPlane
 from tpufleet.cli import serve
 from tpufleet.cli.common import safe
 from tpufleet.cli.jobs import jobs_table
-from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.store.tables import PackageRow
 from tpufleet.control.store.values import Limits
@@ -36,7 +36,7 @@ def cli(
 ) -> Iterator[Cli]:
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))
     script = Script(run_after=1, exit_after=None, output=NASTY)
-    cluster = FakeCluster.of("v4-16:2", script=lambda spec: script)
+    cluster = MemoryCluster.of("v4-16:2", script=lambda spec: script)
     cp = ControlPlane(
         cluster, state_dir=tmp_path / "state", db_url=db_url, new_id=ids, config=ServiceConfig(stop_threads=0)
     )

@@ -1,4 +1,4 @@
-"""A real control plane (uvicorn on a free port, the loop in its thread, FakeCluster) driven by the
+"""A real control plane (uvicorn on a free port, the loop in its thread, MemoryCluster) driven by the
 real CLI entry point ``tpufleet.cli.main``: exit codes, one-line errors, follow, admin token file."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from cli_inproc import tpufleet
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.client.http import Client
-from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
 
 SCRIPT = Script(
@@ -29,7 +29,7 @@ SCRIPT = Script(
 def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("TPUFLEET_TOKEN", raising=False)
-    cluster = FakeCluster.of("v4-16:2", script=lambda spec: SCRIPT)
+    cluster = MemoryCluster.of("v4-16:2", script=lambda spec: SCRIPT)
     with planes.running(cluster, tmp_path / "state", http=True, config=ServiceConfig(interval_s=0.05)) as cp:
         yield cp
 
@@ -45,7 +45,7 @@ def test_admin_token_file_is_private_and_kept_across_restarts(plane: ControlPlan
     path = tmp_path / "state" / "admin-token"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert path.read_text().strip() == plane.admin_token and plane.admin_token_created
-    again = ControlPlane(FakeCluster.of("v4-16"), state_dir=tmp_path / "state")
+    again = ControlPlane(MemoryCluster.of("v4-16"), state_dir=tmp_path / "state")
     try:
         assert (again.admin_token, again.admin_token_created) == (plane.admin_token, False)
     finally:

@@ -1,5 +1,5 @@
 """`tpufleet cost`, and goodput in `tpufleet job`/`jobs`, against a whole control plane in-process
-(FakeCluster, a fake clock), on SQLite and PostgreSQL; plus `/metrics` with the loop's histogram."""
+(MemoryCluster, a fake clock), on SQLite and PostgreSQL; plus `/metrics` with the loop's histogram."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from test_cli_control import Cli
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli.cost import money
-from tpufleet.control.cluster.fake import FakeClock, FakeCluster
+from tpufleet.control.cluster.memory import FakeClock, MemoryCluster
 from tpufleet.control.loop.service import ServiceConfig
 
 
@@ -23,7 +23,7 @@ def cli(
 ) -> Iterator[Cli]:
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))
     cp = ControlPlane(
-        FakeCluster.of("v4-16:2,v6e-16"),
+        MemoryCluster.of("v4-16:2,v6e-16"),
         state_dir=tmp_path / "state",
         db_url=db_url,
         new_id=ids,
@@ -39,7 +39,7 @@ def cli(
 def run_job(cli: Cli, clock: FakeClock, token: str) -> str:
     """A v4-16 job (8 chips) held 100 s: 20 s start-up, 70 s of steps, 10 s to exit."""
     job_id = cli.run("submit", "--type", "v4-16", "--", "python", "t.py", token=token).strip()
-    fake: FakeCluster = cli.cp.cluster  # type: ignore[assignment]
+    fake: MemoryCluster = cli.cp.cluster  # type: ignore[assignment]
     cli.cycle()
     fake.start(job_id)
     cli.cycle()

@@ -17,7 +17,7 @@ from tpufleet.api.server import ControlPlane
 from tpufleet.api.serving import lock_state_dir
 from tpufleet.cli import command, context
 from tpufleet.client.http import server_url
-from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.errors import InputError, SpecError
 
 
@@ -33,7 +33,7 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def plane(tmp_path: Path) -> Iterator[ControlPlane]:
-    with planes.running(FakeCluster.of("v4-16"), tmp_path / "state") as cp:
+    with planes.running(MemoryCluster.of("v4-16"), tmp_path / "state") as cp:
         yield cp
 
 

@@ -1,4 +1,4 @@
-"""``tpufleet top`` in-process (the CLI over the API through FastAPI's TestClient, a FakeCluster
+"""``tpufleet top`` in-process (the CLI over the API through FastAPI's TestClient, a MemoryCluster
 driven cycle by cycle): one frame's content, user text printed literally, and costs shown as a
 dash where the server has none (a real server process is in tests/e2e/test_fleet_page.py)."""
 
@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import command
 from tpufleet.cli.top import money
-from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.store.values import JobRequest
 
@@ -27,7 +27,7 @@ MARKUP = "[red]boom[/red] [link=x]y[/]"  # 27 characters: shown whole in the 30-
 @pytest.fixture
 def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))  # no local admin-token fallback
-    cluster = FakeCluster.of("v4-16:2,v6e-8", script=lambda spec: Script(run_after=1, exit_after=None))
+    cluster = MemoryCluster.of("v4-16:2,v6e-8", script=lambda spec: Script(run_after=1, exit_after=None))
     with planes.running(cluster, tmp_path / "state", config=ServiceConfig(stop_threads=0)) as cp:
         yield cp
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tpufleet.control.cluster.fake import FakeClock
+from tpufleet.control.cluster.memory import FakeClock
 from tpufleet.emulator import spot
 from tpufleet.emulator import state as fleet_state
 from tpufleet.emulator.state import EmulatedSlice, FleetState, HostRecord

@@ -21,7 +21,7 @@ from tpufleet import catalog
 from tpufleet.api.app import create_app
 from tpufleet.api.page import FILES
 from tpufleet.api.server import ControlPlane
-from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.fleetview import duty_cycles
@@ -140,7 +140,7 @@ def test_the_fleet_view_needs_a_token(http: TestClient) -> None:
 # -- GET /api/v1/fleet over a live sandbox control plane -------------------------------------
 @pytest.fixture
 def plane(tmp_path: Path) -> Iterator[ControlPlane]:
-    cluster = SandboxCluster.of("v4-16:2,v6e-8:1,v5litepod-16:1", job_seconds=300)
+    cluster = MemoryCluster.sandbox("v4-16:2,v6e-8:1,v5litepod-16:1", job_seconds=300)
     config = ServiceConfig(interval_s=0.02, busy_interval_s=0.005, log_budget_s=0.05)
     with planes.running(cluster, tmp_path / "state", config=config) as cp:
         yield cp

@@ -17,8 +17,7 @@ from gce_api import FakeTpuApi
 from gce_metadata import MetadataServer
 
 from tpufleet import catalog
-from tpufleet.control.cluster.fake import FakeClock
-from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.cluster.memory import FakeClock, MemoryCluster
 from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
@@ -243,7 +242,7 @@ class GceWorld:
         self, store: Store, clock: FakeClock, tmp: Path, api: FakeTpuApi, board: notices.MemoryBoard
     ):
         self.store, self.clock, self.api = store, clock, api
-        self.cluster = SandboxCluster([], job_seconds=20, clock=clock)
+        self.cluster = MemoryCluster.sandbox([], job_seconds=20, clock=clock)
         config = GceConfig(project="proj", zone="us-central2-b", ray_address="10.0.0.1:6379")
         self.provider = GceProvider(
             config,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select, text
 
-from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.lease import FencedError, Lease
 from tpufleet.control.store.loopwrites import Transitions
@@ -87,7 +87,7 @@ def fenced(store: Store, lease: Lease, term: int | None) -> Transitions:
 
 def test_a_deposed_leaders_grouped_writes_are_refused_and_change_nothing(store: Store) -> None:
     store.create_tenant("t", {"v4": 64})
-    Transitions(store).sync_slices(FakeCluster.of("v4-16:2").inventory())
+    Transitions(store).sync_slices(MemoryCluster.of("v4-16:2").inventory())
     job = store.submit("t", JobRequest.build(command=["true"], accelerator_type="v4-16"))
     old, new = Lease(store, "host:1:a"), Lease(store, "host:2:b")
     assert old.acquire()
@@ -100,7 +100,7 @@ def test_a_deposed_leaders_grouped_writes_are_refused_and_change_nothing(store: 
     with pytest.raises(FencedError, match="fencing token is 2, this replica's term is 1"):
         leader.begin_stops([(job.id, StopKind.CANCEL, "cancelled")])
     with pytest.raises(FencedError):
-        leader.sync_slices(FakeCluster.of("v4-16:1").inventory())
+        leader.sync_slices(MemoryCluster.of("v4-16:1").inventory())
     with pytest.raises(FencedError):
         leader.launched_all([(job.id, 1)])
     with store.tx() as s:
@@ -124,7 +124,7 @@ def test_every_write_of_a_fenced_transaction_carries_its_term_and_the_databases_
     """The stamps ``tpufleet chaos --replicas`` checks: events and attempts the loop wrote name the
     term that wrote them; the API's writes and a store with no fence (a lone SQLite serve) none."""
     store.create_tenant("t", {"v4": 64})
-    Transitions(store).sync_slices(FakeCluster.of("v4-16:2").inventory())  # unfenced: NULL
+    Transitions(store).sync_slices(MemoryCluster.of("v4-16:2").inventory())  # unfenced: NULL
     job = store.submit("t", JobRequest.build(command=["true"], accelerator_type="v4-16"))
     a, b = Lease(store, "host:1:a"), Lease(store, "host:2:b")
     assert a.acquire()

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import command, main
-from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.store import migrations
 from tpufleet.control.store.facade import Store, make_engine, token_hash
 from tpufleet.control.store.tables import Base
@@ -232,7 +232,7 @@ def test_the_control_plane_upgrades_an_older_schema_on_start(
 ) -> None:
     old.Base.metadata.create_all(engine)
     made = fill_baseline(engine)
-    with ControlPlane(FakeCluster.of("v4-16"), state_dir=tmp_path, db_url=empty_db_url) as cp:
+    with ControlPlane(MemoryCluster.of("v4-16"), state_dir=tmp_path, db_url=empty_db_url) as cp:
         assert cp.store.schema_revision() == HEAD
         assert_readable(cp.store, made)
 

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tpufleet import pricing
 from tpufleet.api.app import create_app
-from tpufleet.control.cluster.fake import FakeClock, FakeCluster
+from tpufleet.control.cluster.memory import FakeClock, MemoryCluster
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import JobRequest
@@ -26,7 +26,7 @@ class Fleet:
 
     def __init__(self, store: Store, clock: FakeClock, state_dir: Path) -> None:
         self.store, self.clock, self.state_dir = store, clock, state_dir
-        self.cluster = FakeCluster.of("v4-16:2,v6e-16")
+        self.cluster = MemoryCluster.of("v4-16:2,v6e-16")
         self.service = Service(store, self.cluster, state_dir=state_dir, config=CONFIG)
         self.http = TestClient(create_app(store), raise_server_exceptions=True)
         self.admin = store.issue_token()

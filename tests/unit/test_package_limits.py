@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from test_api import Api
 
 from tpufleet.api.app import create_app
-from tpufleet.control.cluster.fake import FakeClock
+from tpufleet.control.cluster.memory import FakeClock
 from tpufleet.control.store import packages
 from tpufleet.control.store import values as r
 from tpufleet.control.store.facade import Store

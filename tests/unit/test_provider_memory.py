@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpufleet.control.cluster.fake import FakeClock
-from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.cluster.memory import FakeClock, MemoryCluster
 from tpufleet.errors import ConflictError, SpecError
 from tpufleet.provision.base import GroupState, HostHealth, Provider, SliceRequest
 from tpufleet.provision.memory import MemoryProvider
@@ -17,7 +16,7 @@ def states(p: MemoryProvider) -> dict[str, str]:
 
 def test_it_is_a_provider_and_moves_through_the_queued_resource_states() -> None:
     clock = FakeClock()
-    cluster = SandboxCluster([], clock=clock)
+    cluster = MemoryCluster.sandbox([], clock=clock)
     p = MemoryProvider(clock=clock, delay_s=5, on_up=cluster.add_slices, on_down=cluster.remove_slices)
     assert isinstance(p, Provider)
     p.create(SliceRequest("g", "v4-16", count=2))
@@ -62,7 +61,7 @@ def test_an_injected_failure_ends_the_next_request_failed_with_its_message() -> 
 
 def test_a_spot_notice_then_every_host_dies_together() -> None:
     clock = FakeClock()
-    cluster = SandboxCluster([], clock=clock)
+    cluster = MemoryCluster.sandbox([], clock=clock)
     p = MemoryProvider(clock=clock, on_up=cluster.add_slices, on_down=cluster.remove_slices)
     p.create(SliceRequest("s", "v4-16", spot=True))
     deadline = p.preempt("s-0", notice_s=30)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tpufleet.control.cluster.fake import FakeClock
-from tpufleet.control.cluster.sandbox import SandboxCluster
+from tpufleet.control.cluster.memory import FakeClock, MemoryCluster
 from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
@@ -33,7 +32,7 @@ class World:
         self, store: Store, clock: FakeClock, state_dir: Path, pools: tuple[PoolView, ...], **provider: object
     ) -> None:
         self.store, self.clock = store, clock
-        self.cluster = SandboxCluster([], job_seconds=20, clock=clock)
+        self.cluster = MemoryCluster.sandbox([], job_seconds=20, clock=clock)
         self.provider = MemoryProvider(
             clock=clock, on_up=self.cluster.add_slices, on_down=self.cluster.remove_slices, **provider
         )  # type: ignore[arg-type]
@@ -294,7 +293,7 @@ def test_a_restarted_control_plane_asks_a_fresh_provider_for_its_groups_again(
     w.until(lambda: w.groups.get("keep").state == "ACTIVE")
     # A restart: a new loop, a new provider and cluster that know nothing (as serve --provider
     # emulator starts a fresh fleet); the stored groups are asked for again under their names.
-    cluster = SandboxCluster([], job_seconds=1, clock=clock)
+    cluster = MemoryCluster.sandbox([], job_seconds=1, clock=clock)
     provider = MemoryProvider(clock=clock, on_up=cluster.add_slices, on_down=cluster.remove_slices)
     prov = Provisioner(store, provider, ProvisionConfig(pools=(POOL,)))
     w.service = Service(store, cluster, state_dir=tmp_path, decide=decide, config=CONFIG, provisioner=prov)
@@ -329,8 +328,8 @@ def test_the_fleet_specs_autoscaling_borrowing_reaches_the_provisioner(tmp_path:
     spec = tmp_path / "fleet.yaml"
     body = "name: f\npools: [{name: v4, type: v4-8, slices: 0, max_slices: 2}]\nautoscaling: {enabled: true"
     spec.write_text(body + "}\n")
-    made, _ = provisioning(spec, "memory", SandboxCluster([]), tmp_path)
+    made, _ = provisioning(spec, "memory", MemoryCluster.sandbox([]), tmp_path)
     assert made is not None and made.config.borrowing is True  # the default: lend unused quota
     spec.write_text(body + ", borrowing: false}\n")
-    made, _ = provisioning(spec, "memory", SandboxCluster([]), tmp_path)
+    made, _ = provisioning(spec, "memory", MemoryCluster.sandbox([]), tmp_path)
     assert made is not None and made.config.borrowing is False

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from tpufleet import catalog, contract, runtime
 from tpufleet.api.app import create_app
-from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import DEFAULT_LIMITS, JobRequest, Limits
@@ -74,8 +74,8 @@ def test_the_store_keeps_the_kind_through_batch_and_single_submits(store: Store)
     assert [store.job(j).kind for j in (one.id, *many)] == ["ray", "ray", "spmd"]
 
 
-def _service(store: Store, tmp_path: Path, fleet: str = "v4-16:2") -> tuple[Service, FakeCluster]:
-    cluster = FakeCluster.of(fleet)
+def _service(store: Store, tmp_path: Path, fleet: str = "v4-16:2") -> tuple[Service, MemoryCluster]:
+    cluster = MemoryCluster.of(fleet)
     config = ServiceConfig(stop_threads=0, preempt_grace_s=30, cancel_grace_s=10, fail_grace_s=5)
     return Service(store, cluster, state_dir=tmp_path / "state", config=config), cluster
 
@@ -161,7 +161,7 @@ def test_cli_submit_ray_queues_a_ray_job_where_the_server_allows_it(
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))
     for limits, ok in ((RAY, True), (DEFAULT_LIMITS, False)):
         cp = ControlPlane(
-            FakeCluster.of("v4-16:1"),
+            MemoryCluster.of("v4-16:1"),
             state_dir=tmp_path / f"state-{ok}",
             db_url=db_url if ok else None,
             config=ServiceConfig(stop_threads=0),

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from tpufleet.api.server import ControlPlane
 from tpufleet.api.serving import lock_database
 from tpufleet.cli import app, main
-from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.plane import Plane, PlaneOptions, Replicas
 from tpufleet.control.store.facade import Store
@@ -29,7 +29,7 @@ from tpufleet.control.store.values import JobRequest
 CONFIG = ServiceConfig(stop_threads=0, log_budget_s=60)
 
 
-def replica(db_url: str, cluster: FakeCluster, state_dir: Path, name: str) -> Plane:
+def replica(db_url: str, cluster: MemoryCluster, state_dir: Path, name: str) -> Plane:
     options = PlaneOptions(state_dir=state_dir, db_url=db_url, config=CONFIG, replicas=Replicas(replica=name))
     return Plane.build(cluster, options)
 
@@ -41,7 +41,7 @@ def expire(plane: Plane) -> None:
 
 
 def test_only_the_leader_acts_and_a_takeover_finishes_the_job_once(db_url: str, tmp_path: Path) -> None:
-    cluster = FakeCluster.of("v4-16")
+    cluster = MemoryCluster.of("v4-16")
     a = replica(db_url, cluster, tmp_path / "a", "host:1:a")
     b = replica(db_url, cluster, tmp_path / "b", "host:2:b")
     try:
@@ -86,7 +86,7 @@ def test_only_the_leader_acts_and_a_takeover_finishes_the_job_once(db_url: str, 
 
 
 def test_a_released_lease_is_taken_at_the_standbys_next_step(db_url: str, tmp_path: Path) -> None:
-    cluster = FakeCluster.of("v4-16")
+    cluster = MemoryCluster.of("v4-16")
     a = replica(db_url, cluster, tmp_path / "a", "host:1:a")
     b = replica(db_url, cluster, tmp_path / "b", "host:2:b")
     try:
@@ -152,9 +152,9 @@ def test_the_leader_gauge_is_each_replicas_own(db_url: str, tmp_path: Path) -> N
         text = generate_latest(cp.metrics).decode()
         return next(line for line in text.splitlines() if line.startswith("tpufleet_leader{"))
 
-    alone = ControlPlane(FakeCluster.of("v4-16"), state_dir=tmp_path / "alone")
+    alone = ControlPlane(MemoryCluster.of("v4-16"), state_dir=tmp_path / "alone")
     shared = ControlPlane(
-        FakeCluster.of("v4-16"), state_dir=tmp_path / "r", db_url=db_url, replicas=Replicas(replica="h:1:r")
+        MemoryCluster.of("v4-16"), state_dir=tmp_path / "r", db_url=db_url, replicas=Replicas(replica="h:1:r")
     )
     try:
         assert gauge(alone) == f'tpufleet_leader{{replica="{alone.replica}"}} 1.0'  # one process leads
@@ -179,7 +179,7 @@ def test_a_standby_serves_the_api_and_says_who_leads(
     other = Lease(store, "h:9:other", lease_s=600)  # live for the whole test, however slow
     assert other.acquire()  # another replica leads
     cp = ControlPlane(
-        FakeCluster.of("v4-16"), state_dir=tmp_path / "r", db_url=db_url, replicas=Replicas(replica="h:1:r")
+        MemoryCluster.of("v4-16"), state_dir=tmp_path / "r", db_url=db_url, replicas=Replicas(replica="h:1:r")
     )
     try:
         url = cp.start_http()
@@ -200,7 +200,7 @@ def test_a_standby_serves_the_api_and_says_who_leads(
 def test_a_leader_deposed_while_launching_launches_nothing_more(db_url: str, tmp_path: Path) -> None:
     """A launch is no write: the fence is checked before it, so a leader deposed while it launched
     one job (its own turn already read the jobs) does not launch the next one."""
-    cluster = FakeCluster.of("v4-16:2")
+    cluster = MemoryCluster.of("v4-16:2")
     a = replica(db_url, cluster, tmp_path / "a", "host:1:a")
     b = replica(db_url, cluster, tmp_path / "b", "host:2:b")
     try:

@@ -1,6 +1,6 @@
 """The loop's in-memory scheduling state sees exactly what a whole read of the store sees.
 
-A randomized workload runs through the real service (FakeCluster, the real policy, SQLite and
+A randomized workload runs through the real service (MemoryCluster, the real policy, SQLite and
 PostgreSQL); before every decision the snapshot the policy is handed (from ``SchedState``) is
 compared with a snapshot read whole from the store. The events feed's holes (PostgreSQL committing
 event ids out of order) are made by hand and must be read again.
@@ -16,7 +16,7 @@ from pathlib import Path
 from sqlalchemy import insert, update
 from tests.unit.test_queues import assert_same_split
 
-from tpufleet.control.cluster.fake import FakeCluster, Script
+from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.loop.schedstate import SchedState
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
@@ -38,7 +38,7 @@ def test_the_policy_sees_what_a_whole_read_sees_through_a_random_workload(
     store: Store, tmp_path: Path
 ) -> None:
     rng = random.Random(7)
-    cluster = FakeCluster.of("v4-16:3,v4-32:2,v6e-16:2", script=lambda spec: None)
+    cluster = MemoryCluster.of("v4-16:3,v4-32:2,v6e-16:2", script=lambda spec: None)
     whole = Transitions(store)
     compared = []
 
@@ -100,7 +100,7 @@ def test_a_restart_reads_the_store_whole(store: Store, tmp_path: Path) -> None:
     store.create_tenant("a", {"v4": 64})
     for _ in range(5):
         store.submit("a", JobRequest.build(command=["x"], accelerator_type="v4-16"))
-    cluster = FakeCluster.of("v4-16:2", script=lambda spec: Script(run_after=1, exit_after=None))
+    cluster = MemoryCluster.of("v4-16:2", script=lambda spec: Script(run_after=1, exit_after=None))
     first = Service(store, cluster, state_dir=tmp_path, config=ServiceConfig(stop_threads=0))
     first.run_once()
     again = Service(store, cluster, state_dir=tmp_path, config=ServiceConfig(stop_threads=0))

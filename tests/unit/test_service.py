@@ -1,4 +1,4 @@
-"""The scheduling loop on FakeCluster, the real policy and a fake clock, on SQLite and PostgreSQL."""
+"""The scheduling loop on MemoryCluster, the real policy and a fake clock, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from _executor_helpers import wait_for
 
-from tpufleet.control.cluster.fake import SIGTERM_EXIT, FakeClock, FakeCluster
+from tpufleet.control.cluster.memory import SIGTERM_EXIT, FakeClock, MemoryCluster
 from tpufleet.control.cluster.protocol import AttemptSpec, HostState
 from tpufleet.control.loop.service import AfterWrite, Service, ServiceConfig
 from tpufleet.control.store.facade import Store
@@ -22,7 +22,7 @@ class World:
     def __init__(self, store: Store, state_dir: Path, fleet: str = "v4-16:2,v6e-16") -> None:
         self.store = store
         self.state_dir = state_dir
-        self.cluster = FakeCluster.of(fleet)
+        self.cluster = MemoryCluster.of(fleet)
         self.service = self.restart()
 
     def restart(self, after_write: AfterWrite | None = None) -> Service:
@@ -301,7 +301,7 @@ def test_restart_during_a_cut_short_launch_requeues_without_using_a_retry(world:
 def test_attempts_whose_processes_vanished_during_a_restart_are_retried(world: World) -> None:
     job_id = world.submit(world.tenant("a", v4=16))
     run_to_running(world, job_id)
-    world.cluster = FakeCluster.of("v4-16:2,v6e-16")  # the cluster lost every runner
+    world.cluster = MemoryCluster.of("v4-16:2,v6e-16")  # the cluster lost every runner
     world.restart()
     world.cycle()
     job = world.job(job_id)
@@ -326,7 +326,7 @@ def test_killed_between_a_grouped_write_and_its_actions_a_restart_loses_and_repe
         if kind == group:
             raise Killed  # the group is committed; none of its members has been acted on
 
-    world.cluster = FakeCluster.of("v4-16:4")
+    world.cluster = MemoryCluster.of("v4-16:4")
     world.restart(after_write=kill)
     tenant = world.tenant("a", v4=64)
     jobs = sorted(world.submit(tenant) for _ in range(3))
@@ -422,8 +422,8 @@ def test_a_finished_job_keeps_the_facts_of_its_last_attempt(world: World) -> Non
     assert (done.state, done.borrowing, done.slices) == ("SUCCEEDED", True, ("tpu-v4-16-0",))
 
 
-class _NotifyingFleet(FakeCluster):
-    """A FakeCluster that, like the Ray client, takes the loop's ``wake`` (``Notifying``)."""
+class _NotifyingFleet(MemoryCluster):
+    """A MemoryCluster that, like the Ray client, takes the loop's ``wake`` (``Notifying``)."""
 
     wakes: list[object]
 

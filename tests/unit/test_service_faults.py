@@ -2,7 +2,7 @@
 
 Each test breaks one attempt the way a hostile or broken job (or cluster) does and checks that the
 attempt ends with the reason on the job, its slices come free, and another tenant's job in the
-same cycles runs as if nothing happened. FakeCluster's ``fault`` makes an operation raise or hang.
+same cycles runs as if nothing happened. MemoryCluster's ``fault`` makes an operation raise or hang.
 """
 
 from __future__ import annotations
@@ -141,9 +141,9 @@ def test_a_host_whose_output_cannot_be_read_is_marked_incomplete(world: World, s
 
 
 def test_a_stuck_loop_is_reported_stalled(store: Store, tmp_path: Path) -> None:
-    from tpufleet.control.cluster.fake import FakeCluster
+    from tpufleet.control.cluster.memory import MemoryCluster
 
-    cluster = FakeCluster.of("v4-16")
+    cluster = MemoryCluster.of("v4-16")
     gate = threading.Event()
     config = ServiceConfig(interval_s=0.01, stall_after_s=0.3, stop_threads=0)
     service = Service(store, cluster, state_dir=tmp_path, config=config)
@@ -171,9 +171,9 @@ def test_a_stuck_loop_is_reported_stalled(store: Store, tmp_path: Path) -> None:
 
 def test_a_slow_launch_delays_no_other_tenant(store: Store, tmp_path: Path) -> None:
     """A launch that takes long (a large package on its way to the hosts) runs off the loop."""
-    from tpufleet.control.cluster.fake import FakeCluster
+    from tpufleet.control.cluster.memory import MemoryCluster
 
-    cluster = FakeCluster.of("v4-16:2")
+    cluster = MemoryCluster.of("v4-16:2")
     world = World(store, tmp_path)
     world.cluster = cluster
     world.service = Service(store, cluster, state_dir=tmp_path, config=replace(CONFIG, stop_threads=2))

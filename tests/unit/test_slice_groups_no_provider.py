@@ -16,7 +16,7 @@ from tpufleet.api.app import create_app
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import command
 from tpufleet.cli.common import Seams
-from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.slicegroups import SliceGroups
@@ -30,7 +30,7 @@ def plane(
 ) -> Iterator[ControlPlane]:
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "nowhere"))
     cp = ControlPlane(
-        FakeCluster.of("v4-8"), state_dir=tmp_path / "state", db_url=db_url, new_id=ids,
+        MemoryCluster.of("v4-8"), state_dir=tmp_path / "state", db_url=db_url, new_id=ids,
         config=ServiceConfig(stop_threads=0),
     )  # fmt: skip
     yield cp

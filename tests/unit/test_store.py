@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from tpufleet.control.cluster.fake import FakeCluster
+from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.loopwrites import LEFT, Transitions
 from tpufleet.control.store.tables import JobRow, TenantRow, TokenRow
@@ -149,7 +149,7 @@ def test_cancel_a_queued_job_at_once_and_again_is_harmless(store: Store) -> None
 
 def test_admission_is_all_or_nothing_and_never_takes_a_held_slice(store: Store) -> None:
     tr = Transitions(store)
-    tr.sync_slices(FakeCluster.of("v4-16:2").inventory())
+    tr.sync_slices(MemoryCluster.of("v4-16:2").inventory())
     store.create_tenant("t", {"v4": 16})
     first, second = store.submit("t", req()), store.submit("t", req(num_slices=2))
     assert tr.admit(Admit(JobId(first.id), (SliceName("tpu-v4-16-0"),), False))
@@ -164,7 +164,7 @@ def test_admission_is_all_or_nothing_and_never_takes_a_held_slice(store: Store) 
 
 def test_a_cycles_admissions_are_one_write_that_answers_for_each(store: Store) -> None:
     tr = Transitions(store)
-    tr.sync_slices(FakeCluster.of("v4-16:3").inventory())
+    tr.sync_slices(MemoryCluster.of("v4-16:3").inventory())
     store.create_tenant("t", {"v4": 64})
     a, b, c, d = (store.submit("t", req()).id for _ in range(4))
     store.request_cancel(c)
@@ -189,7 +189,7 @@ def test_a_cycles_admissions_are_one_write_that_answers_for_each(store: Store) -
 
 def test_a_group_of_stops_keeps_each_compare_and_set(store: Store) -> None:
     tr = Transitions(store)
-    tr.sync_slices(FakeCluster.of("v4-16:2").inventory())
+    tr.sync_slices(MemoryCluster.of("v4-16:2").inventory())
     store.create_tenant("t", {"v4": 64})
     a, b = (store.submit("t", req()).id for _ in range(2))
     assert tr.admit_all(
@@ -209,7 +209,7 @@ def test_a_group_of_stops_keeps_each_compare_and_set(store: Store) -> None:
 
 def test_a_cancelled_job_is_not_admitted(store: Store) -> None:
     tr = Transitions(store)
-    tr.sync_slices(FakeCluster.of("v4-16").inventory())
+    tr.sync_slices(MemoryCluster.of("v4-16").inventory())
     store.create_tenant("t", {"v4": 8})
     job = store.submit("t", req())
     store.request_cancel(job.id)
@@ -218,7 +218,7 @@ def test_a_cancelled_job_is_not_admitted(store: Store) -> None:
 
 
 def test_inventory_marks_broken_and_vanished_slices_and_drain_is_kept(store: Store) -> None:
-    tr, fleet = Transitions(store), FakeCluster.of("v4-16:2,v6e-16")
+    tr, fleet = Transitions(store), MemoryCluster.of("v4-16:2,v6e-16")
     tr.sync_slices(fleet.inventory())
     store.set_draining("tpu-v6e-16-0", True)
     fleet.kill_host("tpu-v4-16-0", 1)
@@ -240,7 +240,7 @@ def test_inventory_marks_broken_and_vanished_slices_and_drain_is_kept(store: Sto
 def test_inventory_discovers_no_slice_from_dead_nodes_alone(store: Store) -> None:
     """Ray keeps dead nodes in its node table: a slice none of whose hosts is alive is never new
     to the table; a known slice whose hosts all died stays, BROKEN."""
-    tr, fleet = Transitions(store), FakeCluster.of("v4-16:2")
+    tr, fleet = Transitions(store), MemoryCluster.of("v4-16:2")
     tr.sync_slices([s for s in fleet.inventory() if s.name == "tpu-v4-16-0"])
     for name in ("tpu-v4-16-0", "tpu-v4-16-1"):
         fleet.kill_host(name, 0)
@@ -253,7 +253,7 @@ def test_inventory_discovers_no_slice_from_dead_nodes_alone(store: Store) -> Non
 def test_inventory_keeps_retired_slices_out_and_lets_a_held_one_finish(store: Store) -> None:
     """``retired`` (slices of deleted groups): not discovered although Ray lists them alive (dying
     hosts), a free row leaves the table, a held one stays until its holder let it go."""
-    tr, fleet = Transitions(store), FakeCluster.of("v4-16:3")
+    tr, fleet = Transitions(store), MemoryCluster.of("v4-16:3")
     a, b, c = (f"tpu-v4-16-{i}" for i in range(3))
     tr.sync_slices([s for s in fleet.inventory() if s.name != c])
     store.create_tenant("t", {"v4": 64})
@@ -273,7 +273,7 @@ def test_inventory_keeps_retired_slices_out_and_lets_a_held_one_finish(store: St
 
 def test_logs_are_stored_per_host_and_read_from_an_offset(store: Store) -> None:
     tr = Transitions(store)
-    tr.sync_slices(FakeCluster.of("v4-16").inventory())
+    tr.sync_slices(MemoryCluster.of("v4-16").inventory())
     store.create_tenant("t", {"v4": 8})
     job = store.submit("t", req())
     tr.admit(Admit(JobId(job.id), (SliceName("tpu-v4-16-0"),), False))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from tpufleet.control.cluster.fake import FakeClock, FakeCluster, Script
+from tpufleet.control.cluster.memory import FakeClock, MemoryCluster, Script
 from tpufleet.control.loop.schedstate import SchedState
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
@@ -133,7 +133,7 @@ def test_bad_updates_are_refused_and_change_nothing(
 
 
 def test_lowering_a_quota_stops_nothing_and_makes_the_excess_borrowed(store: Store) -> None:
-    cluster = FakeCluster.of("v4-16:4")
+    cluster = MemoryCluster.of("v4-16:4")
     Transitions(store).sync_slices(cluster.inventory())
     store.create_tenant("team-a", {"v4": 32})  # 4 slices of 8 chips
     jobs = [store.submit("team-a", req()).id for _ in range(3)]
@@ -159,7 +159,7 @@ def test_an_unknown_or_deleted_tenant_cannot_be_updated(store: Store) -> None:
 
 # -- delete --------------------------------------------------------------------------------------
 def test_delete_is_refused_while_jobs_are_queued_or_running(store: Store) -> None:
-    Transitions(store).sync_slices(FakeCluster.of("v4-16").inventory())
+    Transitions(store).sync_slices(MemoryCluster.of("v4-16").inventory())
     store.create_tenant("team-a", {"v4": 8})
     running = store.submit("team-a", req()).id
     admit(store, running, "tpu-v4-16-0")
@@ -171,7 +171,7 @@ def test_delete_is_refused_while_jobs_are_queued_or_running(store: Store) -> Non
 
 
 def test_forced_delete_cancels_the_jobs_revokes_tokens_and_keeps_records(store: Store) -> None:
-    Transitions(store).sync_slices(FakeCluster.of("v4-16").inventory())
+    Transitions(store).sync_slices(MemoryCluster.of("v4-16").inventory())
     _, secret = store.create_tenant("team-a", {"v4": 8})
     store.create_tenant("team-b", {})
     running = store.submit("team-a", req()).id
@@ -224,7 +224,7 @@ def test_forced_delete_empties_the_kept_scheduling_state(store: Store) -> None:
 
 # -- preemptions and cancels are audited -------------------------------------------------------------
 def test_preemptions_are_audited_with_the_scheduler_as_actor(store: Store) -> None:
-    Transitions(store).sync_slices(FakeCluster.of("v4-16").inventory())
+    Transitions(store).sync_slices(MemoryCluster.of("v4-16").inventory())
     store.create_tenant("team-a", {})
     victim = store.submit("team-a", req()).id
     admit(store, victim, "tpu-v4-16-0", borrowing=True)
@@ -246,7 +246,7 @@ def test_a_tenant_reads_only_its_events_and_pages_follow_next(store: Store) -> N
 
 
 def test_the_service_ends_a_forced_delete_by_stopping_running_work(store: Store, tmp_path: Path) -> None:
-    cluster = FakeCluster.of("v4-16", script=lambda spec: Script(run_after=1, exit_after=None))
+    cluster = MemoryCluster.of("v4-16", script=lambda spec: Script(run_after=1, exit_after=None))
     service = Service(store, cluster, state_dir=tmp_path, config=ServiceConfig(stop_threads=0))
     store.create_tenant("team-a", {"v4": 8})
     job = store.submit("team-a", req()).id

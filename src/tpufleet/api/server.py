@@ -2,7 +2,7 @@
 
 ``tpufleet serve`` builds one around ``RayExecutor.connect(ray_address)`` and serves it with uvicorn. The
 same class runs in-process around any :class:`~tpufleet.control.cluster.protocol.ClusterClient` (the demo,
-tests with ``FakeCluster``)::
+tests with ``MemoryCluster``)::
 
     with ControlPlane(RayExecutor.connect(address), state_dir="/tmp/fleet") as cp:
         url = cp.start_http()            # the API on a free port, in a thread; loop started too

@@ -125,9 +125,9 @@ def _check_replicas(
             field="--sandbox",
         )
     if sandbox is not None:
-        from tpufleet.control.cluster.sandbox import sandbox_slices
+        from tpufleet.control.cluster.memory import fleet_slices
 
-        sandbox_slices(sandbox)  # a bad spec fails here, in one line
+        fleet_slices(sandbox)  # a bad spec fails here, in one line
 
 
 @app.command("chaos")

@@ -290,10 +290,10 @@ def serve_cmd(
     )
     sandboxed = None
     if sandbox is not None:
-        from tpufleet.control.cluster.sandbox import SandboxCluster, sandbox_slices
+        from tpufleet.control.cluster.memory import MemoryCluster, fleet_slices
 
         empty = sandbox.strip().lower() in ("", "none")
-        sandboxed = SandboxCluster([] if empty else sandbox_slices(sandbox), job_seconds=job_seconds)
+        sandboxed = MemoryCluster.sandbox([] if empty else fleet_slices(sandbox), job_seconds=job_seconds)
         cluster: ClusterClient = sandboxed
         state_dir = state_dir or default_state_dir() / "sandbox"  # never the real fleet's database
         where = f"a sandbox fleet ({sandbox}; jobs run {job_seconds:g} s, nothing is executed)"

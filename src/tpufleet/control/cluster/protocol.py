@@ -5,8 +5,9 @@ The service loop (``control/loop/service.py``) never touches Ray directly; it ta
 
 - ``control/ray/client.py`` (``RayExecutor``): Ray, ``ray.util.tpu.SlicePlacementGroup`` pinned by
   ``bundle_label_selector`` on ``ray.io/tpu-slice-name``, one named, detached runner actor per host.
-- ``control/cluster/fake.py`` (``FakeCluster``): an in-memory cluster with a scripted clock, so the service,
-  the store and the API are tested without Ray (a real module, not a mock of our own code).
+- ``control/cluster/memory.py`` (``MemoryCluster``): the in-memory cluster, which executes nothing:
+  scripted in polls, the service, the store and the API are tested on it without Ray (a real module,
+  not a mock of our own code); on the wall clock it is ``serve --sandbox``'s fleet.
 
 All calls are synchronous and must return quickly (well under 100 ms on a warm cluster): ``launch``
 starts work and returns; progress is observed through ``poll``. Names are plain strings at this

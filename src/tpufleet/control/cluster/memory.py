@@ -1,23 +1,42 @@
-"""``FakeCluster``: an in-memory :class:`~tpufleet.control.cluster.protocol.ClusterClient`, scripted.
+"""``MemoryCluster``: the in-memory :class:`~tpufleet.control.cluster.protocol.ClusterClient`.
 
-A real module, not a mock: the service, the store, the API and the CLI are tested against it, and
-it can stand in for Ray in an in-process demo. It gives every host of an attempt the same host
-contract as the Ray executor (``tpufleet.contract``), so tests check the environment each host got.
+One cluster for two users: the tests of the service, the store, the API and the CLI drive it, and
+``tpufleet serve --sandbox v4-16:64,v4-32:16`` runs the whole control plane over it instead of Ray
+(:meth:`MemoryCluster.sandbox`), so platform engineers can try quotas and priorities, and load tests
+can push the loop, before touching real slices. A real module, not a mock: nothing is executed, but
+it behaves as the Ray client does where the two could differ. Every host of an attempt gets the same
+host contract (``tpufleet.contract``); a Ray job is one driver, shown as every host of the slices it
+holds; a launched attempt holds its slices until ``stop`` (as a placement group does); a second
+``launch`` of a live attempt changes nothing; ``stop`` ends live hosts with SIGTERM's exit code and is
+idempotent; slices come and go as a provider makes and deletes them (``add_slices``,
+``remove_slices``: hosts still running on a removed slice are LOST).
 
-Time is counted in polls, never in seconds: a launched attempt's hosts follow its :class:`Script`
-(RUNNING after ``run_after`` polls, EXITED after ``exit_after``), or, without a script, stay where
-they are until a test moves them (``start``, ``exit``, ``write``, ``kill_host``). ``fault`` makes
-the next calls of one operation fail or block, as a broken cluster does. Logs are handed out in
-chunks of at most ``log_chunk`` characters, as the runner does. Thread-safe.
+What an attempt's hosts do is chosen per attempt by ``script`` (``AttemptSpec -> plan or None``):
 
-Job files are sizes in memory (``write_files``): every poll of an SPMD attempt reports its
-tenant's total as the hosts' measurement, and an attempt whose tenant is over the spec's checkpoint
-quota is ended on every host with the runner's reason, as on real hosts; ``remove_job_files``
-forgets them (``removals`` lists the calls).
+- a :class:`Script`, counted in polls of the attempt (RUNNING after ``run_after`` polls, EXITED after
+  ``exit_after``): tests, which never wait on a clock;
+- a :class:`Timed` run on the cluster's ``clock``: every host runs for its seconds, then exits with
+  its code, writing a line when it starts and one when it ends (the sandbox: each job runs for
+  ``--job-seconds``, or what ``TPUFLEET_SANDBOX_SECONDS`` / ``TPUFLEET_SANDBOX_EXIT`` in its env say);
+- nothing: the hosts stay where they are until a test moves them (``start``, ``exit``, ``write``,
+  ``kill_host``).
+
+For tests, ``fault`` makes the next calls of one operation fail or block, as a broken cluster does,
+and ``launches``, ``stops`` and ``removals`` record what was asked. Job files are sizes in memory
+(``write_files``): every poll of an SPMD attempt reports its tenant's total as the hosts'
+measurement, and an attempt whose tenant is over the spec's checkpoint quota is ended on every host
+with the runner's reason, as on real hosts; a sandbox keeps no files (``keeps_files=False``: nothing
+ran, so it measures nothing). Logs are handed out in chunks of at most ``log_chunk`` characters, as
+the runner does.
+
+Every call is O(hosts of the attempt) (each slice's holder is kept), so a sandbox of thousands of
+slices and 100,000 finished attempts stays fast. Thread-safe. Imports no Ray. It keeps no warm pool
+(it is not a :class:`~tpufleet.control.cluster.protocol.WarmPool`).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,12 +55,16 @@ from tpufleet.control.cluster.protocol import (
     LogChunk,
     SliceInfo,
 )
-from tpufleet.errors import ClusterError, NotFoundError
+from tpufleet.errors import ClusterError, NotFoundError, SpecError
 from tpufleet.host.jobfiles import quota_problem
 from tpufleet.runtime import StepProgress
 from tpufleet.scheduler.lifecycle import JobKind
 
 SIGTERM_EXIT = -15  # what a process ended by stop() reports, as subprocess does for SIGTERM
+SECONDS_VAR = "TPUFLEET_SANDBOX_SECONDS"  # in a job's env: how long its hosts run in a sandbox
+EXIT_VAR = "TPUFLEET_SANDBOX_EXIT"  # in a job's env: the exit code of its hosts in a sandbox
+MAX_HOSTS = 100_000  # a fleet's hosts, all slices together
+BAD_SETTING_EXIT = 2  # what a sandbox host exits with when the job's sandbox variables are malformed
 
 
 @dataclass(frozen=True)
@@ -60,8 +83,70 @@ class Script:
     output: str = ""
 
 
+@dataclass(frozen=True)
+class Timed:
+    """Every host of an attempt runs from its launch for ``seconds`` of the cluster's clock, then
+    exits with ``exit_code``. ``problem``, when given, is what each host writes instead of starting:
+    it exits at once (a job whose sandbox settings are malformed)."""
+
+    seconds: float
+    exit_code: int = 0
+    problem: str = ""
+
+
+Plan = Script | Timed
+
+
+def sandbox_plan(job_seconds: float) -> Callable[[AttemptSpec], Timed]:
+    """The sandbox's hosts: each attempt runs for ``job_seconds`` and exits 0, unless the job's env
+    says otherwise (``TPUFLEET_SANDBOX_SECONDS``, seconds >= 0; ``TPUFLEET_SANDBOX_EXIT``, an exit
+    code); a malformed setting makes every host exit at once with code 2 and say why."""
+    if not (math.isfinite(job_seconds) and job_seconds >= 0):
+        raise SpecError(f"must be a number of seconds >= 0, got {job_seconds!r}", field="--job-seconds")
+
+    def plan(spec: AttemptSpec) -> Timed:
+        seconds, code = job_seconds, 0
+        try:
+            if SECONDS_VAR in spec.env:
+                seconds = float(spec.env[SECONDS_VAR])
+                if not (math.isfinite(seconds) and seconds >= 0):
+                    raise ValueError(spec.env[SECONDS_VAR])
+            if EXIT_VAR in spec.env:
+                code = int(spec.env[EXIT_VAR])
+        except ValueError:
+            why = f"sandbox: {SECONDS_VAR} must be seconds >= 0 and {EXIT_VAR} a whole number\n"
+            return Timed(0.0, BAD_SETTING_EXIT, why)
+        return Timed(seconds, code)
+
+    return plan
+
+
+def fleet_slices(spec: str) -> list[SliceInfo]:
+    """Intact slices from ``"v4-16:64,v4-32:16"``, named ``tpu-v4-16-0``, ``tpu-v4-16-1``, ...
+    (a type given twice continues its numbering). SpecError for an unknown type, a bad count or
+    more than ``MAX_HOSTS`` hosts."""
+    fleet: list[SliceInfo] = []
+    numbered: dict[str, int] = {}
+    hosts = 0
+    for st, count in catalog.parse_slice_list(spec):
+        hosts += st.hosts * count
+        if hosts > MAX_HOSTS:
+            raise SpecError(f"{spec!r} has over {MAX_HOSTS:,} hosts; give fewer slices", field="--sandbox")
+        for _ in range(count):
+            index = numbered.get(st.accelerator_type, 0)
+            numbered[st.accelerator_type] = index + 1
+            fleet.append(make_slice(f"tpu-{st.accelerator_type}-{index}", st, subnet=len(fleet)))
+    return fleet
+
+
+def make_slice(name: str, st: SliceType, subnet: int = 0) -> SliceInfo:
+    """An intact slice of type ``st`` whose hosts are 10.0.<subnet>.<worker+1>."""
+    hosts = tuple(HostInfo(w, f"node-{name}-{w}", f"10.0.{subnet}.{w + 1}", True) for w in range(st.hosts))
+    return SliceInfo(name, st.accelerator_type, str(st.topology), st.hosts, hosts)
+
+
 @dataclass
-class FakeProcess:
+class MemoryProcess:
     slice: str
     slice_index: int
     worker_id: int
@@ -69,7 +154,7 @@ class FakeProcess:
     state: HostState = HostState.STARTING
     exit_code: int | None = None
     log: str = ""
-    detail: str | None = None  # why the host ended the process itself (its tenant's checkpoint quota)
+    detail: str | None = None  # why it ended without exiting (its tenant's quota, its slice removed)
     writes_log: bool = True  # a Ray job's driver output is the first host's log; the others stay empty
 
     @property
@@ -78,10 +163,11 @@ class FakeProcess:
 
 
 @dataclass
-class FakeAttempt:
+class MemoryAttempt:
     spec: AttemptSpec
-    processes: list[FakeProcess]
-    script: Script | None
+    processes: list[MemoryProcess]
+    plan: Plan | None
+    ends_at: float = math.inf  # a Timed plan: when its hosts exit, on the cluster's clock
     polls: int = 0
     stopped: bool = False
     progress: StepProgress | None = None  # what process 0 reported (``report_step``)
@@ -101,54 +187,69 @@ class FakeClock:
         return self.now
 
 
-class FakeCluster:
+class MemoryCluster:
     def __init__(
         self,
         slices: list[SliceInfo] | None = None,
-        script: Callable[[AttemptSpec], Script | None] | None = None,
+        script: Callable[[AttemptSpec], Plan | None] | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        keeps_files: bool = True,
     ) -> None:
         self._slices: dict[str, SliceInfo] = {s.name: s for s in slices or ()}
         self._script = script
-        self._attempts: dict[tuple[str, int], FakeAttempt] = {}
+        self._attempts: dict[tuple[str, int], MemoryAttempt] = {}
+        self._holder: dict[str, tuple[str, int]] = {}  # slice -> the live attempt holding it
         self._lock = threading.RLock()
         self.launches: list[AttemptSpec] = []
         self.stops: list[tuple[str, int, float]] = []
         self.log_chunk = 1 << 20
-        self.cold: set[str] = set()  # slices given back by release() (the service's DRAINING)
         self._faults: dict[tuple[str, str | None], BaseException | Callable[[], object]] = {}
+        self.keeps_files = keeps_files
         self.files: dict[tuple[str, str], int] = {}  # (tenant, job) -> bytes of its checkpoint dir
         self.removals: list[tuple[str, str, tuple[str, ...]]] = []
-        self.clock: Callable[[], float] = time.time  # when the hosts measure (the host's clock)
+        self.clock = clock  # the hosts' clock: when a Timed run ends, when the hosts measure
         # attempts this cluster reports as cut short by tpufleet (``AttemptStatus.interrupted``), as
         # the Ray client does for a trainer placed on a slice that came back during its window
         self.interruptions: dict[tuple[str, int], str] = {}
 
+    @classmethod
+    def of(cls, spec: str, script: Callable[[AttemptSpec], Plan | None] | None = None) -> MemoryCluster:
+        """A fleet from ``"v4-16:2,v6e-16"`` (see :func:`fleet_slices`), for tests."""
+        return cls(fleet_slices(spec), script)
+
+    @classmethod
+    def sandbox(
+        cls,
+        slices: str | list[SliceInfo],
+        *,
+        job_seconds: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> MemoryCluster:
+        """What ``serve --sandbox`` runs: a fleet (``"v4-16:64,v4-32:16"`` or slices) whose jobs
+        each run for ``job_seconds`` of ``clock`` (:func:`sandbox_plan`), with no job files."""
+        fleet = fleet_slices(slices) if isinstance(slices, str) else slices
+        return cls(fleet, sandbox_plan(job_seconds), clock=clock, keeps_files=False)
+
     def fault(
         self, op: str, what: BaseException | Callable[[], object] | None, job_id: str | None = None
     ) -> None:
-        """From now on ``op`` ("inventory", "maintain", "launch", "poll", "stop", "read_logs") raises ``what``
-        (an exception) or calls it first (e.g. ``event.wait``, to hang); only for ``job_id`` when
-        given. ``None`` clears the fault."""
+        """From now on ``op`` ("inventory", "launch", "poll", "stop", "read_logs", "remove_job_files")
+        raises ``what`` (an exception) or calls it first (e.g. ``event.wait``, to hang); only for
+        ``job_id`` when given. ``None`` clears the fault."""
         if what is None:
             self._faults.pop((op, job_id), None)
         else:
             self._faults[(op, job_id)] = what
 
     def _check(self, op: str, job_id: str | None = None) -> None:
+        if not self._faults:
+            return
         what = self._faults.get((op, job_id)) or self._faults.get((op, None))
         if isinstance(what, BaseException):
             raise what
         if what is not None:
             what()
-
-    @classmethod
-    def of(cls, spec: str, script: Callable[[AttemptSpec], Script | None] | None = None) -> FakeCluster:
-        """A fleet from ``"v4-16:2,v6e-16"``: slices named ``tpu-v4-16-0``, ``tpu-v4-16-1``, ..."""
-        fleet: list[SliceInfo] = []
-        for st, count in catalog.parse_slice_list(spec):
-            for i in range(count):
-                fleet.append(make_slice(f"tpu-{st.accelerator_type}-{i}", st, subnet=len(fleet)))
-        return cls(fleet, script)
 
     # -- ClusterClient -------------------------------------------------------------------------
     def inventory(self) -> list[SliceInfo]:
@@ -156,20 +257,8 @@ class FakeCluster:
         with self._lock:
             return list(self._slices.values())
 
-    def maintain(self) -> None:
-        """Nothing to keep: an in-memory cluster has no warm pool (``cold`` says what was released)."""
-        self._check("maintain")
-
-    def release(self, names: list[str]) -> None:
-        with self._lock:
-            self.cold.update(names)
-
-    def warm(self, names: list[str]) -> None:
-        with self._lock:
-            self.cold.difference_update(names)
-
     def adopt(self) -> list[tuple[str, int]]:
-        return self.running_attempts()
+        return self.running_attempts()  # in memory: nothing outlives this process to take over
 
     def launch(self, spec: AttemptSpec) -> None:
         self._check("launch", spec.job_id)
@@ -180,7 +269,7 @@ class FakeCluster:
             infos = [self._usable(name, spec.job_id) for name in spec.slices]
             layout = [(info.name, info.slice_type, [h.address or "" for h in info.hosts]) for info in infos]
             envs = iter(contract.attempt_envs(spec.job_id, spec.attempt, spec.checkpoint_dir, layout))
-            procs: list[FakeProcess] = []
+            procs: list[MemoryProcess] = []
             driver = contract.ray_driver_env(
                 spec.job_id, spec.attempt, spec.checkpoint_dir, [(i.name, i.slice_type) for i in infos]
             )
@@ -191,8 +280,18 @@ class FakeCluster:
                     if spec.kind == JobKind.RAY:  # one driver, shown as every host of the slices it holds
                         env = contract.process_env({}, dict(spec.env), {}, driver)
                     writes = not procs or spec.kind != JobKind.RAY
-                    procs.append(FakeProcess(info.name, index, host.worker_id, env, writes_log=writes))
-            self._attempts[key] = FakeAttempt(spec, procs, self._script(spec) if self._script else None)
+                    procs.append(MemoryProcess(info.name, index, host.worker_id, env, writes_log=writes))
+            plan = self._script(spec) if self._script else None
+            att = MemoryAttempt(spec, procs, plan)
+            if isinstance(plan, Timed):
+                att.ends_at = self.clock() + plan.seconds
+                for p in procs:
+                    p.state = HostState.RUNNING
+                    start = plan.problem or f"sandbox: {p.slice}/{p.worker_id} running {plan.seconds:g} s\n"
+                    p.log += start if p.writes_log else ""
+            self._attempts[key] = att
+            for name in spec.slices:
+                self._holder[name] = key
             self.launches.append(spec)
 
     def _usable(self, name: str, job_id: str) -> SliceInfo:
@@ -201,9 +300,9 @@ class FakeCluster:
             raise ClusterError(f"slice {name} is not in the cluster")
         if not info.intact:
             raise ClusterError(f"slice {name} is broken: {'; '.join(info.problems)}")
-        for other in self._attempts.values():
-            if not other.stopped and name in other.spec.slices and other.spec.job_id != job_id:
-                raise ClusterError(f"slice {name} is held by job {other.spec.job_id}")
+        holder = self._holder.get(name)
+        if holder is not None and holder[0] != job_id:
+            raise ClusterError(f"slice {name} is held by job {holder[0]}")
         return info
 
     def poll(self, job_id: str, attempt: int) -> AttemptStatus:
@@ -213,8 +312,8 @@ class FakeCluster:
             if att is None:
                 raise NotFoundError(f"attempt {attempt} of job {job_id} was never launched here")
             att.polls += 1
-            if att.script is not None and not att.stopped:
-                self._advance(att, att.script)
+            if not att.stopped:
+                self._advance(att)
             disk = self._measure(att)
             hosts = tuple(
                 HostStatus(p.slice, p.worker_id, p.state, p.exit_code, p.detail) for p in att.processes
@@ -228,9 +327,9 @@ class FakeCluster:
                 job_id, attempt, hosts, progress=att.progress, placed=placed, disk=disk, interrupted=why
             )
 
-    def _measure(self, att: FakeAttempt) -> DiskUsage | None:
+    def _measure(self, att: MemoryAttempt) -> DiskUsage | None:
         """What the hosts of an SPMD attempt measure; over the quota they end their processes."""
-        if att.spec.kind != "spmd":
+        if att.spec.kind != JobKind.SPMD or not self.keeps_files:
             return None
         tenant = att.spec.tenant
         sizes = [n for (t, _job), n in self.files.items() if t == tenant]
@@ -241,29 +340,48 @@ class FakeCluster:
                 p.state, p.exit_code, p.detail = HostState.EXITED, SIGTERM_EXIT, why
         return disk
 
-    def _advance(self, att: FakeAttempt, script: Script) -> None:
-        if att.polls >= script.run_after:
+    def _advance(self, att: MemoryAttempt) -> None:
+        plan = att.plan
+        if isinstance(plan, Timed):
+            if self.clock() >= att.ends_at:
+                self._end(att, plan.exit_code, f"sandbox: exit {plan.exit_code}\n")
+            return
+        if plan is None:
+            return
+        if att.polls >= plan.run_after:
             for p in att.processes:
                 if p.state is HostState.STARTING:
                     p.state = HostState.RUNNING
-                    p.log += script.output.format_map(p.env) if p.writes_log else ""
-        if script.exit_after is not None and att.polls >= script.exit_after:
+                    p.log += plan.output.format_map(p.env) if p.writes_log else ""
+        if plan.exit_after is not None and att.polls >= plan.exit_after:
             for p in att.processes:
                 if p.state is HostState.RUNNING:
-                    code = script.exit_codes.get((p.slice_index, p.worker_id), script.exit_code)
+                    code = plan.exit_codes.get((p.slice_index, p.worker_id), plan.exit_code)
                     p.state, p.exit_code = HostState.EXITED, code
+
+    @staticmethod
+    def _end(att: MemoryAttempt, code: int, line: str) -> None:
+        for p in att.processes:
+            if p.alive:
+                p.state, p.exit_code = HostState.EXITED, code
+                p.log += line if p.writes_log else ""
 
     def stop(self, job_id: str, attempt: int, grace_s: float = 10.0) -> None:
         self._check("stop", job_id)
         with self._lock:
             self.stops.append((job_id, attempt, grace_s))
             att = self._attempts.get((job_id, attempt))
-            if att is None:
+            if att is None or att.stopped:
                 return
-            for p in att.processes:
-                if p.alive:
-                    p.state, p.exit_code = HostState.EXITED, SIGTERM_EXIT
+            if isinstance(att.plan, Timed):
+                self._advance(att)  # it may have ended on its own before the stop
+                self._end(att, SIGTERM_EXIT, "sandbox: stopped (SIGTERM)\n")
+            else:
+                self._end(att, SIGTERM_EXIT, "")
             att.stopped = True
+            for name in att.spec.slices:
+                if self._holder.get(name) == (job_id, attempt):
+                    del self._holder[name]
 
     def read_logs(self, job_id: str, attempt: int, slice_name: str, worker_id: int, offset: int) -> LogChunk:
         self._check("read_logs", job_id)
@@ -283,16 +401,41 @@ class FakeCluster:
         self._check("remove_job_files")
         with self._lock:
             self.removals.append((job_root, tenant, tuple(job_ids)))
+            if not self.keeps_files:  # nothing ran, so no job has files: each is removed with 0 bytes
+                return FilesRemoved(dict.fromkeys(job_ids, 0))
             removed = {job: self.files.pop((tenant, job), 0) for job in job_ids}
             sizes = [n for (t, _job), n in self.files.items() if t == tenant]
             return FilesRemoved(removed, DiskUsage(sum(sizes), len(sizes), True, self.clock()))
 
+    # -- slices coming and going (a provider: provision/memory.py) ------------------------------
+    def add_slices(self, slices: list[SliceInfo]) -> None:
+        """New slices join the fleet (a provider made them)."""
+        with self._lock:
+            for info in slices:
+                self._slices[info.name] = info
+
+    def remove_slices(self, names: list[str]) -> None:
+        """Slices leave the fleet (deleted or preempted): hosts still running on them are lost."""
+        with self._lock:
+            for name in names:
+                self._slices.pop(name, None)
+                key = self._holder.get(name)
+                att = self._attempts.get(key) if key else None
+                for p in att.processes if att else ():
+                    if p.slice == name and p.alive:
+                        p.state, p.detail = HostState.LOST, "its slice was removed"
+                        p.log += "sandbox: host lost (its slice was removed)\n" if p.writes_log else ""
+
     # -- what tests drive ----------------------------------------------------------------------
-    def processes(self, job_id: str, attempt: int | None = None) -> list[FakeProcess]:
+    def processes(self, job_id: str, attempt: int | None = None) -> list[MemoryProcess]:
         """The hosts' processes of an attempt (default: the job's latest), in slice/worker order."""
         with self._lock:
             att = self._latest(job_id, attempt)
             return list(att.processes) if att else []
+
+    def host_envs(self, job_id: str, attempt: int) -> list[dict[str, str]]:
+        """The environment each host of an attempt got, in slice then worker order."""
+        return [dict(p.env) for p in self.processes(job_id, attempt)]
 
     def start(self, job_id: str, attempt: int | None = None) -> None:
         self._each(job_id, attempt, lambda p: p.state is HostState.STARTING, state=HostState.RUNNING)
@@ -308,7 +451,7 @@ class FakeCluster:
     ) -> None:
         """End the matching live processes with ``code`` (every host when no slice/worker given)."""
 
-        def match(p: FakeProcess) -> bool:
+        def match(p: MemoryProcess) -> bool:
             return p.alive and slice in (None, p.slice) and worker in (None, p.worker_id)
 
         self._each(job_id, attempt, match, state=HostState.EXITED, exit_code=code)
@@ -345,10 +488,11 @@ class FakeCluster:
             hosts = tuple(replace(h, alive=False) if h.worker_id == worker_id else h for h in info.hosts)
             problem = f"host {worker_id} is dead"
             self._slices[slice_name] = replace(info, hosts=hosts, problems=(*info.problems, problem))
-            for att in self._attempts.values():
-                for p in att.processes:
-                    if p.slice == slice_name and p.worker_id == worker_id and p.alive:
-                        p.state = HostState.LOST
+            key = self._holder.get(slice_name)
+            att = self._attempts.get(key) if key else None
+            for p in att.processes if att else ():
+                if p.slice == slice_name and p.worker_id == worker_id and p.alive:
+                    p.state = HostState.LOST
 
     def repair(self, slice_name: str) -> None:
         with self._lock:
@@ -356,11 +500,13 @@ class FakeCluster:
             hosts = tuple(replace(h, alive=True) for h in info.hosts)
             self._slices[slice_name] = replace(info, hosts=hosts, problems=())
 
-    def _latest(self, job_id: str, attempt: int | None) -> FakeAttempt | None:
-        keys = [k for k in self._attempts if k[0] == job_id and attempt in (None, k[1])]
+    def _latest(self, job_id: str, attempt: int | None) -> MemoryAttempt | None:
+        if attempt is not None:
+            return self._attempts.get((job_id, attempt))
+        keys = [k for k in self._attempts if k[0] == job_id]
         return self._attempts[max(keys)] if keys else None
 
-    def _process(self, job_id: str, attempt: int, slice_name: str, worker_id: int) -> FakeProcess | None:
+    def _process(self, job_id: str, attempt: int, slice_name: str, worker_id: int) -> MemoryProcess | None:
         att = self._attempts.get((job_id, attempt))
         for p in att.processes if att else ():
             if p.slice == slice_name and p.worker_id == worker_id:
@@ -368,16 +514,10 @@ class FakeCluster:
         return None
 
     def _each(
-        self, job_id: str, attempt: int | None, match: Callable[[FakeProcess], bool], **values: object
+        self, job_id: str, attempt: int | None, match: Callable[[MemoryProcess], bool], **values: object
     ) -> None:
         with self._lock:
             for p in self.processes(job_id, attempt):
                 if match(p):
                     for key, value in values.items():
                         setattr(p, key, value)
-
-
-def make_slice(name: str, st: SliceType, subnet: int = 0) -> SliceInfo:
-    """An intact slice of type ``st`` whose hosts are 10.0.<subnet>.<worker+1>."""
-    hosts = tuple(HostInfo(w, f"node-{name}-{w}", f"10.0.{subnet}.{w + 1}", True) for w in range(st.hosts))
-    return SliceInfo(name, st.accelerator_type, str(st.topology), st.hosts, hosts)
