@@ -270,16 +270,21 @@ class MemoryCluster:
             layout = [(info.name, info.slice_type, [h.address or "" for h in info.hosts]) for info in infos]
             envs = iter(contract.attempt_envs(spec.job_id, spec.attempt, spec.checkpoint_dir, layout))
             procs: list[MemoryProcess] = []
-            driver = contract.ray_driver_env(
-                spec.job_id, spec.attempt, spec.checkpoint_dir, [(i.name, i.slice_type) for i in infos]
+            ray = spec.kind == JobKind.RAY
+            driver = (
+                contract.ray_driver_env(
+                    spec.job_id, spec.attempt, spec.checkpoint_dir, [(i.name, i.slice_type) for i in infos]
+                )
+                if ray
+                else {}
             )
             for index, info in enumerate(infos):
                 for host in info.hosts:
                     contract_env, attempt_env = next(envs)
                     env = contract.process_env({}, dict(spec.env), contract_env, attempt_env)
-                    if spec.kind == JobKind.RAY:  # one driver, shown as every host of the slices it holds
+                    if ray:  # one driver, shown as every host of the slices it holds
                         env = contract.process_env({}, dict(spec.env), {}, driver)
-                    writes = not procs or spec.kind != JobKind.RAY
+                    writes = not procs or not ray
                     procs.append(MemoryProcess(info.name, index, host.worker_id, env, writes_log=writes))
             plan = self._script(spec) if self._script else None
             att = MemoryAttempt(spec, procs, plan)
