@@ -54,6 +54,24 @@ def test_lean_hosts_and_head_take_ray_start_s_own_flags_through_the_launcher() -
     assert params.no_monitor is True and params.ray_client_server_port is None
 
 
+def test_agent_ports_chosen_up_front_reach_the_raylet_so_it_waits_for_no_port_file() -> None:
+    """A raylet given no agent port waits ~15 s for each agent's port file, then aborts: the head's
+    dashboard agent once missed that on a loaded CI runner (plan.AgentPorts)."""
+    ports = plan.AgentPorts(runtime_env=7001, grpc=7002, listen=7003, metrics_export=7004)
+    head = plan.lean_head_argv("/venv/bin/python", "10.1.2.3", 6000, 6001, "/tmp/t", 1, ports=ports)
+    params = rayhost.params_of(rayhost.parse(head[3:]), ray_parameter)
+    got = (params.runtime_env_agent_port, params.metrics_agent_port, params.dashboard_agent_listen_port)
+    assert (*got, params.metrics_export_port) == (7001, 7002, 7003, 7004)
+    plain = plan.head_argv("ray", "10.1.2.3", 6000, 6001, None, "/tmp/t", 1, monitor=False, ports=ports)
+    assert head[3:] == plain[2:]  # the same flags `ray start --head` takes
+    host = ("10.1.2.3", "10.1.2.3:6379", catalog.slice_type("v4-16"), 2, "/tmp/t/h0", 1, False)
+    argv = plan.lean_host_argv("/venv/bin/python", *host, ports=plan.AgentPorts(runtime_env=7005))
+    params = rayhost.params_of(rayhost.parse(argv[3:]), ray_parameter)
+    assert params.runtime_env_agent_port == 7005  # a host's stand-in agent writes its ports at once
+    dashboard = (params.metrics_agent_port, params.dashboard_agent_listen_port, params.metrics_export_port)
+    assert dashboard == (0, 0, 0)
+
+
 @pytest.mark.parametrize(
     "argv",
     [

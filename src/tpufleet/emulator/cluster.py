@@ -258,6 +258,7 @@ class EmulatedFleet:
             host.temp_dir,
             st.object_store_bytes,
             st.log_monitor,
+            ports=plan.AgentPorts(*procs.free_ports(1)),  # its runtime env agent's: no port file to wait for
         )
         return host, argv, env, self.state_dir / "logs" / f"{rec.name}-w{worker}.log"
 
@@ -375,11 +376,14 @@ class EmulatedFleet:
 
     def _launch_head(self, st: FleetState) -> tuple[Popen[bytes], Path]:
         where = (st.address, st.gcs_port, st.dashboard_port)
+        ports = plan.AgentPorts(*procs.free_ports(4))  # the raylet waits for no agent's port file
         if st.lean:
-            argv = plan.lean_head_argv(sys.executable, *where, st.temp_dir, st.object_store_bytes)
+            lean = (sys.executable, *where, st.temp_dir, st.object_store_bytes)
+            argv = plan.lean_head_argv(*lean, ports=ports)
         else:
             (client_port,) = procs.free_ports(1)
-            argv = plan.head_argv(_ray_bin(), *where, client_port, st.temp_dir, st.object_store_bytes)
+            head = (_ray_bin(), *where, client_port, st.temp_dir, st.object_store_bytes)
+            argv = plan.head_argv(*head, ports=ports)
         log = self.state_dir / "logs" / "head.log"
         proc, st.head = procs.spawn(argv, self._node_env() | HEAD_ENV, log)
         return proc, log

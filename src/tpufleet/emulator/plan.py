@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,32 @@ def clean_base_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _common_args(address: str, temp_dir: str, object_store_bytes: int) -> list[str]:
+@dataclass(frozen=True)
+class AgentPorts:
+    """Ports a node's agents will listen on, chosen before it starts. A raylet given none waits for
+    each agent to write the port it took to a file, and gives up after about 15 s (Ray's fixed
+    wait): it aborts ("WaitForDashboardAgentPorts"), and the node never starts. On a loaded 2-core
+    CI runner the head's dashboard agent once took 16 s to get there. Given the ports, the raylet
+    waits for nothing and each agent binds its own when it is up. Zero: Ray's way (a file)."""
+
+    runtime_env: int = 0  # every node's runtime env agent
+    grpc: int = 0  # the dashboard agent's (the head's only: a host has the stand-in)
+    listen: int = 0
+    metrics_export: int = 0
+
+    def argv(self) -> list[str]:
+        named = (
+            ("--runtime-env-agent-port", self.runtime_env),
+            ("--dashboard-agent-grpc-port", self.grpc),
+            ("--metrics-export-port", self.metrics_export),
+        )
+        return [flag for name, port in named if port for flag in (name, str(port))]
+
+
+def _common_args(
+    address: str, temp_dir: str, object_store_bytes: int, ports: AgentPorts | None = None
+) -> list[str]:
+    ports = ports or AgentPorts()
     return [
         "--node-ip-address",
         address,
@@ -111,7 +137,8 @@ def _common_args(address: str, temp_dir: str, object_store_bytes: int) -> list[s
         "--max-worker-port",
         "0",
         "--dashboard-agent-listen-port",
-        "0",
+        str(ports.listen),
+        *ports.argv(),
         "--disable-usage-stats",
     ]
 
@@ -126,6 +153,7 @@ def head_argv(
     object_store_bytes: int,
     *,
     monitor: bool = True,
+    ports: AgentPorts | None = None,
 ) -> list[str]:
     """The head: no TPU and no CPU, so nothing a job asks for is ever placed there.
 
@@ -152,7 +180,7 @@ def head_argv(
         str(dashboard_port),
         *client,
         *([] if monitor else ["--no-monitor"]),
-        *_common_args(address, temp_dir, object_store_bytes),
+        *_common_args(address, temp_dir, object_store_bytes, ports),
     ]
 
 
@@ -174,6 +202,8 @@ def host_argv(
     temp_dir: str,
     object_store_bytes: int,
     log_monitor: bool,
+    *,
+    ports: AgentPorts | None = None,
 ) -> list[str]:
     """One TPU host: ``TPU: <chips_per_host>`` is the only accelerator fact passed to Ray."""
     return [
@@ -187,7 +217,7 @@ def host_argv(
         json.dumps({"TPU": slice_type.chips_per_host}),
         "--include-log-monitor",
         "true" if log_monitor else "false",
-        *_common_args(address, temp_dir, object_store_bytes),
+        *_common_args(address, temp_dir, object_store_bytes, ports),
     ]
 
 
@@ -208,23 +238,29 @@ LEAN_HOST_ENV = {"RAY_prestart_worker_first_driver": "0"}
 RAYHOST_SCRIPT = str(Path(__file__).with_name("rayhost.py"))
 
 
-def lean_host_argv(python: str, *args: Any) -> list[str]:
+def lean_host_argv(python: str, *args: Any, ports: AgentPorts | None = None) -> list[str]:
     """:func:`host_argv` (same arguments after ``python``) started by ``rayhost.py``, which takes
     ``ray start``'s flags and starts Ray's worker node without the ``ray start`` CLI, with a
     stand-in for the dashboard agent. ``-P``: the script's folder (this package) must not shadow
     top-level modules."""
-    return [python, "-P", RAYHOST_SCRIPT, *host_argv("ray", *args)[2:]]
+    return [python, "-P", RAYHOST_SCRIPT, *host_argv("ray", *args, ports=ports)[2:]]
 
 
 def lean_head_argv(
-    python: str, address: str, gcs_port: int, dashboard_port: int, temp_dir: str, object_store_bytes: int
+    python: str,
+    address: str,
+    gcs_port: int,
+    dashboard_port: int,
+    temp_dir: str,
+    object_store_bytes: int,
+    *,
+    ports: AgentPorts | None = None,
 ) -> list[str]:
     """:func:`head_argv` started by ``rayhost.py``: Ray's head node, the processes ``ray start
     --head`` starts, without the CLI's imports and without the two an emulated fleet never uses:
     the Ray Client server and the autoscaler monitor (~1.2 s of CPU and ~150 MiB together)."""
-    argv = head_argv(
-        "ray", address, gcs_port, dashboard_port, None, temp_dir, object_store_bytes, monitor=False
-    )
+    where = (address, gcs_port, dashboard_port, None, temp_dir, object_store_bytes)
+    argv = head_argv("ray", *where, monitor=False, ports=ports)
     return [python, "-P", RAYHOST_SCRIPT, *argv[2:]]
 
 

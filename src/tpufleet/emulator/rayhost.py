@@ -343,6 +343,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--min-worker-port", type=int, default=0)
     p.add_argument("--max-worker-port", type=int, default=0)
     p.add_argument("--dashboard-agent-listen-port", type=int, default=0)
+    p.add_argument("--dashboard-agent-grpc-port", type=int, default=0)
+    p.add_argument("--metrics-export-port", type=int, default=0)
+    p.add_argument("--runtime-env-agent-port", type=int, default=0)
     p.add_argument("--disable-usage-stats", action="store_true")
     p.add_argument("--no-monitor", action="store_true", help="no autoscaler monitor on the head")
     p.add_argument(
@@ -377,6 +380,9 @@ def params_of(args: argparse.Namespace, ray_parameter: Any) -> Any:
         include_dashboard=args.include_dashboard,
         dashboard_port=args.dashboard_port,
         dashboard_agent_listen_port=args.dashboard_agent_listen_port,
+        metrics_agent_port=args.dashboard_agent_grpc_port,  # `ray start` names it so
+        metrics_export_port=args.metrics_export_port,
+        runtime_env_agent_port=args.runtime_env_agent_port,
         include_log_monitor=args.include_log_monitor,
     )
     if args.head:
