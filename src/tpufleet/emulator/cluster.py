@@ -66,8 +66,8 @@ HEAD_ENV = {
     # The head's start waits for its dashboard (Ray's job API) up to this long, not Ray's 60 s: on
     # a loaded 2-core CI runner the dashboard, which imports and forks its ten modules, once took
     # longer, and the head (and every host waiting for it) failed. Shorter than JOIN_WAIT_S, so
-    # that a dashboard that never comes up fails for its own reason first.
-    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "240",
+    # that a dashboard that never comes up fails for its own reason first, and than a test's 300 s.
+    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "180",
 }
 
 Key = tuple[str, int]  # (slice name, worker id)
