@@ -118,6 +118,18 @@ def test_the_raylet_gets_the_stand_in_and_every_other_process_its_own_command() 
     assert got[3] == "--dashboard_agent_command=" + rayhost.standin_command("abc", "/s")
 
 
+def test_the_heads_raylet_is_told_its_agents_listen_port_which_ray_passes_only_to_the_agent() -> None:
+    calls: list[tuple[list[str], str]] = []
+    fake = SimpleNamespace(start_ray_process=lambda command, kind, *a, **k: calls.append((command, kind)))
+    rayhost._raylet_told_the_agent_listen_port(fake, SimpleNamespace(PROCESS_TYPE_RAYLET="raylet"), 7003)
+    fake.start_ray_process(["raylet", "--node_id=abc"], "raylet")
+    fake.start_ray_process(["python", "agent.py", "--listen-port=7003"], "dashboard_agent")
+    assert calls == [
+        (["raylet", "--node_id=abc", "--dashboard_agent_listen_port=7003"], "raylet"),
+        (["python", "agent.py", "--listen-port=7003"], "dashboard_agent"),
+    ]
+
+
 PARENT = """
 import subprocess, sys, time
 child = subprocess.Popen(sys.argv[1:])

@@ -114,6 +114,20 @@ def _without_dashboard_agent(services: Any, constants: Any) -> None:
     services.start_ray_process = start_ray_process
 
 
+def _raylet_told_the_agent_listen_port(services: Any, constants: Any, port: int) -> None:
+    """Make ``services.start_ray_process`` give the raylet ``--dashboard_agent_listen_port``, which
+    Ray's Python leaves out (it passes the port only to the agent): told none, the raylet waits ~15 s
+    for the agent's port file and then aborts (see ``plan.AgentPorts``)."""
+    original = services.start_ray_process
+
+    def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        if process_type == constants.PROCESS_TYPE_RAYLET:
+            command = [*command, f"--dashboard_agent_listen_port={port}"]
+        return original(command, process_type, *args, **kwargs)
+
+    services.start_ray_process = start_ray_process
+
+
 def _dashboard_after_raylet(node_class: Any) -> None:
     """Make the head's ``Node`` start its dashboard (Ray's API server) right after its raylet and
     the processes that go with it, instead of before them (see the module docstring)."""
@@ -410,6 +424,8 @@ def start(args: argparse.Namespace) -> int:
 
     if args.dashboard_agent == "standin":
         _without_dashboard_agent(services, ray_constants)
+    elif args.dashboard_agent_listen_port:
+        _raylet_told_the_agent_listen_port(services, ray_constants, args.dashboard_agent_listen_port)
     if args.include_log_monitor:
         _log_monitor_from_a_fork(services, ray_constants)
     _paced_node_lookup(services)
