@@ -236,9 +236,10 @@ class EmulatedFleet:
         return self._node_env() | lean | plan.jax_cache_env(os.environ.get(plan.JAX_CACHE_VAR))
 
     def _host_start(
-        self, st: FleetState, rec: EmulatedSlice, worker: int
+        self, st: FleetState, rec: EmulatedSlice, worker: int, runtime_env_port: int
     ) -> tuple[HostRecord, list[str], dict[str, str], Path]:
-        """One host's launch: its record (given a new temp dir), command line, whole environment, log."""
+        """One host's launch: its record (given a new temp dir), command line, whole environment, log.
+        ``runtime_env_port``: where its runtime env agent listens (no port file to wait for)."""
         stype = catalog.slice_type(rec.accelerator_type)
         env = (
             self._hosts_env(st)
@@ -258,7 +259,7 @@ class EmulatedFleet:
             host.temp_dir,
             st.object_store_bytes,
             st.log_monitor,
-            ports=plan.AgentPorts(*procs.free_ports(1)),  # its runtime env agent's: no port file to wait for
+            ports=plan.AgentPorts(runtime_env=runtime_env_port),
         )
         return host, argv, env, self.state_dir / "logs" / f"{rec.name}-w{worker}.log"
 
@@ -270,7 +271,8 @@ class EmulatedFleet:
         Lean hosts start from one launcher (``rayhost.py --group``: Ray's modules imported once,
         a forked child per host, each its own session); a plain ``ray start`` host, or a lone
         host, from a launcher of its own. Returns once every host's session is known."""
-        starts = [self._host_start(st, rec, worker) for rec, worker in hosts]
+        ports = procs.free_ports(len(hosts))  # drawn together: no two hosts of a wave get the same
+        starts = [self._host_start(st, rec, w, port) for (rec, w), port in zip(hosts, ports, strict=True)]
         if not st.lean or len(hosts) < 2:
             launched = []
             for host, argv, env, log in starts:
@@ -376,12 +378,12 @@ class EmulatedFleet:
 
     def _launch_head(self, st: FleetState) -> tuple[Popen[bytes], Path]:
         where = (st.address, st.gcs_port, st.dashboard_port)
-        ports = plan.AgentPorts(*procs.free_ports(4))  # the raylet waits for no agent's port file
+        *agents, client_port = procs.free_ports(5)  # drawn together, so all differ
+        ports = plan.AgentPorts(*agents)  # the raylet waits for no agent's port file
         if st.lean:
             lean = (sys.executable, *where, st.temp_dir, st.object_store_bytes)
             argv = plan.lean_head_argv(*lean, ports=ports)
         else:
-            (client_port,) = procs.free_ports(1)
             head = (_ray_bin(), *where, client_port, st.temp_dir, st.object_store_bytes)
             argv = plan.head_argv(*head, ports=ports)
         log = self.state_dir / "logs" / "head.log"
