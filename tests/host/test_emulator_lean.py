@@ -44,9 +44,14 @@ def test_lean_hosts_and_head_take_ray_start_s_own_flags_through_the_launcher() -
     argv = plan.lean_head_argv("/venv/bin/python", "10.1.2.3", 6000, 6001, "/tmp/t", 1)
     # `ray start --head`'s own flags, less the Ray Client server and with --no-monitor
     plain = plan.head_argv("ray", "10.1.2.3", 6000, 6001, None, "/tmp/t", 1, monitor=False)
-    assert argv[3:] == plain[2:] and "--no-monitor" in plain
+    modules = ["--dashboard-modules", ",".join(plan.DASHBOARD_MODULES)]  # not a `ray start` flag
+    assert argv[3:] == [*plain[2:], *modules] and "--no-monitor" in plain
     assert "--ray-client-server-port" not in plain
     args = rayhost.parse(argv[3:])
+    assert (
+        args.dashboard_modules
+        == "JobHead,StateHead,NodeHead,TaskEventsHead,UsageStatsHead,PlatformEventsHead"
+    )
     assert (args.head, args.port, args.address, args.num_cpus) == (True, 6000, None, 0)
     assert (args.dashboard_port, args.ray_client_server_port, args.no_monitor) == (6001, None, True)
     assert args.dashboard_agent == "real"  # the head keeps Ray's agent (job submission goes there)
@@ -63,7 +68,7 @@ def test_agent_ports_chosen_up_front_reach_the_raylet_so_it_waits_for_no_port_fi
     got = (params.runtime_env_agent_port, params.metrics_agent_port, params.dashboard_agent_listen_port)
     assert (*got, params.metrics_export_port) == (7001, 7002, 7003, 7004)
     plain = plan.head_argv("ray", "10.1.2.3", 6000, 6001, None, "/tmp/t", 1, monitor=False, ports=ports)
-    assert head[3:] == plain[2:]  # the same flags `ray start --head` takes
+    assert head[3:-2] == plain[2:]  # the same flags `ray start --head` takes, then the dashboard's modules
     host = ("10.1.2.3", "10.1.2.3:6379", catalog.slice_type("v4-16"), 2, "/tmp/t/h0", 1, False)
     argv = plan.lean_host_argv("/venv/bin/python", *host, ports=plan.AgentPorts(runtime_env=7005))
     params = rayhost.params_of(rayhost.parse(argv[3:]), ray_parameter)
@@ -128,6 +133,29 @@ def test_the_heads_raylet_is_told_its_agents_listen_port_which_ray_passes_only_t
         (["raylet", "--node_id=abc", "--dashboard_agent_listen_port=7003"], "raylet"),
         (["python", "agent.py", "--listen-port=7003"], "dashboard_agent"),
     ]
+
+
+def test_the_heads_dashboard_loads_only_the_modules_it_is_given() -> None:
+    calls: list[tuple[list[str], str]] = []
+    fake = SimpleNamespace(start_ray_process=lambda command, kind, *a, **k: calls.append((command, kind)))
+    kinds = SimpleNamespace(PROCESS_TYPE_DASHBOARD="dashboard")
+    rayhost._dashboard_with_modules(fake, kinds, "JobHead,StateHead")
+    fake.start_ray_process(["python", "dashboard.py", "--port=6001"], "dashboard")
+    fake.start_ray_process(["raylet", "--node_id=abc"], "raylet")
+    assert calls == [
+        (["python", "dashboard.py", "--port=6001", "--modules-to-load=JobHead,StateHead"], "dashboard"),
+        (["raylet", "--node_id=abc"], "raylet"),
+    ]
+    # every name is one of the pinned Ray's dashboard modules (Ray fails the dashboard on a name it lacks)
+    from ray.dashboard import utils
+    from ray.dashboard.subprocesses.module import SubprocessModule
+
+    known = {
+        c.__name__
+        for kind in (utils.DashboardHeadModule, SubprocessModule)
+        for c in utils.get_all_modules(kind)
+    }
+    assert set(plan.DASHBOARD_MODULES) <= known, set(plan.DASHBOARD_MODULES) - known
 
 
 PARENT = """

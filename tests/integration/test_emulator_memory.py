@@ -11,8 +11,10 @@ with its own processes at 113 MiB).
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 
+import psutil
 import pytest
 import ray
 
@@ -60,6 +62,16 @@ def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_
             measured[f"{rec.name}/{h.worker_id}"] = dict(by_component)
             each[f"{rec.name}/{h.worker_id}"] = [f"{m.pid} {m.component} {m.pss >> 20} MiB" for m in mems]
     assert len(measured) == len(hosts) == 5
+    # the lean head's dashboard runs a process for each module it loads (plan.DASHBOARD_MODULES), no other
+    assert st.head is not None and st.lean
+    titles = []
+    for pid in procs.members(st.head):
+        with contextlib.suppress(psutil.Error):
+            titles.append(" ".join(psutil.Process(pid).cmdline()))
+    modules = sorted(t.split()[0] for t in titles if t.startswith("ray-dashboard-"))
+    assert modules == ["ray-dashboard-JobHead-0", "ray-dashboard-NodeHead-0", "ray-dashboard-StateHead-0"], (
+        titles
+    )
     for host, parts in measured.items():
         assert parts.get("raylet", 0) > 0 and parts.get("runtime env agent", 0) > 0, (host, parts)
         assert parts.get("worker", 0) > 0, (host, parts)  # the task above ran there

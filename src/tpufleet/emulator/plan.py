@@ -261,7 +261,22 @@ def lean_head_argv(
     the Ray Client server and the autoscaler monitor (~1.2 s of CPU and ~150 MiB together)."""
     where = (address, gcs_port, dashboard_port, None, temp_dir, object_store_bytes)
     argv = head_argv("ray", *where, monitor=False, ports=ports)
-    return [python, "-P", RAYHOST_SCRIPT, *argv[2:]]
+    return [python, "-P", RAYHOST_SCRIPT, *argv[2:], "--dashboard-modules", ",".join(DASHBOARD_MODULES)]
+
+
+# The lean head's dashboard loads only the modules of Ray's APIs that a fleet's users and tpufleet
+# call: jobs (``ray job``, ``JobSubmissionClient``, Ray jobs through the queue), state (``ray list``,
+# ``ray.util.state``), nodes and tasks (the dashboard's cluster and task views), and the two that run
+# inside the dashboard process. Each other module (metrics, data, events, reporter, serve, train) is a
+# process of its own: together ~1 CPU-s a minute of an idle fleet's 5.5 (docs/emulator.md).
+DASHBOARD_MODULES = (
+    "JobHead",
+    "StateHead",
+    "NodeHead",
+    "TaskEventsHead",
+    "UsageStatsHead",
+    "PlatformEventsHead",
+)
 
 
 def contract_of(env: Mapping[str, str]) -> dict[str, str]:

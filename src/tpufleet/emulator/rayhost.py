@@ -128,6 +128,19 @@ def _raylet_told_the_agent_listen_port(services: Any, constants: Any, port: int)
     services.start_ray_process = start_ray_process
 
 
+def _dashboard_with_modules(services: Any, constants: Any, modules: str) -> None:
+    """Make ``services.start_ray_process`` start the dashboard with only ``modules`` (Ray's
+    ``dashboard.py --modules-to-load``, which ``ray start`` does not expose)."""
+    original = services.start_ray_process
+
+    def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        if process_type == constants.PROCESS_TYPE_DASHBOARD:
+            command = [*command, f"--modules-to-load={modules}"]
+        return original(command, process_type, *args, **kwargs)
+
+    services.start_ray_process = start_ray_process
+
+
 def _dashboard_after_raylet(node_class: Any) -> None:
     """Make the head's ``Node`` start its dashboard (Ray's API server) right after its raylet and
     the processes that go with it, instead of before them (see the module docstring)."""
@@ -363,6 +376,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--disable-usage-stats", action="store_true")
     p.add_argument("--no-monitor", action="store_true", help="no autoscaler monitor on the head")
     p.add_argument(
+        "--dashboard-modules",
+        help="not a ray start flag: the head's dashboard modules to load, comma-separated (default all)",
+    )
+    p.add_argument(
         "--dashboard-agent",
         choices=["real", "standin"],
         help="not a ray start flag: the head's default is Ray's agent, a host's the stand-in",
@@ -426,6 +443,8 @@ def start(args: argparse.Namespace) -> int:
         _without_dashboard_agent(services, ray_constants)
     elif args.dashboard_agent_listen_port:
         _raylet_told_the_agent_listen_port(services, ray_constants, args.dashboard_agent_listen_port)
+    if args.dashboard_modules:
+        _dashboard_with_modules(services, ray_constants, args.dashboard_modules)
     if args.include_log_monitor:
         _log_monitor_from_a_fork(services, ray_constants)
     _paced_node_lookup(services)
