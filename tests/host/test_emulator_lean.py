@@ -39,7 +39,8 @@ def test_lean_hosts_and_head_take_ray_start_s_own_flags_through_the_launcher() -
     assert args.num_cpus == int(argv[argv.index("--num-cpus") + 1])
     assert (args.temp_dir, args.object_store_memory, args.include_log_monitor) == ("/tmp/t/h0", 1, False)
     assert args.resources == '{"TPU": 4}' and args.dashboard_agent == "standin"
-    assert plan.LEAN_HOST_ENV == {"RAY_prestart_worker_first_driver": "0"}
+    assert plan.LEAN_HOST_ENV["RAY_prestart_worker_first_driver"] == "0"
+    assert plan.LEAN_HOST_ENV["RAY_num_workers_soft_limit"] == "0"  # idle workers end (after 30 s)
 
     argv = plan.lean_head_argv("/venv/bin/python", "10.1.2.3", 6000, 6001, "/tmp/t", 1)
     # `ray start --head`'s own flags, less the Ray Client server and with --no-monitor

@@ -17,6 +17,7 @@ from collections import defaultdict
 import psutil
 import pytest
 import ray
+from _executor_helpers import wait_for
 
 from tpufleet.emulator import EmulatedFleet, procs
 from tpufleet.emulator import state as store
@@ -81,3 +82,19 @@ def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_
             {k: f"{v / 2**20:.0f} MiB" for k, v in parts.items()},
             each[host],
         )
+
+    # the workers the tasks left idle end once idle for 30 s (plan.LEAN_HOST_ENV), instead of each
+    # costing its host ~0.55 CPU-s a minute for good
+    def idle_workers() -> list[str]:
+        found = []
+        for rec in st.slices:
+            for h in rec.hosts:
+                assert h.session is not None
+                for pid in procs.members(h.session):
+                    with contextlib.suppress(psutil.Error):
+                        if " ".join(psutil.Process(pid).cmdline()).startswith("ray::IDLE"):
+                            found.append(f"{rec.name}/{h.worker_id}: {pid}")
+        return found
+
+    assert idle_workers(), "the tasks above left no idle worker to wait for"
+    wait_for("the idle workers to end", lambda: not idle_workers(), 120, every_s=2)
