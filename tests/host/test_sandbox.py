@@ -108,6 +108,9 @@ def test_a_stop_ends_live_hosts_as_sigterm(fleet: MemoryCluster) -> None:
         ({SECONDS_VAR: "0", EXIT_VAR: "-9"}, 0.0, -9, "exit -9"),
         ({SECONDS_VAR: "soon"}, 0.0, 2, f"{SECONDS_VAR} must be seconds"),
         ({SECONDS_VAR: "-1"}, 0.0, 2, f"{SECONDS_VAR} must be seconds"),
+        ({SECONDS_VAR: "nan"}, 0.0, 2, f"{SECONDS_VAR} must be seconds"),  # float() takes it; never ends
+        ({SECONDS_VAR: "inf"}, 0.0, 2, f"{SECONDS_VAR} must be seconds"),
+        ({SECONDS_VAR: "1e309"}, 0.0, 2, f"{SECONDS_VAR} must be seconds"),  # inf, spelt as a number
         ({EXIT_VAR: "1.5"}, 0.0, 2, f"{EXIT_VAR} a whole number"),
     ],
 )
