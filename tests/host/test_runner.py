@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tpufleet.emulator import plan
 from tpufleet.host import contain
 from tpufleet.host.runner import HostRunner, RunRequest, _decode, log_path
 
@@ -330,6 +331,7 @@ print(json.dumps({
     'other_secret': can_read(os.environ['OTHER']),
     'admin_token': can_read(os.environ['ADMIN']),
     'logs': can_read(os.environ['LOGFILE']),
+    'jax_cache': can_read(os.environ['JAX_COMPILATION_CACHE_DIR'] + '/jit_entry'),
     'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit()),
     'tmp': os.listdir('/tmp'),
     'write_etc': os.access('/etc', os.W_OK),
@@ -337,9 +339,18 @@ print(json.dumps({
 """
 
 
-def test_a_jailed_job_sees_only_its_own_tenants_files(runner: HostRunner, tmp_path: Path) -> None:
+def test_a_jailed_job_sees_only_its_own_tenants_files(
+    runner: HostRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if runner._jail_off is not None:
         pytest.skip("jail mode only")
+    # the JAX compilation cache emulated hosts may share (plan.jax_cache_env): its settings reach the
+    # job with the host's environment, its entries (which any unjailed process may have written) do not
+    cache = tmp_path / "jax-cache"
+    cache.mkdir()
+    (cache / "jit_entry").write_text("compiled by someone else")
+    for key, value in plan.jax_cache_env(str(cache)).items():
+        monkeypatch.setenv(key, value)
     other = JOB_ROOT / "team-b" / "job-b"
     other.mkdir(parents=True)
     (other / "secret").write_text("b's weights")
@@ -359,6 +370,7 @@ def test_a_jailed_job_sees_only_its_own_tenants_files(runner: HostRunner, tmp_pa
     seen = json.loads(_log(runner, "jail"))
     assert seen["tenants"] == ["team-a"]
     assert not seen["other_secret"] and not seen["admin_token"] and not seen["logs"]
+    assert seen["jax_cache"] is False
     assert max(seen["pids"]) < 10  # its own PID namespace: nothing of the host's processes
     assert f"tpufleet-test-{os.getpid()}" not in seen["tmp"] and seen["write_etc"] is False
     assert (JOB_ROOT / "team-a" / "jail" / "step").read_text() == "1"
