@@ -161,7 +161,7 @@ def _stop_fleet(env: dict[str, str]) -> None:
         EmulatedFleet("", state_dir=state_dir).down()
 
 
-@pytest.mark.timeout(900)  # ~80 s alone; seven times that beside the other fleet tests on 2 cores
+@pytest.mark.timeout(1200)  # ~105 s alone; seven times that beside the other fleet tests on 2 cores
 def test_the_readme_and_docs_run_as_written(tmp_path: Path) -> None:
     (tmp_path / "home").mkdir()
     shutil.copytree(REPO / "examples", tmp_path / "examples")
