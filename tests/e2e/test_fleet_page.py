@@ -431,7 +431,16 @@ def test_a_jobs_own_lines_cannot_draw_a_host_header_and_names_are_isolated(
         row.locator(".job-name").click()
         page.locator("#job-logs .log-text", has_text="forged line").first.wait_for(timeout=15_000)
         page.locator("#job-logs .log-host").nth(1).wait_for(timeout=15_000)
-        assert page.locator("#job-title bdi").evaluate_all(isolated) == ["BDI isolate"]
+        # The title is drawn again at each refresh: an element read while it is replaced has no
+        # computed style (''), so wait for a drawn title whose one name is isolated (fails on timeout).
+        page.wait_for_function(
+            """() => {
+                const els = [...document.querySelectorAll('#job-title bdi')];
+                return els.length === 1 && els[0].isConnected
+                    && getComputedStyle(els[0]).unicodeBidi === 'isolate';
+            }""",
+            timeout=15_000,
+        )
         headers = page.locator("#job-logs .log-host")
         assert headers.all_text_contents() == ["tpu-v4-16-0 worker 0", "tpu-v4-16-0 worker 1"]
         texts = page.locator("#job-logs .log-text")
