@@ -114,31 +114,29 @@ def _without_dashboard_agent(services: Any, constants: Any) -> None:
     services.start_ray_process = start_ray_process
 
 
-def _raylet_told_the_agent_listen_port(services: Any, constants: Any, port: int) -> None:
-    """Make ``services.start_ray_process`` give the raylet ``--dashboard_agent_listen_port``, which
-    Ray's Python leaves out (it passes the port only to the agent): told none, the raylet waits ~15 s
-    for the agent's port file and then aborts (see ``plan.AgentPorts``)."""
+def _with_flag(services: Any, process_type: str, flag: str) -> None:
+    """Make ``services.start_ray_process`` add ``flag`` to the command of every ``process_type``."""
     original = services.start_ray_process
 
-    def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
-        if process_type == constants.PROCESS_TYPE_RAYLET:
-            command = [*command, f"--dashboard_agent_listen_port={port}"]
-        return original(command, process_type, *args, **kwargs)
+    def start_ray_process(command: list[str], kind: str, *args: Any, **kwargs: Any) -> Any:
+        if kind == process_type:
+            command = [*command, flag]
+        return original(command, kind, *args, **kwargs)
 
     services.start_ray_process = start_ray_process
+
+
+def _raylet_told_the_agent_listen_port(services: Any, constants: Any, port: int) -> None:
+    """Give the raylet ``--dashboard_agent_listen_port``, which Ray's Python leaves out (it passes
+    the port only to the agent): told none, the raylet waits ~15 s for the agent's port file and
+    then aborts (see ``plan.AgentPorts``)."""
+    _with_flag(services, constants.PROCESS_TYPE_RAYLET, f"--dashboard_agent_listen_port={port}")
 
 
 def _dashboard_with_modules(services: Any, constants: Any, modules: str) -> None:
-    """Make ``services.start_ray_process`` start the dashboard with only ``modules`` (Ray's
-    ``dashboard.py --modules-to-load``, which ``ray start`` does not expose)."""
-    original = services.start_ray_process
-
-    def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
-        if process_type == constants.PROCESS_TYPE_DASHBOARD:
-            command = [*command, f"--modules-to-load={modules}"]
-        return original(command, process_type, *args, **kwargs)
-
-    services.start_ray_process = start_ray_process
+    """Start the dashboard with only ``modules`` (Ray's ``dashboard.py --modules-to-load``, which
+    ``ray start`` does not expose)."""
+    _with_flag(services, constants.PROCESS_TYPE_DASHBOARD, f"--modules-to-load={modules}")
 
 
 def _dashboard_after_raylet(node_class: Any) -> None:
