@@ -21,10 +21,20 @@ from _executor_helpers import wait_for
 
 from tpufleet.emulator import EmulatedFleet, procs
 from tpufleet.emulator import state as store
+from tpufleet.emulator.procs import Session
 
 pytestmark = pytest.mark.integration
 
 HOST_OWN_PSS_BOUND = 160 << 20  # the host's own processes: everything but Ray's workers
+
+
+def _commands(session: Session) -> list[tuple[int, str]]:
+    """Each live process of a fleet session, with its command line (as Ray retitles it)."""
+    found = []
+    for pid in procs.members(session):
+        with contextlib.suppress(psutil.Error):
+            found.append((pid, " ".join(psutil.Process(pid).cmdline())))
+    return found
 
 
 def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_agent(
@@ -65,10 +75,7 @@ def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_
     assert len(measured) == len(hosts) == 5
     # the lean head's dashboard runs a process for each module it loads (plan.DASHBOARD_MODULES), no other
     assert st.head is not None and st.lean
-    titles = []
-    for pid in procs.members(st.head):
-        with contextlib.suppress(psutil.Error):
-            titles.append(" ".join(psutil.Process(pid).cmdline()))
+    titles = [command for _, command in _commands(st.head)]
     modules = sorted(t.split()[0] for t in titles if t.startswith("ray-dashboard-"))
     assert modules == ["ray-dashboard-JobHead-0", "ray-dashboard-NodeHead-0", "ray-dashboard-StateHead-0"], (
         titles
@@ -90,10 +97,8 @@ def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_
         for rec in st.slices:
             for h in rec.hosts:
                 assert h.session is not None
-                for pid in procs.members(h.session):
-                    with contextlib.suppress(psutil.Error):
-                        if " ".join(psutil.Process(pid).cmdline()).startswith("ray::IDLE"):
-                            found.append(f"{rec.name}/{h.worker_id}: {pid}")
+                idle = [pid for pid, command in _commands(h.session) if command.startswith("ray::IDLE")]
+                found += [f"{rec.name}/{h.worker_id}: {pid}" for pid in idle]
         return found
 
     assert idle_workers(), "the tasks above left no idle worker to wait for"

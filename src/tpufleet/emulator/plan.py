@@ -238,7 +238,7 @@ NODE_ENV = {"RAY_memory_monitor_refresh_ms": "0", "RAY_LOG_MONITOR_MANY_FILES_TH
 # - no idle workers kept for good: Ray keeps up to one per logical CPU of a node for its next tasks,
 #   and each idle one costs ~0.55 CPU-s a minute (its core worker's loop) and ~65 MiB, on every
 #   emulated host at once (a v4-16:2,v6e-4 fleet with 2 CPUs a host: 11.9 CPU-s a minute idle after
-#   one task per CPU, 6.6 without). A worker idle for 10 s ends; one used again within 10 s is reused.
+#   one task per CPU, 6.6 without). A worker idle for 30 s ends; one used again within 30 s is reused.
 LEAN_HOST_ENV = {
     "RAY_prestart_worker_first_driver": "0",
     "RAY_num_workers_soft_limit": "0",
