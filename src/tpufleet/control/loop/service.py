@@ -62,6 +62,7 @@ from tpufleet.control.cluster.protocol import (
     ClusterClient,
     HostState,
     HostStatus,
+    LogChunk,
     Notifying,
     WarmPool,
 )
@@ -71,7 +72,8 @@ from tpufleet.control.loop.schedstate import SchedState
 from tpufleet.control.loop.tenantfiles import TenantFiles
 from tpufleet.control.store import values as r
 from tpufleet.control.store.facade import Store
-from tpufleet.control.store.loopwrites import ActiveJob, Transitions
+from tpufleet.control.store.logs import Cursor, HostOutput
+from tpufleet.control.store.loopwrites import ActiveJob, FinalOutput, Transitions
 from tpufleet.errors import NotFoundError, TpufleetError
 from tpufleet.host import jobfiles, runlimits
 from tpufleet.runtime import StepProgress
@@ -83,10 +85,12 @@ log = logging.getLogger(__name__)
 
 Decide = Callable[[Snapshot], Sequence[RunDecision]]  # ``policy.decide_runs``, or ``decide``
 Key = tuple[str, int]
+_Stopped = tuple[AttemptStatus | None, FinalOutput | None]  # a stop's final status and held output
 # Called with a group's kind ("admit", "preempt", "stop", "launched", "running", "finish") and the
 # job ids it wrote, once the group is committed and before any member is acted on (a fault
 # injection point: tests kill the control plane there).
 AfterWrite = Callable[[str, Sequence[str]], None]
+HOLD_CHARS = 1 << 20  # final output held for the attempt's end; stored at once beyond this
 FINAL_IDLE_READS = 20  # empty reads in a row (~1 s) after an attempt ended: its stream will not complete
 
 
@@ -172,7 +176,7 @@ class Service:
             self.provisioner = Provisioner(p.store, p.provider, p.config)
         self._reconciled = False
         self._launches: dict[Key, Future[None]] = {}
-        self._stops: dict[Key, Future[AttemptStatus | None]] = {}
+        self._stops: dict[Key, Future[_Stopped]] = {}
         self._stop_failures: dict[Key, int] = {}
         self._failing: dict[Key, float] = {}  # when a poll first saw the attempt's failure (store clock)
         self._status: dict[Key, AttemptStatus] = {}
@@ -252,7 +256,7 @@ class Service:
         self._write_and_act(writes)
         for job_id, attempt in sorted(running - {(j.id, j.attempt) for j in active}):
             log.warning("stopping orphan attempt %s of job %s", attempt, job_id)
-            self._run_stop((job_id, attempt), self.config.cancel_grace_s)
+            self._run_stop((job_id, attempt), self.config.cancel_grace_s, hold=False)
         self._reconciled = True
 
     def _launch_lost(self, job: ActiveJob) -> bool:
@@ -404,8 +408,8 @@ class Service:
             self._written("running", [j.id for j in running])
             self.tr.placed_all(placed)
             ends += writes.ends  # the stops just issued that returned at once
-            writes.ends = []
-            self.tr.finish_all(ends)
+            output, writes.ends, writes.output = {**writes.output}, [], {}
+            self.tr.finish_all(ends, output)
             self._written("finish", [j for j, _, _ in ends])
 
     def _written(self, kind: str, job_ids: Sequence[str]) -> None:
@@ -545,28 +549,34 @@ class Service:
                     )
                 self._stop_failures.pop(key, None)
                 self._failing.pop(key, None)
-                after = future.result() if err is None else None
+                after, output = future.result() if err is None else (None, None)
                 writes.ends.append((job.id, job.attempt, _final(after, self._status.pop(key, None))))
+                if output is not None:
+                    writes.output[key] = output
             case _:
                 self._stop_failures[key] = failures
                 log.warning("stop of %s attempt %s failed (try %s), retrying: %s", *key, failures, err)
 
-    def _run_stop(self, key: Key, grace_s: float) -> Future[AttemptStatus | None]:
-        return self._submit(self._do_stop, key, grace_s)
+    def _run_stop(self, key: Key, grace_s: float, *, hold: bool = True) -> Future[_Stopped]:
+        return self._submit(self._do_stop, key, grace_s, hold)
 
-    def _do_stop(self, key: Key, grace_s: float) -> AttemptStatus | None:
-        """End every process, then read every host's final state and the rest of its output."""
+    def _do_stop(self, key: Key, grace_s: float, hold: bool) -> _Stopped:
+        """End every process, then read every host's final state and the rest of its output.
+        ``hold``: the output read last is returned, to be stored with the attempt's end (one
+        transaction for a cycle's endings), not in a transaction of its own."""
         self.cluster.stop(key[0], key[1], grace_s)
         try:
             status: AttemptStatus | None = self.cluster.poll(*key)
         except Exception as err:  # the final state is a record, not a reason to keep the slices
             log.warning("final state of %s attempt %s unknown: %s", *key, err)
             status = None
+        output = None
         try:
-            self._read_logs(key[0], key[1], deadline=time.monotonic() + self.config.final_log_s, final=True)
+            deadline = time.monotonic() + self.config.final_log_s
+            output = self._read_logs(key[0], key[1], deadline=deadline, final=True, hold=hold)
         except Exception:
             log.exception("collecting the last output of %s attempt %s failed", *key)
-        return status
+        return status, output
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         if self._pool is not None:
@@ -623,42 +633,79 @@ class Service:
                 log.exception("copying the output of %s attempt %s failed", job.id, job.attempt)
 
     def _read_logs(
-        self, job_id: str, attempt: int, *, deadline: float, final: bool, cursors: list[Any] | None = None
-    ) -> None:
+        self,
+        job_id: str,
+        attempt: int,
+        *,
+        deadline: float,
+        final: bool,
+        cursors: list[Cursor] | None = None,
+        hold: bool = False,
+    ) -> FinalOutput | None:
         """Copy each host's new output into the store; ``final``: until the stream is complete
-        (the processes are gone), the cap, or the deadline, and say what could not be read."""
-        cap = self.config.max_log_bytes
-        for cur in self.tr.cursors(job_id, attempt) if cursors is None else cursors:
-            offset, note, idle = cur.offset, None, 0
-            while not cur.complete and not cur.truncated:
-                if idle >= FINAL_IDLE_READS:
-                    note = (
+        (the processes are gone), the cap, or the deadline, and say what could not be read.
+
+        In rounds: one chunk is read from each host still being read, and the chunks that moved
+        are stored in one transaction. ``hold`` (a final read): what was read is kept, up to
+        ``HOLD_CHARS`` (stored in a transaction of its own beyond that), and returned with why
+        any host's stream stays incomplete, for the attempt's end to store."""
+        reading = [
+            _Reading(cur, cur.offset)
+            for cur in (self.tr.cursors(job_id, attempt) if cursors is None else cursors)
+            if not cur.complete and not cur.truncated
+        ]
+        held: list[HostOutput] = []
+        unread: list[_Reading] = []  # a host whose stream stays incomplete, with why
+        while reading:
+            moved: list[tuple[_Reading, LogChunk]] = []
+            idle: list[_Reading] = []
+            for rd in reading:
+                if rd.idle >= FINAL_IDLE_READS:
+                    rd.note = (
                         "nothing more could be read from this host (it never started, or its output is gone)"
                     )
-                    break
-                if time.monotonic() > deadline:
-                    note = "the rest of this host's output could not be collected in time"
-                    break
-                try:
-                    chunk = self.cluster.read_logs(job_id, attempt, cur.slice, cur.worker_id, offset)
-                except TpufleetError as err:
-                    note = f"the rest of this host's output could not be read: {err}"
-                    break
-                moved = bool(chunk.data) or chunk.complete or chunk.next_offset != offset
-                if moved:
-                    cur = self.tr.append_log(
-                        job_id, attempt, cur.host, chunk.data, chunk.next_offset, chunk.complete, cap, offset
-                    )
-                offset = cur.offset if moved else chunk.next_offset
-                if not chunk.data and not final:
-                    break
-                if not moved:
-                    idle += 1
-                    time.sleep(0.05)
+                elif time.monotonic() > deadline:
+                    rd.note = "the rest of this host's output could not be collected in time"
                 else:
-                    idle = 0
-            if final and note and not cur.complete and not cur.truncated:
-                self.tr.close_log(job_id, attempt, cur.host, note)
+                    try:
+                        chunk = self.cluster.read_logs(
+                            job_id, attempt, rd.cur.slice, rd.cur.worker_id, rd.offset
+                        )
+                    except TpufleetError as err:
+                        rd.note = f"the rest of this host's output could not be read: {err}"
+                    else:
+                        if chunk.data or chunk.complete or chunk.next_offset != rd.offset:
+                            moved.append((rd, chunk))
+                        elif final:
+                            rd.idle += 1
+                            idle.append(rd)
+                        continue
+                unread.append(rd)
+            for rd, chunk in moved:
+                held.append(
+                    HostOutput(
+                        job_id, attempt, rd.cur.host, chunk.data, chunk.next_offset, chunk.complete, rd.offset
+                    )
+                )
+                rd.offset, rd.done, rd.idle = chunk.next_offset, chunk.complete, 0
+            if held and (not hold or sum(len(o.data) for o in held) > HOLD_CHARS):
+                cursors = self.tr.append_logs(held, self.config.max_log_bytes)
+                stored = {o.host: cur for o, cur in zip(held, cursors, strict=True)}  # the last of each host
+                held = []
+                for rd, _ in moved:  # the store's word: a stream cut at the cap is done
+                    cur = stored[rd.cur.host]
+                    rd.cur, rd.offset, rd.done = cur, cur.offset, cur.complete or cur.truncated
+            idle += [rd for rd, chunk in moved if not rd.done and (chunk.data or final)]  # more may follow
+            reading = sorted(idle, key=lambda rd: rd.cur.host)
+            if any(rd.idle for rd in reading):
+                time.sleep(0.05)  # a host had nothing new: read it again in a moment
+        notes = [(job_id, attempt, rd.cur.host, rd.note) for rd in unread if rd.note and not rd.done]
+        if not final:
+            return None
+        if hold:
+            return FinalOutput(tuple(held), tuple(notes), self.config.max_log_bytes)
+        self.tr.close_logs(notes)
+        return None
 
     # -- the loop thread ----------------------------------------------------------------------
     def start(self) -> None:
@@ -747,6 +794,18 @@ class Service:
         log.warning("no longer leading (term %s is over): standing by", term)
 
 
+@dataclass
+class _Reading:
+    """One host's stream while ``Service._read_logs`` copies it: the stored cursor, where the
+    cluster's stream is read from, the empty reads in a row, and why it stopped short."""
+
+    cur: Cursor
+    offset: int
+    done: bool = False  # the stream is complete (or cut at the cap): nothing more is read
+    idle: int = 0
+    note: str | None = None
+
+
 @dataclass(frozen=True)
 class _Stop:
     """A stop to begin (``attempts.BeginStop``); ``issue``: issue it once written."""
@@ -770,6 +829,7 @@ class Writes:
     launched: list[ActiveJob] = field(default_factory=list)  # ADMITTED -> STARTING
     running: list[ActiveJob] = field(default_factory=list)  # STARTING -> RUNNING
     ends: list[tuple[str, int, AttemptStatus | None]] = field(default_factory=list)  # finish
+    output: dict[Key, FinalOutput] = field(default_factory=dict)  # stored with the ends
     placed: list[tuple[str, int, Sequence[str]]] = field(default_factory=list)  # Ray's placement
 
     def __bool__(self) -> bool:

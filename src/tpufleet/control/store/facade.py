@@ -647,10 +647,25 @@ class Store(TenantOps, RayOps):
             )
         )
 
+    def add_events(self, s: Session, events: Sequence[dict[str, Any]]) -> None:
+        """Many events in ``s``'s transaction, one statement (the loop's grouped writes): each a
+        dict of :meth:`add_event`'s keywords and its ``message``, stamped as it stamps them."""
+        if not events:
+            return
+        stamp = stamp_of(s)
+        fence = (
+            {"term": None, "fenced_at": None}
+            if stamp is None
+            else {"term": stamp.term, "fenced_at": stamp.at}
+        )
+        blank = {"job_id": None, "slice": None, "kind": "info", "tenant": None, "actor": None}
+        at = self.clock()
+        s.connection().execute(insert(EventRow), [{**blank, **e, "at": at, **fence} for e in events])
+
     # -- slices ------------------------------------------------------------------------------
     def slices(self) -> list[r.SliceRecord]:
-        with self.tx() as s:
-            return [slice_record(x) for x in s.scalars(select(SliceRow).order_by(SliceRow.name))]
+        with self.tx() as s:  # columns, no ORM objects: the loop reads every slice each cycle
+            return [slice_record(x) for x in s.execute(select(*SliceRow.__table__.c).order_by(SliceRow.name))]
 
     def set_draining(self, name: str, draining: bool, *, actor: str | None = None) -> r.SliceRecord:
         """Drain a slice (no new job is placed on it; its holder runs to the end) or undrain it."""
@@ -739,11 +754,16 @@ def columns(life: lc.Life) -> dict[str, Any]:
 
 def slice_state(row: SliceRow) -> str:
     """BROKEN when not intact, DRAINING when the admin drains it, HELD when an attempt holds it."""
-    if row.problems:
+    return state_of(row.problems, row.draining, row.holder)
+
+
+def state_of(problems: Sequence[str] | None, draining: bool, holder: str | None) -> str:
+    """:func:`slice_state` from a slice's columns."""
+    if problems:
         return r.BROKEN
-    if row.draining:
+    if draining:
         return r.DRAINING
-    return r.HELD if row.holder else r.FREE
+    return r.HELD if holder else r.FREE
 
 
 def _job_values(req: r.JobRequest) -> dict[str, Any]:
@@ -803,7 +823,8 @@ def job_record(j: JobRow, attempts: tuple[r.AttemptRecord, ...] = ()) -> r.JobRe
     )
 
 
-def slice_record(x: SliceRow) -> r.SliceRecord:
+def slice_record(x: Any) -> r.SliceRecord:
+    """A slice as the store hands it out, from its row (an ORM object or a row of its columns)."""
     return r.SliceRecord(
         name=x.name,
         accelerator_type=x.accelerator_type,

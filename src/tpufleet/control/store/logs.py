@@ -16,15 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from tpufleet.control.store import values as r
 from tpufleet.control.store.tables import JobRow, LogChunkRow, LogCursorRow
 from tpufleet.errors import NotFoundError
 
+_CURSORS = cast(Table, LogCursorRow.__table__)
+_MOVED = ("cluster_offset", "stored", "complete", "truncated", "note")  # what a stored piece changes
 PIECE_CHARS = 256 * 1024  # characters of a stored log read per query while a read streams
 
 
@@ -40,33 +42,63 @@ class Cursor:
 
 def open_streams(s: Session, job_id: str, attempt: int, layout: Sequence[tuple[str, int]]) -> None:
     """One stream per host of the attempt; ``layout`` is (slice, worker id) in host order."""
-    for host, (slice_name, worker) in enumerate(layout):
-        if s.get(LogCursorRow, (job_id, attempt, host)) is None:
-            s.add(
-                LogCursorRow(
-                    job_id=job_id,
-                    attempt=attempt,
-                    host=host,
-                    slice=slice_name,
-                    worker_id=worker,
-                    cluster_offset=0,
-                    stored=0,
-                    complete=False,
-                )
-            )
+    open_streams_of(s.connection(), [(job_id, attempt, layout)])
+
+
+def open_streams_of(conn: Connection, attempts: Sequence[tuple[str, int, Sequence[tuple[str, int]]]]) -> None:
+    """:func:`open_streams` for many attempts ``(job id, attempt, layout)``: one query for the
+    streams already open, one statement for the rest."""
+    jobs = {job_id for job_id, _, _ in attempts}
+    query = select(LogCursorRow.job_id, LogCursorRow.attempt, LogCursorRow.host)
+    have = {(j, a, h) for j, a, h in conn.execute(query.where(LogCursorRow.job_id.in_(jobs)))}
+    rows = [
+        {
+            "job_id": job_id,
+            "attempt": attempt,
+            "host": host,
+            "slice": slice_name,
+            "worker_id": worker,
+            "cluster_offset": 0,
+            "stored": 0,
+            "complete": False,
+            "truncated": False,
+            "note": None,
+        }
+        for job_id, attempt, layout in attempts
+        for host, (slice_name, worker) in enumerate(layout)
+        if (job_id, attempt, host) not in have
+    ]
+    if rows:
+        conn.execute(insert(LogCursorRow), rows)
 
 
 def cursors(s: Session, job_id: str, attempt: int) -> list[Cursor]:
-    rows = s.scalars(
-        select(LogCursorRow)
-        .where(LogCursorRow.job_id == job_id, LogCursorRow.attempt == attempt)
-        .order_by(LogCursorRow.host)
+    rows = s.connection().execute(
+        select(*_CURSORS.c)
+        .where(_CURSORS.c.job_id == job_id, _CURSORS.c.attempt == attempt)
+        .order_by(_CURSORS.c.host)
     )
     return [cursor_of(c) for c in rows]
 
 
-def cursor_of(c: LogCursorRow) -> Cursor:
+def cursor_of(c: Any) -> Cursor:
+    """A stream's cursor from its row (an ORM object or a row of its columns)."""
     return Cursor(c.host, c.slice, c.worker_id, c.cluster_offset, c.complete, bool(c.truncated))
+
+
+@dataclass(frozen=True)
+class HostOutput:
+    """A chunk of one host's output as read from the cluster: ``data``, read from ``from_offset``
+    of the cluster's stream (None: wherever the store's copy ends) up to ``next_offset``;
+    ``complete``: the process has ended and this is the last of it."""
+
+    job_id: str
+    attempt: int
+    host: int
+    data: str
+    next_offset: int
+    complete: bool
+    from_offset: int | None = None
 
 
 def append(
@@ -80,33 +112,103 @@ def append(
     cap: int | None = None,
     from_offset: int | None = None,
 ) -> Cursor | None:
-    """Store a chunk of one host's output read from ``from_offset`` of the cluster's stream; a chunk
-    that does not start where the store's copy ends (another reader stored it first) is ignored.
-    Past ``cap`` characters the stream is cut, marked truncated and complete, and a last line says
-    so. Returns the cursor as it is now."""
-    c = s.get(LogCursorRow, (job_id, attempt, host), with_for_update=True)
-    if c is None:
-        return None
-    if c.truncated or (from_offset is not None and c.cluster_offset != from_offset):
-        return cursor_of(c)
-    if cap is not None and c.stored + len(data) > cap:
-        kept = max(0, cap - c.stored)
-        data = data[:kept] + f"\n[tpufleet: output truncated at {cap} characters (the per-host log cap)]\n"
-        c.truncated, complete = True, True
-        c.note = f"truncated at {cap} characters: the per-host log cap (serve --max-log-mb)"
-    if data:
-        data = data.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
-        s.add(LogChunkRow(job_id=job_id, attempt=attempt, host=host, start=c.stored, data=data))
-        c.stored += len(data)
-    c.cluster_offset, c.complete = next_offset, complete
-    return cursor_of(c)
+    """Store a chunk of one host's output (:func:`append_many` of one)."""
+    return append_many(
+        s.connection(), [HostOutput(job_id, attempt, host, data, next_offset, complete, from_offset)], cap
+    )[0]
+
+
+def append_many(
+    conn: Connection, outputs: Sequence[HostOutput], cap: int | None = None
+) -> list[Cursor | None]:
+    """Store hosts' output read from the cluster, in order, with one statement per table. An output that does
+    not start where the store's copy ends (another reader stored it first) is ignored. Past ``cap``
+    characters a stream is cut, marked truncated and complete, and a last line says so. Returns
+    each output's cursor as it is after it (None: no such stream)."""
+    if not outputs:
+        return []
+    keys = {(p.job_id, p.attempt, p.host) for p in outputs}
+    rows: dict[tuple[str, int, int], dict[str, Any]] = {}
+    ids = sorted({p.job_id for p in outputs})
+    for at in range(0, len(ids), 500):
+        query = select(*_CURSORS.c).where(_CURSORS.c.job_id.in_(ids[at : at + 500])).with_for_update()
+        for row in conn.execute(query):
+            if (row.job_id, row.attempt, row.host) in keys:
+                rows[(row.job_id, row.attempt, row.host)] = dict(row._mapping)
+    chunks: list[dict[str, Any]] = []
+    touched: dict[tuple[str, int, int], dict[str, Any]] = {}
+    out: list[Cursor | None] = []
+    for p in outputs:
+        key = (p.job_id, p.attempt, p.host)
+        c = rows.get(key)
+        if c is None:
+            out.append(None)
+            continue
+        if c["truncated"] or (p.from_offset is not None and c["cluster_offset"] != p.from_offset):
+            out.append(_cursor(c))
+            continue
+        data, complete = p.data, p.complete
+        if cap is not None and c["stored"] + len(data) > cap:
+            kept = max(0, cap - c["stored"])
+            data = (
+                data[:kept] + f"\n[tpufleet: output truncated at {cap} characters (the per-host log cap)]\n"
+            )
+            c["truncated"], complete = True, True
+            c["note"] = f"truncated at {cap} characters: the per-host log cap (serve --max-log-mb)"
+        if data:
+            data = data.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
+            chunks.append(
+                {"job_id": p.job_id, "attempt": p.attempt, "host": p.host, "start": c["stored"], "data": data}
+            )
+            c["stored"] += len(data)
+        c["cluster_offset"], c["complete"] = p.next_offset, complete
+        touched[key] = c
+        out.append(_cursor(c))
+    if chunks:
+        conn.execute(insert(LogChunkRow), chunks)
+    if touched:
+        conn.execute(
+            update(_CURSORS)
+            .where(
+                _CURSORS.c.job_id == bindparam("b_job"),
+                _CURSORS.c.attempt == bindparam("b_attempt"),
+                _CURSORS.c.host == bindparam("b_host"),
+            )
+            .values({k: bindparam(k) for k in _MOVED}),
+            [
+                {"b_job": j, "b_attempt": a, "b_host": h, **{k: c[k] for k in _MOVED}}
+                for (j, a, h), c in touched.items()
+            ],
+        )
+    return out
+
+
+def _cursor(c: dict[str, Any]) -> Cursor:
+    return Cursor(
+        c["host"], c["slice"], c["worker_id"], c["cluster_offset"], c["complete"], bool(c["truncated"])
+    )
 
 
 def close(s: Session, job_id: str, attempt: int, host: int, note: str) -> None:
     """The attempt ended and this host's stream cannot be read to its end: complete, with why."""
-    c = s.get(LogCursorRow, (job_id, attempt, host))
-    if c is not None and not c.complete:
-        c.complete, c.note = True, note
+    close_many(s.connection(), [(job_id, attempt, host, note)])
+
+
+def close_many(conn: Connection, notes: Sequence[tuple[str, int, int, str]]) -> None:
+    """:func:`close` for many streams ``(job id, attempt, host, note)``, one statement."""
+    if not notes:
+        return
+    conn.execute(
+        update(_CURSORS)
+        .where(
+            _CURSORS.c.job_id == bindparam("b_job"),
+            _CURSORS.c.attempt == bindparam("b_attempt"),
+            _CURSORS.c.host == bindparam("b_host"),
+            _CURSORS.c.complete.is_(False),
+        )
+        .values(complete=True, note=bindparam("note")),
+        [{"b_job": j, "b_attempt": a, "b_host": h, "note": note} for j, a, h, note in notes],
+    )
 
 
 @dataclass(frozen=True)

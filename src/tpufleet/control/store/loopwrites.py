@@ -17,20 +17,21 @@ launches (``launch_term``) and ends (``end_term``), read from the transaction (`
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from itertools import groupby, repeat
 from operator import attrgetter
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import Table, bindparam, func, or_, select, update
+from sqlalchemy import Connection, Table, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from tpufleet.control.cluster.protocol import AttemptStatus, SliceInfo
 from tpufleet.control.store import logs
 from tpufleet.control.store import values as r
-from tpufleet.control.store.facade import Store, columns, life_of, slice_state, term_of
+from tpufleet.control.store.facade import Store, columns, life_of, state_of, term_of
 from tpufleet.control.store.tables import AttemptRow, EventRow, JobRow, LogCursorRow, SliceRow, TenantRow
 from tpufleet.errors import NotFoundError
 from tpufleet.runtime import StepProgress
@@ -60,6 +61,20 @@ _Chunk = tuple[list[str], Stored]  # job ids that get one stored reason
 _ID = attrgetter("id")
 _JOBS = cast(Table, JobRow.__table__)
 _SLICES = cast(Table, SliceRow.__table__)
+_ATTEMPTS = cast(Table, AttemptRow.__table__)
+_TAKE = (  # an admission takes a slice only while it is free
+    update(_SLICES)
+    .where(_SLICES.c.name == bindparam("b_name"), _SLICES.c.state == r.FREE, _SLICES.c.holder.is_(None))
+    .values(holder=bindparam("holder"), state=r.HELD, updated_at=bindparam("updated_at"))
+)
+_FREE = (  # an ended attempt gives its slices back
+    update(_SLICES)
+    .where(_SLICES.c.name == bindparam("b_name"))
+    .values(holder=None, state=bindparam("state"), updated_at=bindparam("updated_at"))
+)
+_M = TypeVar("_M")
+_A = TypeVar("_A")
+_SYNCED = ("accelerator_type", "topology", "expected_hosts", "hosts", "problems", "updated_at", "state")
 _IN_LIST = 500  # job ids per UPDATE of wait reasons (SQLite takes up to 32,766 parameters)
 
 
@@ -82,6 +97,17 @@ class ActiveJob:
     kind: lc.JobKind = lc.JobKind.SPMD
 
 
+@dataclass(frozen=True)
+class FinalOutput:
+    """The output read last from an attempt's hosts after its stop, stored with its end
+    (``finish_all``): what was read, the streams that stay incomplete ``(job id, attempt, host,
+    why)``, and the per-host cap."""
+
+    outputs: tuple[logs.HostOutput, ...] = ()
+    notes: tuple[tuple[str, int, int, str], ...] = ()
+    cap: int | None = None
+
+
 class Transitions:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -100,6 +126,25 @@ class Transitions:
         with self.store.tx() as s, s.no_autoflush:
             yield s
 
+    def _grouped(
+        self, members: Sequence[_M], write: Callable[[Session, Sequence[_M], bool], list[_A]], *, unique: bool
+    ) -> list[_A]:
+        """One grouped write: ``write(s, members, alone=False)`` in one transaction, each kind's
+        statements one executemany for all members; answers per member, in order. When a member
+        changed since it was read (``_Raced``), or a job (or a slice) appears twice, the group is
+        written again in one transaction a member at a time (``alone=True``: a member that no
+        longer applies is dropped alone), each member's read seeing the ones before it."""
+        if not members:
+            return []
+        if unique:
+            try:
+                with self._group() as s:
+                    return write(s, members, False)
+            except _Raced:
+                pass
+        with self._group() as s:
+            return [write(s, [m], True)[0] for m in members]
+
     # -- inventory ---------------------------------------------------------------------------
     def sync_slices(self, infos: Iterable[SliceInfo], retired: Collection[str] = frozenset()) -> None:
         """Make the slices table match the cluster: new slices appear FREE, a slice that is not
@@ -110,42 +155,85 @@ class Transitions:
         of one (hosts dying or dead), it is never discovered again, and its row leaves the table
         as soon as no attempt holds it."""
         now = self.clock()
+        changed: list[dict[str, Any]] = []
         with self.store.tx() as s:
-            rows = {x.name: x for x in s.scalars(select(SliceRow))}
-            for name in [n for n, x in rows.items() if n in retired and x.holder is None]:
-                s.delete(rows.pop(name))
+            conn = s.connection()
+            rows = {x.name: x for x in conn.execute(select(_SLICES))}  # columns, no ORM objects
+            left = [n for n, x in rows.items() if n in retired and x.holder is None]
+            if left:
+                conn.execute(delete(_SLICES).where(_SLICES.c.name.in_(left)))
+            for name in left:
+                del rows[name]
                 self.store.add_event(s, LEFT, slice=name, kind="slice")
             for info in infos:
                 row = rows.pop(info.name, None)
                 if row is None and (info.name in retired or not any(h.alive for h in info.hosts)):
                     continue
-                if row is None:
-                    row = SliceRow(
-                        name=info.name, state=r.FREE, holder=None, draining=False, problems=[], updated_at=now
-                    )
-                    s.add(row)
-                    self.store.add_event(
-                        s, f"discovered {info.accelerator_type}", slice=info.name, kind="slice"
-                    )
-                row.accelerator_type, row.topology = info.accelerator_type, info.topology
-                row.expected_hosts = info.expected_hosts
                 hosts = [
                     {"worker_id": h.worker_id, "node_id": h.node_id, "address": h.address, "alive": h.alive}
                     for h in info.hosts
                 ]
-                if row.hosts != hosts:
-                    row.hosts = hosts
-                self._set_problems(s, row, list(info.problems), now)
+                if row is None:
+                    conn.execute(
+                        insert(_SLICES).values(
+                            name=info.name,
+                            accelerator_type=info.accelerator_type,
+                            topology=info.topology,
+                            expected_hosts=info.expected_hosts,
+                            state=r.FREE,
+                            holder=None,
+                            hosts=hosts,
+                            problems=[],
+                            draining=False,
+                            updated_at=now,
+                        )
+                    )
+                    self.store.add_event(
+                        s, f"discovered {info.accelerator_type}", slice=info.name, kind="slice"
+                    )
+                    row = conn.execute(select(_SLICES).where(_SLICES.c.name == info.name)).one()
+                shape = (info.accelerator_type, info.topology, info.expected_hosts, hosts)
+                self._sync_row(s, row, shape, list(info.problems), now, changed)
             for row in rows.values():
-                self._set_problems(s, row, [MISSING], now)
+                shape = (row.accelerator_type, row.topology, row.expected_hosts, row.hosts)
+                self._sync_row(s, row, shape, [MISSING], now, changed)
+            if changed:  # only the slices that changed are written
+                conn.execute(
+                    update(_SLICES)
+                    .where(_SLICES.c.name == bindparam("b_name"))
+                    .values({k: bindparam(k) for k in _SYNCED}),
+                    changed,
+                )
 
-    def _set_problems(self, s: Session, row: SliceRow, problems: list[str], now: float) -> None:
+    def _sync_row(
+        self,
+        s: Session,
+        row: Any,
+        shape: tuple[str, str, int, list[Any]],
+        problems: list[str],
+        now: float,
+        changed: list[dict[str, Any]],
+    ) -> None:
+        """One slice's new shape and problems: an event when its problems changed, and its new
+        columns into ``changed`` when any of them did."""
+        updated_at = row.updated_at
         if row.problems != problems:
-            row.problems = problems
-            row.updated_at = now
+            updated_at = now
             what = "broken: " + "; ".join(problems) if problems else "intact again"
             self.store.add_event(s, what, slice=row.name, job_id=row.holder, kind="slice")
-        row.state = slice_state(row)
+        state = state_of(problems, row.draining, row.holder)
+        new = (*shape, problems, updated_at, state)
+        old = (
+            row.accelerator_type,
+            row.topology,
+            row.expected_hosts,
+            row.hosts,
+            row.problems,
+            row.updated_at,
+            row.state,
+        )
+        if new != old:
+            changed.append({"b_name": row.name, **dict(zip(_SYNCED, new, strict=True))})
 
     # -- snapshot and decisions --------------------------------------------------------------
     def snapshot(self) -> tuple[Snapshot, dict[str, Stored]]:
@@ -163,10 +251,11 @@ class Transitions:
             return [TenantView(TenantName(t.name), dict(t.quota), t.weight, t.preemption) for t in rows]
 
     def slice_views(self) -> list[SliceView]:
+        query = select(SliceRow.name, SliceRow.accelerator_type, SliceRow.state, SliceRow.holder)
         with self.store.tx() as s:
             return [
                 SliceView(SliceName(x.name), x.accelerator_type, SliceState(x.state), _jid(x.holder))
-                for x in s.scalars(select(SliceRow).order_by(SliceRow.name))
+                for x in s.execute(query.order_by(SliceRow.name))
             ]
 
     def job_views(self, ids: Iterable[str] | None = None) -> tuple[list[JobView], dict[str, Stored]]:
@@ -209,77 +298,88 @@ class Transitions:
     def admit_all(self, decisions: Sequence[Admit]) -> list[bool]:
         """Every admission of a cycle in one transaction: each QUEUED -> ADMITTED with its slices
         HELD, all or nothing per admission (one that no longer applies is dropped alone, False)."""
-        if not decisions:
-            return []
-        now = self.clock()
-        out: list[bool] = []
-        with self._group() as s:
-            admit_seq = s.scalar(select(func.max(JobRow.admit_seq))) or 0
-            for d in decisions:
-                ok = self._admit(s, d, admit_seq + 1, now)
-                admit_seq += ok
-                out.append(ok)
-        return out
+        names = [n for d in decisions for n in d.slices]
+        return self._grouped(
+            decisions,
+            self._admit,
+            unique=len(set(names)) == len(names) and _distinct(d.job for d in decisions),
+        )
 
-    def _admit(self, s: Session, d: Admit, admit_seq: int, now: float) -> bool:
-        """One admission inside a group's transaction. Written only when it applies whole: the
-        slices are taken first (FREE -> HELD) and given back in this transaction when not all of
-        them were free or the job is no longer QUEUED (no savepoint: SQLite's driver has none to
-        offer inside a transaction it began itself)."""
-        job = s.scalar(select(JobRow).where(JobRow.id == d.job).execution_options(populate_existing=True))
-        if job is None:
-            return False
-        try:
-            life = lc.admit(life_of(job))
-        except lc.IllegalTransition:
-            return False
-        names = list(d.slices)
-        taken = _rowcount(
-            s.connection().execute(
+    def _admit(self, s: Session, decisions: Sequence[Admit], alone: bool) -> list[bool]:
+        """Admissions inside a group's transaction (``_grouped``). Written only when one applies
+        whole: the slices are taken first (FREE -> HELD); when not all of them were free or the job
+        changed since it was read, a lone admission gives them back in this transaction (no
+        savepoint: SQLite's driver has none to offer inside a transaction it began itself) and a
+        group raises ``_Raced``."""
+        now = self.clock()
+        conn = s.connection()
+        jobs = _read_jobs(conn, [d.job for d in decisions])
+        out: list[bool] = []
+        todo: list[tuple[Admit, Any, lc.Life]] = []
+        for d in decisions:
+            job = jobs.get(d.job)
+            life = _step(lc.admit, job)
+            if life is not None:
+                todo.append((d, job, life))
+            out.append(life is not None)
+        if not todo:
+            return out
+        taken = [{"b_name": n, "holder": d.job} for d, _, _ in todo for n in dict.fromkeys(d.slices)]
+        got = _rowcount(conn.execute(_TAKE, [{**x, "updated_at": now} for x in taken]))
+        admit_seq = s.scalar(select(func.max(JobRow.admit_seq))) or 0
+        cas = [
+            (
+                job,
+                {
+                    **columns(life),
+                    "slices": list(d.slices),
+                    "borrowing": d.borrowing,
+                    "admit_seq": admit_seq + i + 1,
+                    "head_of_line": False,
+                    "admitted_at": now,
+                    "exit_code": None,
+                    "updated_at": now,
+                },
+            )
+            for i, (d, job, life) in enumerate(todo)
+        ]
+        if got != len(taken) or not _cas_all(conn, cas):
+            if not alone:
+                raise _Raced
+            d = todo[0][0]  # give back what this admission took: they were FREE a moment ago
+            conn.execute(
                 update(_SLICES)
-                .where(_SLICES.c.name.in_(names), _SLICES.c.state == r.FREE, _SLICES.c.holder.is_(None))
-                .values(holder=d.job, state=r.HELD, updated_at=now)
+                .where(_SLICES.c.name.in_(d.slices), _SLICES.c.holder == d.job, _SLICES.c.state == r.HELD)
+                .values(holder=None, state=r.FREE)
             )
+            return [False]
+        conn.execute(
+            insert(_ATTEMPTS),
+            [
+                {
+                    "job_id": d.job,
+                    "attempt": job.attempt,
+                    "slices": list(d.slices),
+                    "state": lc.AttemptState.ADMITTED,
+                    "exit_codes": [],
+                    "admitted_at": now,
+                }
+                for d, job, _ in todo
+            ],
         )
-        moved = taken == len(set(names)) and _cas(
+        self.store.add_events(
             s,
-            job.seq,
-            (r.QUEUED,),
-            **columns(life),
-            slices=names,
-            borrowing=d.borrowing,
-            admit_seq=admit_seq,
-            head_of_line=False,
-            admitted_at=now,
-            exit_code=None,
-            updated_at=now,
+            [
+                {
+                    "message": f"attempt {job.attempt} admitted on {', '.join(d.slices)}"
+                    + (" (borrowing)" if d.borrowing else ""),
+                    "job_id": d.job,
+                    "kind": "admit",
+                }
+                for d, job, _ in todo
+            ],
         )
-        if not moved:  # give back what this admission took: they were FREE a moment ago
-            if taken:
-                s.connection().execute(
-                    update(_SLICES)
-                    .where(_SLICES.c.name.in_(names), _SLICES.c.holder == d.job, _SLICES.c.state == r.HELD)
-                    .values(holder=None, state=r.FREE)
-                )
-            return False
-        s.add(
-            AttemptRow(
-                job_id=d.job,
-                attempt=job.attempt,
-                slices=names,
-                state=lc.AttemptState.ADMITTED,
-                exit_codes=[],
-                admitted_at=now,
-            )
-        )
-        lend = " (borrowing)" if d.borrowing else ""
-        self.store.add_event(
-            s,
-            f"attempt {job.attempt} admitted on {', '.join(d.slices)}{lend}",
-            job_id=d.job,
-            kind="admit",
-        )
-        return True
+        return out
 
     def wait_reasons(
         self, decisions: Sequence[RunDecision], stored: dict[str, Stored], *, refresh: int | None = None
@@ -396,35 +496,46 @@ class Transitions:
     def begin_stops(self, stops: Sequence[tuple[str, lc.StopKind, str]]) -> list[bool]:
         """Each ``(job id, kind, message)`` as ``begin_stop``, all in one transaction, in order:
         True for each stop written, False for each that changed nothing (one on record won)."""
-        if not stops:
-            return []
-        with self._group() as s:
-            return [self._begin_stop(s, job_id, kind, message) for job_id, kind, message in stops]
+        return self._grouped(stops, self._begin_stops, unique=_distinct(job for job, _, _ in stops))
 
-    def _begin_stop(self, s: Session, job_id: str, kind: lc.StopKind, message: str) -> bool:
-        job = s.scalar(select(JobRow).where(JobRow.id == job_id).execution_options(populate_existing=True))
-        if job is None:
-            return False
-        try:
-            life = lc.request_stop(life_of(job), kind, message)
-        except lc.IllegalTransition:
-            return False
-        if life is None or not _cas(s, job.seq, r.ACTIVE, **columns(life), updated_at=self.clock()):
-            return False
-        self.store.add_event(
-            s,
-            f"attempt {job.attempt}: {message}",
-            job_id=job_id,
-            kind=str(kind),
-            tenant=job.tenant,
-            actor="scheduler" if kind in (lc.StopKind.PREEMPT, lc.StopKind.PRIORITY) else None,  # audited
-        )
-        return True
+    def _begin_stops(
+        self, s: Session, stops: Sequence[tuple[str, lc.StopKind, str]], alone: bool
+    ) -> list[bool]:
+        now = self.clock()
+        conn = s.connection()
+        jobs = _read_jobs(conn, [job_id for job_id, _, _ in stops])
+        out: list[bool] = []
+        cas: list[tuple[Any, dict[str, Any]]] = []
+        events: list[dict[str, Any]] = []
+        for job_id, kind, message in stops:
+            job: Any = jobs.get(job_id)
+            life = _step(lc.request_stop, job, kind, message)
+            out.append(life is not None)
+            if life is None:
+                continue
+            cas.append((job, {**columns(life), "updated_at": now}))
+            events.append(
+                {
+                    "message": f"attempt {job.attempt}: {message}",
+                    "job_id": job_id,
+                    "kind": str(kind),
+                    "tenant": job.tenant,
+                    # preemptions are audited
+                    "actor": "scheduler" if kind in (lc.StopKind.PREEMPT, lc.StopKind.PRIORITY) else None,
+                }
+            )
+        if not _cas_all(conn, cas):
+            if not alone:
+                raise _Raced
+            return [False]
+        self.store.add_events(s, events)
+        return out
 
     # -- attempt transitions -----------------------------------------------------------------
     def active_jobs(self) -> list[ActiveJob]:
+        """Every job that holds slices, in submission order (read as columns: no ORM objects)."""
+        query = select(*_ACTIVE_COLUMNS).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.seq)
         with self.store.tx() as s:
-            rows = s.scalars(select(JobRow).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.seq)).all()
             return [
                 ActiveJob(
                     j.id,
@@ -441,7 +552,7 @@ class Transitions:
                     j.admitted_at,
                     lc.JobKind(j.kind or lc.JobKind.SPMD),
                 )
-                for j in rows
+                for j in s.execute(query)
             ]
 
     def launched(self, job_id: str, attempt: int) -> None:
@@ -450,108 +561,183 @@ class Transitions:
 
     def launched_all(self, keys: Sequence[tuple[str, int]]) -> list[bool]:
         """Each attempt's ``launched``, all in one transaction; True for each that moved."""
-        if not keys:
-            return []
-        now = self.clock()
-        with self._group() as s:
-            return [self._launched(s, job_id, attempt, now) for job_id, attempt in keys]
+        return self._grouped(keys, self._launched, unique=_distinct(job for job, _ in keys))
 
-    def _launched(self, s: Session, job_id: str, attempt: int, now: float) -> bool:
-        job = s.scalar(
-            select(JobRow)
-            .where(JobRow.id == job_id, JobRow.attempt == attempt)
-            .execution_options(populate_existing=True)
-        )
-        if job is None or not _cas(s, job.seq, (r.ADMITTED,), state=r.STARTING, updated_at=now):
-            return False
-        sizes = {
-            x.name: x.expected_hosts for x in s.scalars(select(SliceRow).where(SliceRow.name.in_(job.slices)))
+    def _launched(self, s: Session, keys: Sequence[tuple[str, int]], alone: bool) -> list[bool]:
+        now = self.clock()
+        conn = s.connection()
+        jobs = _read_jobs(conn, [job_id for job_id, _ in keys])
+        moving = [
+            jobs[j] for j, a in keys if j in jobs and jobs[j].attempt == a and jobs[j].state == r.ADMITTED
+        ]
+        if not _cas_all(conn, [(job, {"state": r.STARTING, "updated_at": now}) for job in moving]):
+            if not alone:
+                raise _Raced
+            return [False]
+        if not moving:
+            return [False] * len(keys)
+        names = {n for job in moving for n in job.slices}
+        query = select(_SLICES.c.name, _SLICES.c.expected_hosts).where(_SLICES.c.name.in_(names))
+        sizes = {name: hosts for name, hosts in conn.execute(query)}
+        layouts = {
+            job.id: [(name, worker) for name in job.slices for worker in range(sizes.get(name, 1))]
+            for job in moving
         }
-        layout = [(name, worker) for name in job.slices for worker in range(sizes.get(name, 1))]
-        logs.open_streams(s, job_id, attempt, layout)
-        _attempt_row(s, job_id, attempt, state=r.STARTING, launch_term=term_of(s))
-        self.store.add_event(
-            s, f"attempt {attempt} launched on {len(layout)} hosts", job_id=job_id, kind="launch"
+        logs.open_streams_of(conn, [(job.id, job.attempt, layouts[job.id]) for job in moving])
+        _update_attempts(
+            conn, [(job.id, job.attempt, {"state": r.STARTING, "launch_term": term_of(s)}) for job in moving]
         )
-        return True
+        self.store.add_events(
+            s,
+            [
+                {
+                    "message": f"attempt {job.attempt} launched on {len(layouts[job.id])} hosts",
+                    "job_id": job.id,
+                    "kind": "launch",
+                }
+                for job in moving
+            ],
+        )
+        moved = {job.id for job in moving}
+        return [j in moved for j, _ in keys]
 
     def running(self, job_id: str, attempt: int) -> None:
         self.running_all([(job_id, attempt)])
 
     def running_all(self, keys: Sequence[tuple[str, int]]) -> list[bool]:
         """STARTING -> RUNNING for each attempt (every host runs), in one transaction."""
-        if not keys:
-            return []
-        now = self.clock()
-        with self._group() as s:
-            return [self._running(s, job_id, attempt, now) for job_id, attempt in keys]
+        return self._grouped(keys, self._running, unique=_distinct(job for job, _ in keys))
 
-    def _running(self, s: Session, job_id: str, attempt: int, now: float) -> bool:
-        seq = s.scalar(select(JobRow.seq).where(JobRow.id == job_id, JobRow.attempt == attempt))
-        if seq is None or not _cas(s, seq, (r.STARTING,), state=r.RUNNING, started_at=now, updated_at=now):
-            return False
-        _attempt_row(s, job_id, attempt, state=r.RUNNING, started_at=now)
-        self.store.add_event(s, f"attempt {attempt}: every host is running", job_id=job_id, kind="run")
-        return True
+    def _running(self, s: Session, keys: Sequence[tuple[str, int]], alone: bool) -> list[bool]:
+        now = self.clock()
+        conn = s.connection()
+        jobs = _read_jobs(conn, [job_id for job_id, _ in keys])
+        moving = [
+            jobs[j] for j, a in keys if j in jobs and jobs[j].attempt == a and jobs[j].state == r.STARTING
+        ]
+        values = {"state": r.RUNNING, "started_at": now, "updated_at": now}
+        if not _cas_all(conn, [(job, values) for job in moving]):
+            if not alone:
+                raise _Raced
+            return [False]
+        _update_attempts(
+            conn, [(job.id, job.attempt, {"state": r.RUNNING, "started_at": now}) for job in moving]
+        )
+        self.store.add_events(
+            s,
+            [
+                {"message": f"attempt {job.attempt}: every host is running", "job_id": job.id, "kind": "run"}
+                for job in moving
+            ],
+        )
+        moved = {job.id for job in moving}
+        return [j in moved for j, _ in keys]
 
     def finish(self, job_id: str, attempt: int, status: AttemptStatus | None) -> str | None:
         """End the current attempt after its processes ended (``lifecycle.end_attempt``: SUCCEEDED,
         or what its stop kind says). Frees the job's slices. Returns the job's new state."""
         return self.finish_all([(job_id, attempt, status)])[0]
 
-    def finish_all(self, ends: Sequence[tuple[str, int, AttemptStatus | None]]) -> list[str | None]:
-        """Each ``(job id, attempt, final status)`` as ``finish``, all in one transaction; each
-        job's new state, None for one that changed nothing."""
-        if not ends:
-            return []
-        now = self.clock()
-        with self._group() as s:
-            return [self._finish(s, job_id, attempt, status, now) for job_id, attempt, status in ends]
+    def finish_all(
+        self,
+        ends: Sequence[tuple[str, int, AttemptStatus | None]],
+        output: Mapping[tuple[str, int], FinalOutput] | None = None,
+    ) -> list[str | None]:
+        """Each ``(job id, attempt, final status)`` as ``finish``, all in one transaction, with the
+        final ``output`` of each attempt that ends (``FinalOutput``); each job's new state, None
+        for one that changed nothing (its output is not stored: its stop is issued again)."""
+        write = partial(self._finish, output=output or {})
+        return self._grouped(ends, write, unique=_distinct(job for job, _, _ in ends))
 
     def _finish(
-        self, s: Session, job_id: str, attempt: int, status: AttemptStatus | None, now: float
-    ) -> str | None:
-        job = s.scalar(
-            select(JobRow)
-            .where(JobRow.id == job_id, JobRow.attempt == attempt)
-            .execution_options(populate_existing=True)
+        self,
+        s: Session,
+        ends: Sequence[tuple[str, int, AttemptStatus | None]],
+        alone: bool,
+        *,
+        output: Mapping[tuple[str, int], FinalOutput],
+    ) -> list[str | None]:
+        now = self.clock()
+        conn = s.connection()
+        jobs = _read_jobs(conn, [job_id for job_id, _, _ in ends])
+        out: list[str | None] = []
+        cas: list[tuple[Any, dict[str, Any]]] = []
+        ended: list[tuple[Any, int, AttemptStatus | None, lc.Life, lc.AttemptState]] = []
+        for job_id, attempt, status in ends:
+            job: Any = jobs.get(job_id)
+            step = _step(lc.end_attempt, job) if job is not None and job.attempt == attempt else None
+            out.append(None if step is None else str(step[0].state))
+            if step is None:
+                continue
+            life, recorded = step
+            ended.append((job, attempt, status, life, recorded))
+            cas.append(
+                (
+                    job,
+                    {
+                        **columns(life),
+                        "slices": [] if life.state == r.QUEUED else list(job.slices),
+                        "borrowing": job.borrowing and life.terminal,  # a finished job keeps its last facts
+                        "finished_at": now if life.terminal else None,
+                        "exit_code": _exit_code(status),
+                        "updated_at": now,
+                    },
+                )
+            )
+        if not _cas_all(conn, cas):
+            if not alone:
+                raise _Raced
+            return [None]
+        if not ended:
+            return out
+        final = [output[(job.id, attempt)] for job, attempt, *_ in ended if (job.id, attempt) in output]
+        for cap, run in groupby(final, key=attrgetter("cap")):
+            logs.append_many(conn, [o for f in run for o in f.outputs], cap)
+        logs.close_many(conn, [note for f in final for note in f.notes])
+        held = conn.execute(
+            select(_SLICES.c.name, _SLICES.c.problems, _SLICES.c.draining).where(
+                _SLICES.c.holder.in_([job.id for job, *_ in ended])
+            )
+        ).all()
+        if held:
+            conn.execute(
+                _FREE,
+                [
+                    {"b_name": x.name, "state": state_of(x.problems, x.draining, None), "updated_at": now}
+                    for x in held
+                ],
+            )
+        term = term_of(s)
+        _update_attempts(
+            conn,
+            [
+                (
+                    job.id,
+                    attempt,
+                    {
+                        "state": recorded,
+                        "message": job.stop_message,
+                        "ended_at": now,
+                        "end_term": term,
+                        "exit_codes": _host_codes(status),
+                        **progress_columns(status.progress if status else None),
+                    },
+                )
+                for job, attempt, status, _, recorded in ended
+            ],
         )
-        if job is None:
-            return None
-        message = job.stop_message
-        try:
-            life, recorded = lc.end_attempt(life_of(job))
-        except lc.IllegalTransition:
-            return None
-        _cas(
+        self.store.add_events(
             s,
-            job.seq,
-            r.ACTIVE,
-            **columns(life),
-            slices=[] if life.state == r.QUEUED else job.slices,
-            borrowing=job.borrowing and life.terminal,  # a finished job keeps its last attempt's facts
-            finished_at=now if life.terminal else None,
-            exit_code=_exit_code(status),
-            updated_at=now,
+            [
+                {
+                    "message": f"attempt {attempt} {recorded.lower()}; job {life.state}",
+                    "job_id": job.id,
+                    "kind": "end",
+                }
+                for job, attempt, _, life, recorded in ended
+            ],
         )
-        for row in s.scalars(select(SliceRow).where(SliceRow.holder == job_id)):
-            row.holder, row.updated_at = None, now
-            row.state = slice_state(row)
-        _attempt_row(
-            s,
-            job_id,
-            attempt,
-            state=recorded,
-            message=message,
-            ended_at=now,
-            end_term=term_of(s),
-            exit_codes=_host_codes(status),
-            **progress_columns(status.progress if status else None),
-        )
-        self.store.add_event(
-            s, f"attempt {attempt} {recorded.lower()}; job {life.state}", job_id=job_id, kind="end"
-        )
-        return str(life.state)
+        return out
 
     def placed(self, job_id: str, attempt: int, where: Sequence[str]) -> None:
         """A Ray job's trainer is placed: say where, as an event on the job."""
@@ -620,15 +806,29 @@ class Transitions:
         cap: int | None = None,
         from_offset: int | None = None,
     ) -> logs.Cursor:
+        return self.append_logs(
+            [logs.HostOutput(job_id, attempt, host, data, offset, complete, from_offset)], cap
+        )[0]
+
+    def append_logs(self, outputs: Sequence[logs.HostOutput], cap: int | None = None) -> list[logs.Cursor]:
+        """Hosts' output read from the cluster, each as ``logs.append``, in one transaction; the
+        cursor after each."""
         with self.store.tx() as s:
-            cur = logs.append(s, job_id, attempt, host, data, offset, complete, cap, from_offset)
-        if cur is None:
-            raise NotFoundError(f"job {job_id} attempt {attempt} has no log stream {host}")
-        return cur
+            cursors = logs.append_many(s.connection(), outputs, cap)
+        missing = [o for o, c in zip(outputs, cursors, strict=True) if c is None]
+        if missing:
+            o = missing[0]
+            raise NotFoundError(f"job {o.job_id} attempt {o.attempt} has no log stream {o.host}")
+        return [c for c in cursors if c is not None]
 
     def close_log(self, job_id: str, attempt: int, host: int, note: str) -> None:
-        with self.store.tx() as s:
-            logs.close(s, job_id, attempt, host, note)
+        self.close_logs([(job_id, attempt, host, note)])
+
+    def close_logs(self, notes: Sequence[tuple[str, int, int, str]]) -> None:
+        """Streams that will not be read to their end, ``(job id, attempt, host, why)``: complete."""
+        if notes:
+            with self.store.tx() as s:
+                logs.close_many(s.connection(), notes)
 
 
 def _preemption(d: Preempt) -> tuple[str, lc.StopKind, str]:
@@ -636,6 +836,39 @@ def _preemption(d: Preempt) -> tuple[str, lc.StopKind, str]:
     return d.job, kind, f"preempted for job {d.for_job}: {d.reason}"
 
 
+_WRITE_COLUMNS = (
+    JobRow.seq,
+    JobRow.id,
+    JobRow.tenant,
+    JobRow.attempt,
+    JobRow.state,
+    JobRow.updated_at,
+    JobRow.failures,
+    JobRow.max_retries,
+    JobRow.stop_kind,
+    JobRow.stop_message,
+    JobRow.cancel_requested,
+    JobRow.preempting,
+    JobRow.reason_code,
+    JobRow.reason_message,
+    JobRow.slices,
+    JobRow.borrowing,
+)
+_ACTIVE_COLUMNS = (
+    JobRow.id,
+    JobRow.attempt,
+    JobRow.state,
+    JobRow.slices,
+    JobRow.stop_kind,
+    JobRow.cancel_requested,
+    JobRow.accelerator_type,
+    JobRow.command,
+    JobRow.env,
+    JobRow.working_dir,
+    JobRow.tenant,
+    JobRow.admitted_at,
+    JobRow.kind,
+)
 _VIEW_COLUMNS = (
     JobRow.id,
     JobRow.tenant,
@@ -704,24 +937,73 @@ def _jid(holder: str | None) -> JobId | None:
     return JobId(holder) if holder else None
 
 
-def _cas(s: Session, seq: int, states: Sequence[str], **values: Any) -> bool:
-    """Compare-and-set: update the job only while it is in one of ``states`` (a Core statement in
-    the session's transaction: the ORM's own UPDATE costs several times the row's write)."""
-    result = s.connection().execute(
-        update(_JOBS).where(_JOBS.c.seq == seq, _JOBS.c.state.in_(states)).values(**values)
-    )
-    return bool(_rowcount(result))
+class _Raced(Exception):
+    """A grouped write found a member changed since its read (another writer came between): the
+    group's transaction is rolled back and written again a member at a time (``_grouped``)."""
+
+
+def _distinct(job_ids: Iterable[str]) -> bool:
+    ids = list(job_ids)
+    return len(set(ids)) == len(ids)
+
+
+def _step(transition: Callable[..., Any], job: Any, *args: Any) -> Any:
+    """``transition`` (a ``lifecycle`` function) applied to a read job; None when there is no
+    job, the transition is illegal, or (``request_stop``) it changes nothing."""
+    if job is None:
+        return None
+    try:
+        return transition(life_of(job), *args)
+    except lc.IllegalTransition:
+        return None
+
+
+def _read_jobs(conn: Connection, job_ids: Sequence[str]) -> dict[str, Any]:
+    """The columns a grouped write needs of each job (its lifecycle, what it holds, and the row's
+    version: ``seq``, ``state``, ``updated_at``), by id, in one query per 500."""
+    out: dict[str, Any] = {}
+    for chunk in _chunks(list(dict.fromkeys(job_ids)), _IN_LIST):
+        out.update((j.id, j) for j in conn.execute(select(*_WRITE_COLUMNS).where(JobRow.id.in_(chunk))))
+    return out
+
+
+def _cas_all(conn: Connection, members: Sequence[tuple[Any, dict[str, Any]]]) -> bool:
+    """Compare-and-set each job (read by ``_read_jobs``) to its values, in one executemany: each
+    row is updated only while it is as read (its state and ``updated_at``: a cancel or any other
+    write that came between wins). True when every member's row was updated; the members of one
+    call write the same columns (one statement), else they are written in runs of equal columns."""
+    done = 0
+    for keys, run in groupby(members, key=lambda m: tuple(m[1])):
+        rows = [
+            {"b_seq": job.seq, "b_state": job.state, "b_at": job.updated_at, **values} for job, values in run
+        ]
+        statement = (
+            update(_JOBS)
+            .where(
+                _JOBS.c.seq == bindparam("b_seq"),
+                _JOBS.c.state == bindparam("b_state"),
+                _JOBS.c.updated_at == bindparam("b_at"),
+            )
+            .values({k: bindparam(k) for k in keys})
+        )
+        done += _rowcount(conn.execute(statement, rows))
+    return done == len(members)
 
 
 def _rowcount(result: Any) -> int:
     return int(result.rowcount)
 
 
-def _attempt_row(s: Session, job_id: str, attempt: int, **values: Any) -> None:
-    row = s.get(AttemptRow, (job_id, attempt))
-    if row is not None:
-        for key, value in values.items():
-            setattr(row, key, value)
+def _update_attempts(conn: Connection, rows: Sequence[tuple[str, int, dict[str, Any]]]) -> None:
+    """Set columns of attempt rows (a missing row is left alone), an executemany per run of rows
+    that set the same columns."""
+    for keys, run in groupby(rows, key=lambda x: tuple(x[2])):
+        statement = (
+            update(_ATTEMPTS)
+            .where(_ATTEMPTS.c.job_id == bindparam("b_job"), _ATTEMPTS.c.attempt == bindparam("b_attempt"))
+            .values({k: bindparam(k) for k in keys})
+        )
+        conn.execute(statement, [{"b_job": j, "b_attempt": a, **values} for j, a, values in run])
 
 
 def _exit_code(status: AttemptStatus | None) -> int | None:
