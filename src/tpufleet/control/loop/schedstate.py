@@ -20,8 +20,10 @@ and the policy does no work per queued job to find its queues.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
+from tpufleet.control.store import values as r
 from tpufleet.control.store.loopwrites import Stored, Transitions
 from tpufleet.scheduler.model import Snapshot
 from tpufleet.scheduler.queues import KeptQueues
@@ -42,14 +44,15 @@ class SchedState:
         """Forget everything: the next snapshot reads the store whole."""
         self._jobs = None
 
-    def snapshot(self) -> tuple[Snapshot, dict[str, Stored]]:
-        """The policy's view, and each queued job's stored wait reason and head-of-line flag."""
+    def snapshot(self, slices: Sequence[r.SliceRecord] | None = None) -> tuple[Snapshot, dict[str, Stored]]:
+        """The policy's view, and each queued job's stored wait reason and head-of-line flag;
+        ``slices``: the slices as the inventory just left them (else read)."""
         if self._jobs is None:
             self._load()
         else:
             self._catch_up()
         assert self._jobs is not None
-        snapshot = Snapshot(self.tr.tenant_views(), self.tr.slice_views(), self._jobs.jobs())
+        snapshot = Snapshot(self.tr.tenant_views(), self.tr.slice_views(slices), self._jobs.jobs())
         return snapshot, self._reasons
 
     def reasons_written(self, changes: list[tuple[str, Stored]]) -> None:

@@ -177,6 +177,8 @@ class Service:
         self._reconciled = False
         self._launches: dict[Key, Future[None]] = {}
         self._stops: dict[Key, Future[_Stopped]] = {}
+        self._slices: list[r.SliceRecord] | None = None  # this cycle's inventory (_sync), for _schedule
+        self._streams: dict[Key, list[Cursor]] = {}  # log streams of the stops to issue (_prefetch_streams)
         self._stop_failures: dict[Key, int] = {}
         self._failing: dict[Key, float] = {}  # when a poll first saw the attempt's failure (store clock)
         self._status: dict[Key, AttemptStatus] = {}
@@ -213,6 +215,7 @@ class Service:
         self._schedule()
         active = self.tr.active_jobs()
         writes = Writes()
+        self._prefetch_streams([(j.id, j.attempt) for j in active if j.stop_kind])
         for job in active:
             self._act_safely(job, writes)
         self._write_and_act(writes)
@@ -273,8 +276,7 @@ class Service:
         except TpufleetError as err:  # the pool is kept next cycle; the inventory still counts
             log.warning("could not maintain the warm pool: %s", err)
         retired = self.provisioner.retired() if self.provisioner is not None else frozenset()
-        self.tr.sync_slices(self.cluster.inventory(), retired)
-        slices = self.store.slices()
+        slices = self._slices = self.tr.sync_slices(self.cluster.inventory(), retired)
         broken = {s.name: s.problems for s in slices if s.state == r.BROKEN}
         writes = Writes()
         for job in self.tr.active_jobs():  # written now, so the policy sees them; issued at the job's turn
@@ -283,7 +285,10 @@ class Service:
         self._pool_draining(slices)
 
     def _schedule(self) -> None:
-        snapshot, reasons = self.state.snapshot() if self.config.incremental else self.tr.snapshot()
+        slices, self._slices = self._slices, None  # as the inventory left them this cycle
+        snapshot, reasons = (
+            self.state.snapshot(slices) if self.config.incremental else self.tr.snapshot(slices)
+        )
         if self.provisioner is None:
             decisions = list(self.decide(snapshot))
         else:  # the provider's step (its I/O and writes), then the pure policy on what it leaves open
@@ -392,6 +397,7 @@ class Service:
             writes.stops, writes.launched, writes.running, writes.ends, writes.placed = [], [], [], [], []
             won = self.tr.begin_stops([(x.job.id, x.step.kind, x.step.why) for x in stops])
             self._written("stop", [x.job.id for x, ok in zip(stops, won, strict=True) if ok])
+            self._prefetch_streams([x.key for x, ok in zip(stops, won, strict=True) if ok and x.issue])
             for x, ok in zip(stops, won, strict=True):
                 if not ok:
                     continue
@@ -557,10 +563,16 @@ class Service:
                 self._stop_failures[key] = failures
                 log.warning("stop of %s attempt %s failed (try %s), retrying: %s", *key, failures, err)
 
-    def _run_stop(self, key: Key, grace_s: float, *, hold: bool = True) -> Future[_Stopped]:
-        return self._submit(self._do_stop, key, grace_s, hold)
+    def _prefetch_streams(self, keys: Sequence[Key]) -> None:
+        """Read, in one query, the log streams of the attempts whose stops may be issued now (the
+        final read of each begins where its stream was stored), instead of one query per stop."""
+        keys = [key for key in keys if key not in self._stops]
+        self._streams = self.tr.cursors_of(keys) if keys else {}
 
-    def _do_stop(self, key: Key, grace_s: float, hold: bool) -> _Stopped:
+    def _run_stop(self, key: Key, grace_s: float, *, hold: bool = True) -> Future[_Stopped]:
+        return self._submit(self._do_stop, key, grace_s, hold, self._streams.pop(key, None))
+
+    def _do_stop(self, key: Key, grace_s: float, hold: bool, streams: list[Cursor] | None = None) -> _Stopped:
         """End every process, then read every host's final state and the rest of its output.
         ``hold``: the output read last is returned, to be stored with the attempt's end (one
         transaction for a cycle's endings), not in a transaction of its own."""
@@ -573,7 +585,9 @@ class Service:
         output = None
         try:
             deadline = time.monotonic() + self.config.final_log_s
-            output = self._read_logs(key[0], key[1], deadline=deadline, final=True, hold=hold)
+            output = self._read_logs(
+                key[0], key[1], deadline=deadline, final=True, cursors=streams, hold=hold
+            )
         except Exception:
             log.exception("collecting the last output of %s attempt %s failed", *key)
         return status, output

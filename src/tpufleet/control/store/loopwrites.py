@@ -146,16 +146,20 @@ class Transitions:
             return [write(s, [m], True)[0] for m in members]
 
     # -- inventory ---------------------------------------------------------------------------
-    def sync_slices(self, infos: Iterable[SliceInfo], retired: Collection[str] = frozenset()) -> None:
+    def sync_slices(
+        self, infos: Iterable[SliceInfo], retired: Collection[str] = frozenset()
+    ) -> list[r.SliceRecord]:
         """Make the slices table match the cluster: new slices appear FREE, a slice that is not
         intact (or vanished) turns BROKEN and stays so until it is whole again.
 
         A slice is discovered only from an alive host: Ray's node table keeps dead nodes long after
         their hosts went. ``retired``: the slices of deleted slice groups; whatever Ray still lists
         of one (hosts dying or dead), it is never discovered again, and its row leaves the table
-        as soon as no attempt holds it."""
+        as soon as no attempt holds it. Returns every slice as it is now, by name (what the loop
+        reads next, without reading it again)."""
         now = self.clock()
         changed: list[dict[str, Any]] = []
+        records: list[r.SliceRecord] = []
         with self.store.tx() as s:
             conn = s.connection()
             rows = {x.name: x for x in conn.execute(select(_SLICES))}  # columns, no ORM objects
@@ -193,10 +197,10 @@ class Transitions:
                     )
                     row = conn.execute(select(_SLICES).where(_SLICES.c.name == info.name)).one()
                 shape = (info.accelerator_type, info.topology, info.expected_hosts, hosts)
-                self._sync_row(s, row, shape, list(info.problems), now, changed)
+                records.append(self._sync_row(s, row, shape, list(info.problems), now, changed))
             for row in rows.values():
                 shape = (row.accelerator_type, row.topology, row.expected_hosts, row.hosts)
-                self._sync_row(s, row, shape, [MISSING], now, changed)
+                records.append(self._sync_row(s, row, shape, [MISSING], now, changed))
             if changed:  # only the slices that changed are written
                 conn.execute(
                     update(_SLICES)
@@ -204,6 +208,7 @@ class Transitions:
                     .values({k: bindparam(k) for k in _SYNCED}),
                     changed,
                 )
+        return sorted(records, key=attrgetter("name"))
 
     def _sync_row(
         self,
@@ -213,9 +218,9 @@ class Transitions:
         problems: list[str],
         now: float,
         changed: list[dict[str, Any]],
-    ) -> None:
+    ) -> r.SliceRecord:
         """One slice's new shape and problems: an event when its problems changed, and its new
-        columns into ``changed`` when any of them did."""
+        columns into ``changed`` when any of them did; the slice as it is now."""
         updated_at = row.updated_at
         if row.problems != problems:
             updated_at = now
@@ -234,13 +239,25 @@ class Transitions:
         )
         if new != old:
             changed.append({"b_name": row.name, **dict(zip(_SYNCED, new, strict=True))})
+        accelerator_type, topology, _, hosts = shape
+        return r.SliceRecord(
+            name=row.name,
+            accelerator_type=accelerator_type,
+            topology=topology,
+            state=state,
+            holder=row.holder,
+            hosts=tuple(hosts or ()),
+            problems=tuple(problems),
+            draining=row.draining,
+        )
 
     # -- snapshot and decisions --------------------------------------------------------------
-    def snapshot(self) -> tuple[Snapshot, dict[str, Stored]]:
+    def snapshot(self, slices: Sequence[r.SliceRecord] | None = None) -> tuple[Snapshot, dict[str, Stored]]:
         """The policy's view read whole from the store, and each queued job's stored wait reason
-        and head-of-line flag (the first cycle, and the reference ``SchedState`` is checked against)."""
+        and head-of-line flag (the first cycle, and the reference ``SchedState`` is checked against).
+        ``slices``: the slices as ``sync_slices`` just left them (else read)."""
         views, reasons = self.job_views()
-        return Snapshot(self.tenant_views(), self.slice_views(), views), reasons
+        return Snapshot(self.tenant_views(), self.slice_views(slices), views), reasons
 
     def tenant_views(self) -> list[TenantView]:
         """Every live tenant, read whole each cycle: a change (``tenant update``) counts from the
@@ -250,7 +267,13 @@ class Transitions:
             rows = s.scalars(query)
             return [TenantView(TenantName(t.name), dict(t.quota), t.weight, t.preemption) for t in rows]
 
-    def slice_views(self) -> list[SliceView]:
+    def slice_views(self, slices: Sequence[r.SliceRecord] | None = None) -> list[SliceView]:
+        """Every slice as the policy sees it, by name; from ``slices`` (by name) when given."""
+        if slices is not None:
+            return [
+                SliceView(SliceName(x.name), x.accelerator_type, SliceState(x.state), _jid(x.holder))
+                for x in slices
+            ]
         query = select(SliceRow.name, SliceRow.accelerator_type, SliceRow.state, SliceRow.holder)
         with self.store.tx() as s:
             return [
@@ -785,14 +808,15 @@ class Transitions:
         """The log streams of many attempts, in one query."""
         wanted = set(keys)
         out: dict[tuple[str, int], list[logs.Cursor]] = {key: [] for key in wanted}
+        streams = cast(Table, LogCursorRow.__table__)
         with self.store.tx() as s:
-            for row in s.scalars(
-                select(LogCursorRow)
-                .where(LogCursorRow.job_id.in_({job for job, _ in wanted}))
-                .order_by(LogCursorRow.job_id, LogCursorRow.attempt, LogCursorRow.host)
-            ):
-                if (row.job_id, row.attempt) in wanted:
-                    out[(row.job_id, row.attempt)].append(logs.cursor_of(row))
+            for chunk in _chunks(sorted({job for job, _ in wanted}), _IN_LIST):
+                query = select(*streams.c).where(streams.c.job_id.in_(chunk))
+                for row in s.connection().execute(
+                    query.order_by(streams.c.job_id, streams.c.attempt, streams.c.host)
+                ):
+                    if (row.job_id, row.attempt) in wanted:
+                        out[(row.job_id, row.attempt)].append(logs.cursor_of(row))
         return out
 
     def append_log(
