@@ -144,6 +144,7 @@ class Service:
         self.leadership = leadership
         self.decide = decide or _policy()
         self.state_dir = Path(state_dir)
+        self._state_real = str(self.state_dir.resolve())  # hidden from jobs; resolved once, not per launch
         self.config = config or ServiceConfig()
         # absolute: every host resolves it from its own working directory, and refuses a relative one
         self.job_root = self.config.checkpoint_root or str(self.state_dir.absolute() / "checkpoints")
@@ -279,7 +280,10 @@ class Service:
         slices = self._slices = self.tr.sync_slices(self.cluster.inventory(), retired)
         broken = {s.name: s.problems for s in slices if s.state == r.BROKEN}
         writes = Writes()
-        for job in self.tr.active_jobs():  # written now, so the policy sees them; issued at the job's turn
+        # Only a cancel asked for or a broken slice begins a stop here: the jobs read are those
+        # (written now, so the policy sees them; issued at the job's turn).
+        holding = {s.holder for s in slices if s.holder and s.name in broken}
+        for job in self.tr.active_jobs(cancelling_or=holding):
             self._record(job, attempts.on_inventory(job.cancel_requested, job.slices, broken), writes)
         self._write_and_act(writes)
         self._pool_draining(slices)
@@ -470,7 +474,7 @@ class Service:
                 checkpoint_dir=str(paths.checkpoint),
                 package=package,
                 working_dir_url=wd if wd and package is None else None,
-                hide=(str(self.state_dir.resolve()), *self.config.hide),
+                hide=(self._state_real, *self.config.hide),
                 limits=runlimits.RunLimits(
                     self.config.job_process_limit, self.config.job_open_files_limit, self.config.max_log_bytes
                 ),

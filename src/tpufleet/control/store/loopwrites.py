@@ -25,7 +25,7 @@ from itertools import groupby, repeat
 from operator import attrgetter
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Table, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Connection, Table, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from tpufleet.control.cluster.protocol import AttemptStatus, SliceInfo
@@ -555,9 +555,15 @@ class Transitions:
         return out
 
     # -- attempt transitions -----------------------------------------------------------------
-    def active_jobs(self) -> list[ActiveJob]:
-        """Every job that holds slices, in submission order (read as columns: no ORM objects)."""
+    def active_jobs(self, *, cancelling_or: Collection[str] | None = None) -> list[ActiveJob]:
+        """Every job that holds slices, in submission order (read as columns: no ORM objects).
+        ``cancelling_or``: only those whose cancel was asked for, and those of these ids."""
         query = select(*_ACTIVE_COLUMNS).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.seq)
+        if cancelling_or is not None:
+            wanted: ColumnElement[bool] = JobRow.cancel_requested.is_(True)
+            for chunk in _chunks(sorted(cancelling_or), _IN_LIST):
+                wanted = or_(wanted, JobRow.id.in_(chunk))
+            query = query.where(wanted)
         with self.store.tx() as s:
             return [
                 ActiveJob(
