@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.store.facade import Store
@@ -205,6 +205,57 @@ def test_a_group_of_stops_keeps_each_compare_and_set(store: Store) -> None:
     assert [column(store, JobRow.stop_kind, j) for j in (a, b)] == ["cancel", "success"]
     assert tr.finish_all([(a, 1, None), (b, 1, None)]) == ["CANCELLED", "SUCCEEDED"]
     assert {s.state for s in store.slices()} == {"FREE"}
+
+
+def test_a_cancel_that_comes_between_a_groups_read_and_its_write_wins(db_url: str) -> None:
+    """A grouped write reads its members, then writes them in one statement per kind; a cancel
+    another connection commits in between is found (the compare-and-set is on the row as read),
+    the group is written again a member at a time, and the cancel is kept, not overwritten."""
+    store, api = Store.open(db_url), Store.open(db_url)
+    try:
+        tr = Transitions(store)
+        tr.sync_slices(MemoryCluster.of("v4-16:2").inventory())
+        store.create_tenant("t", {"v4": 64})
+        a, b = (store.submit("t", req()).id for _ in range(2))
+        tr.admit_all([Admit(JobId(j), (SliceName(f"tpu-v4-16-{i}"),), False) for i, j in enumerate((a, b))])
+        between: list[str] = []
+
+        def cancel_first(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if statement.startswith("UPDATE jobs") and not between:
+                between.append(api.request_cancel(a).state)  # committed before the group's write
+
+        event.listen(store.engine, "before_cursor_execute", cancel_first)
+        try:
+            answers = tr.begin_stops([(a, StopKind.PREEMPT, "preempted"), (b, StopKind.PREEMPT, "preempted")])
+        finally:
+            event.remove(store.engine, "before_cursor_execute", cancel_first)
+        assert between == ["ADMITTED"]
+        assert answers == [True, True]
+        assert column(store, JobRow.cancel_requested, a) is True  # read again, not written over
+        assert tr.begin_stop(a, StopKind.CANCEL, "cancelled")  # the next cycle's inventory step
+        assert tr.finish_all([(a, 1, None), (b, 1, None)]) == ["CANCELLED", "QUEUED"]
+    finally:
+        store.close()
+        api.close()
+
+
+def test_an_unchanged_inventory_still_shows_what_admissions_ends_and_drains_changed(store: Store) -> None:
+    """Syncing the same inventory again writes nothing, but the slices it answers carry every
+    holder, state and drain changed since (the policy plans on them)."""
+    tr, fleet = Transitions(store), MemoryCluster.of("v4-16:2")
+    a, b = "tpu-v4-16-0", "tpu-v4-16-1"
+    tr.sync_slices(fleet.inventory())
+    store.create_tenant("t", {"v4": 64})
+    job = store.submit("t", req()).id
+    assert tr.admit(Admit(JobId(job), (SliceName(a),), False))
+    store.set_draining(b, True)
+    now = {s.name: (s.state, s.holder, s.draining) for s in tr.sync_slices(fleet.inventory())}
+    assert now == {a: ("HELD", job, False), b: ("DRAINING", None, True)}
+    assert tr.begin_stop(job, StopKind.CANCEL, "cancelled") and tr.finish(job, 1, None) == "CANCELLED"
+    store.set_draining(b, False)
+    now = {s.name: (s.state, s.holder, s.draining) for s in tr.sync_slices(fleet.inventory())}
+    assert now == {a: ("FREE", None, False), b: ("FREE", None, False)}
+    assert tr.sync_slices(fleet.inventory()) == store.slices()
 
 
 def test_a_cancelled_job_is_not_admitted(store: Store) -> None:

@@ -17,15 +17,28 @@ launches (``launch_term``) and ends (``end_term``), read from the transaction (`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import groupby, repeat
 from operator import attrgetter
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import ColumnElement, Connection, Table, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Connection,
+    Table,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from tpufleet.control.cluster.protocol import AttemptStatus, SliceInfo
@@ -55,6 +68,7 @@ from tpufleet.scheduler.model import (
 )
 
 MISSING = "not in the cluster's inventory"
+FULL_SYNC_S = 5.0  # an unchanged inventory is still synced whole this often (sync_slices)
 LEFT = "left the fleet: its slice group was deleted"
 Stored = tuple[str | None, str | None, bool]  # a queued job's reason code, message, head of line
 _Chunk = tuple[list[str], Stored]  # job ids that get one stored reason
@@ -62,6 +76,8 @@ _ID = attrgetter("id")
 _JOBS = cast(Table, JobRow.__table__)
 _SLICES = cast(Table, SliceRow.__table__)
 _ATTEMPTS = cast(Table, AttemptRow.__table__)
+# The columns a grouped compare-and-set finds as read: the row, what a transition reads of it, when.
+_AS_READ = ("seq", "state", "attempt", "stop_kind", "cancel_requested", "preempting", "updated_at")
 _TAKE = (  # an admission takes a slice only while it is free
     update(_SLICES)
     .where(_SLICES.c.name == bindparam("b_name"), _SLICES.c.state == r.FREE, _SLICES.c.holder.is_(None))
@@ -118,6 +134,11 @@ class Transitions:
         self._canonical: dict[Stored, Stored] = {}
         # The stored tuple of each NotFit object seen (kept with it, so a reused id is not mistaken).
         self._said: dict[tuple[int, bool], tuple[NotFit, Stored]] = {}
+        # The last sync_slices: what the cluster said (and the retired slices), the slices it
+        # left, when (monotonic).
+        self._synced: (
+            tuple[tuple[tuple[SliceInfo, ...], frozenset[str]], dict[str, r.SliceRecord], float] | None
+        ) = None
 
     @contextmanager
     def _group(self) -> Iterator[Session]:
@@ -156,7 +177,16 @@ class Transitions:
         their hosts went. ``retired``: the slices of deleted slice groups; whatever Ray still lists
         of one (hosts dying or dead), it is never discovered again, and its row leaves the table
         as soon as no attempt holds it. Returns every slice as it is now, by name (what the loop
-        reads next, without reading it again)."""
+        reads next, without reading it again).
+
+        While the cluster says exactly what it said at the last sync (and no slice is retired),
+        nothing here would change: only what the admissions, the ends and the drains change
+        (holder, state, draining) is read, for at most ``FULL_SYNC_S`` before a whole sync."""
+        infos = tuple(infos)
+        if not retired and self._synced is not None and self._synced[0] == (infos, frozenset()):
+            kept = self._kept_slices(self._synced[1])
+            if kept is not None:
+                return kept
         now = self.clock()
         changed: list[dict[str, Any]] = []
         records: list[r.SliceRecord] = []
@@ -208,7 +238,22 @@ class Transitions:
                     .values({k: bindparam(k) for k in _SYNCED}),
                     changed,
                 )
-        return sorted(records, key=attrgetter("name"))
+        records.sort(key=attrgetter("name"))
+        self._synced = ((infos, frozenset(retired)), {x.name: x for x in records}, time.monotonic())
+        return records
+
+    def _kept_slices(self, last: dict[str, r.SliceRecord]) -> list[r.SliceRecord] | None:
+        """The slices of the last sync with their holder, state and draining read again; None when
+        a whole sync is due (``FULL_SYNC_S``) or the table holds other slices than it left."""
+        assert self._synced is not None
+        if time.monotonic() - self._synced[2] > FULL_SYNC_S:
+            return None
+        query = select(_SLICES.c.name, _SLICES.c.state, _SLICES.c.holder, _SLICES.c.draining)
+        with self.store.tx() as s:
+            rows = s.connection().execute(query.order_by(_SLICES.c.name)).all()
+        if len(rows) != len(last) or any(x.name not in last for x in rows):
+            return None
+        return [replace(last[x.name], state=x.state, holder=x.holder, draining=x.draining) for x in rows]
 
     def _sync_row(
         self,
@@ -999,25 +1044,22 @@ def _read_jobs(conn: Connection, job_ids: Sequence[str]) -> dict[str, Any]:
 
 def _cas_all(conn: Connection, members: Sequence[tuple[Any, dict[str, Any]]]) -> bool:
     """Compare-and-set each job (read by ``_read_jobs``) to its values, in one executemany: each
-    row is updated only while it is as read (its state and ``updated_at``: a cancel or any other
-    write that came between wins). True when every member's row was updated; the members of one
-    call write the same columns (one statement), else they are written in runs of equal columns."""
+    row is updated only while it is as read (``_AS_READ``: what its transition was computed from,
+    and ``updated_at``), so a cancel or any other write that came between wins. True when every
+    member's row was updated; members are written in runs of equal columns, one statement each."""
     done = 0
     for keys, run in groupby(members, key=lambda m: tuple(m[1])):
-        rows = [
-            {"b_seq": job.seq, "b_state": job.state, "b_at": job.updated_at, **values} for job, values in run
-        ]
-        statement = (
-            update(_JOBS)
-            .where(
-                _JOBS.c.seq == bindparam("b_seq"),
-                _JOBS.c.state == bindparam("b_state"),
-                _JOBS.c.updated_at == bindparam("b_at"),
-            )
-            .values({k: bindparam(k) for k in keys})
-        )
+        rows = [{**{f"b_{c}": getattr(job, c) for c in _AS_READ}, **values} for job, values in run]
+        statement = update(_JOBS).where(*(_same(c) for c in _AS_READ)).values({k: bindparam(k) for k in keys})
         done += _rowcount(conn.execute(statement, rows))
     return done == len(members)
+
+
+def _same(column: str) -> ColumnElement[bool]:
+    """``column`` as read: ``=`` (the row is found by its primary key's index), ``IS NOT DISTINCT
+    FROM`` for the one that may be NULL."""
+    read: BindParameter[Any] = bindparam(f"b_{column}")
+    return _JOBS.c[column].is_not_distinct_from(read) if column == "stop_kind" else _JOBS.c[column] == read
 
 
 def _rowcount(result: Any) -> int:
