@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -314,6 +315,43 @@ def test_a_new_runner_sweeps_what_a_dead_runner_left(runner: HostRunner, tmp_pat
     assert fresh.sweep() >= 1  # (and whatever earlier tests of this host left)
     assert _procs_with("sleep(90.203") == []
     runner.stop("left", 1, grace_s=0)
+
+
+class _StartsDuringSweep(HostRunner):
+    """A runner whose start call arrives while its sweep is under way, after the sweep read what to
+    keep: what a launch on a slice its executor had just reserved (``SlicePool.reserve`` sends the
+    sweep, ``launch`` the start) met on a threaded runner actor."""
+
+    def __init__(self, payload: _Payload, log_root: str) -> None:
+        super().__init__("s", 1, log_root)
+        self.payload, self.answer = payload, list[str]()
+        self.done = threading.Event()  # the calling thread stays, as an actor's does: a run dies with it
+
+    def _remove_unknown(self, keep: set[str]) -> int:
+        def call() -> None:
+            self.answer.append(_start(self, self.payload))
+            self.done.wait(60)
+
+        threading.Thread(target=call, daemon=True).start()
+        deadline = time.monotonic() + 1.0  # started by then, unless the sweep holds it off (it must)
+        while not self.answer and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return super()._remove_unknown(keep)
+
+
+def test_a_run_started_during_a_sweep_is_not_swept(runner: HostRunner, tmp_path: Path) -> None:
+    if runner._cgroups is None:
+        pytest.skip("sweeping needs a cgroup hierarchy")
+    sleeps = _payload("during", "import time; print('up', flush=True); time.sleep(60.417)")
+    racing = _StartsDuringSweep(sleeps, str(tmp_path / "logs"))
+    try:
+        racing.sweep()  # what it killed is gone when it returns
+        _wait_log(racing, "during", "up")
+        assert _procs_with("sleep(60.417") != [] and racing.answer == ["RUNNING"], _log(racing, "during")
+        assert racing.status("during", 1) == ("RUNNING", None)
+    finally:
+        racing.stop("during", 1, grace_s=0)
+        racing.done.set()
 
 
 JAIL_PROBE = """

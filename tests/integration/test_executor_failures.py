@@ -66,24 +66,85 @@ def _our_actor_names() -> set[str]:
     return {r["name"] for r in ray.util.list_named_actors(all_namespaces=True) if r["namespace"] == NAMESPACE}
 
 
+# Deadlines of the launching process (the test's own timeout is 300 s): a poll that never reads every
+# host RUNNING gives up after LAUNCH_POLL_S and prints what it saw; a hang anywhere else (ray.init,
+# launch, the diagnosis itself) dumps every thread's stack and exits at LAUNCH_HANG_S.
+LAUNCH_POLL_S = 60.0
+LAUNCH_HANG_S = 120.0
+
+
 def _launch_from_a_control_plane_that_then_exits(slice_name: str, job: str, attempt: int, tok: str) -> None:
     """Another process's executor launches ``SLEEP`` (tagged ``tok``) on every host of the slice,
-    waits until all run, and exits: what a control plane that was killed leaves behind."""
+    waits until all run, and exits: what a control plane that was killed leaves behind. Past its
+    deadline it prints why (each host's state, start answer, runner, log and Ray node) and the test
+    fails with that."""
     script = textwrap.dedent(
         f"""
-        import time
+        import faulthandler, sys, time
+        faulthandler.dump_traceback_later({LAUNCH_HANG_S}, exit=True)
+        import ray
         from tpufleet.control.cluster.protocol import AttemptSpec
         from tpufleet.control.ray.client import RayExecutor
+        from tpufleet.inventory import SLICE_NAME, WORKER_ID
+        t0 = time.monotonic()
         c = RayExecutor.connect({ray.get_runtime_context().gcs_address!r})
         c.inventory()
         cmd = ({sys.executable!r}, "-c", {SLEEP!r}, {tok!r})
         where = dict(tenant={TENANT!r}, job_root={JOB_ROOT!r})
         c.launch(AttemptSpec({job!r}, {attempt}, ({slice_name!r},), "v4-16", cmd, **where))
-        while not c.poll({job!r}, {attempt}).all_running:
+        launched = time.monotonic()
+        polls = 0
+        while not (st := c.poll({job!r}, {attempt})).all_running:
+            polls += 1
+            if time.monotonic() - launched > {LAUNCH_POLL_S}:
+                break
             time.sleep(0.05)
+        else:
+            sys.exit(0)
+        print(f"not every host RUNNING {LAUNCH_POLL_S:.0f} s after launch ({{polls}} polls; "
+              f"connect and launch took {{launched - t0:.1f}} s)")
+        print("last poll:", [(h.slice, h.worker_id, h.state.name, h.exit_code, h.detail) for h in st.hosts])
+
+        def answer(ref):
+            try:
+                return ray.get(ref, timeout=5)
+            except Exception as err:
+                return f"{{type(err).__name__}}: {{' '.join(str(err).split())[:600]}}"
+
+        for h in c._attempts[({job!r}, {attempt})].hosts:
+            print(f"host {{h.slice}}/{{h.worker_id}} node {{h.node_id}}")
+            print("  start ->", answer(h.started) if h.started is not None else None)
+            print("  ping ->", answer(h.runner.ping.remote()))
+            print("  assignments ->", answer(h.runner.assignments.remote()))
+            print("  report ->", answer(h.runner.report.remote({job!r}, {attempt})))
+            try:
+                print("  log:", repr(c.read_logs({job!r}, {attempt}, h.slice, h.worker_id, 0).data[-1500:]))
+            except Exception as err:
+                print("  log: unreadable:", err)
+        for n in ray.nodes():
+            labels = n.get("Labels") or {{}}
+            if labels.get(SLICE_NAME) == {slice_name!r}:
+                print(f"ray node {{n['NodeID']}} worker {{labels.get(WORKER_ID)}} Alive={{n['Alive']}} "
+                      f"{{n.get('DeathReasonMessage') or ''}}")
+        print("inventory:", [s for s in c.inventory() if s.name == {slice_name!r}])
+        sys.stdout.flush()
+        sys.exit(1)
         """
     )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)  # a loaded 2-core machine
+    try:  # a loaded 2-core machine
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=LAUNCH_HANG_S + 30
+        )
+        code, said = out.returncode, out.stdout + out.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, said = None, _text(exc.stdout) + _text(exc.stderr)
+    assert code == 0, (
+        f"the launching control plane exited {code}; job processes alive: {procs_with(tok)}\n{said}"
+    )
+
+
+def _text(out: bytes | str | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
 def test_runners_are_found_again_by_a_restarted_control_plane(cluster: RayExecutor) -> None:

@@ -73,7 +73,11 @@ def cli(
         state_dir=tmp_path / "state",
         db_url=db_url,
         new_id=ids,
-        config=ServiceConfig(stop_threads=0),
+        # Launches and stops inline, and every cycle copies all of a running job's new output (as
+        # test_service.py's loop does): with the loop's default 0.2 s a cycle for that, which starts
+        # before the store's query of the log cursors, a loaded machine spent it all before the
+        # first read, and a running job's log was still empty after two cycles (`logs` printed nothing).
+        config=ServiceConfig(stop_threads=0, log_budget_s=60),
     )
     c = Cli(cp)
     yield c
@@ -197,7 +201,8 @@ def test_logs_of_a_finished_job_whose_output_was_cut_warn_and_exit_3(cli: Cli) -
         "id"
     ]
     cli.cycle(2)
-    assert cli.run("logs", job_id, token=token).count("step 1") == 2  # running: no warning
+    running = cli.run("logs", job_id, token=token)
+    assert running.count("step 1") == 2, running  # running: no warning
     cluster = cli.cp.cluster
     assert isinstance(cluster, MemoryCluster)
     cluster.write(job_id, "x" * 2000, worker=1)

@@ -221,12 +221,22 @@ class HostRunner:
 
     def sweep(self) -> int:
         """Kill and remove what runs of this host left behind when their runner died (cgroups of
-        runs this runner does not know). The executor calls it on a new pool runner."""
+        runs this runner does not know). The executor calls it on each runner of a slice it
+        reserves, and a launch on a slice it had not reserved sends its start calls right after.
+
+        Under the lock throughout: the calls of this threaded actor run side by side, and a start
+        that registered its run and made the run's cgroups between the sweep's reading of what to
+        keep and its listing of the cgroups had its new process killed as a dead runner's."""
         with self._lock:
             keep = {r.box.cgroup.name for r in self._runs.values() if r.box and r.box.cgroup}
             keep |= {r.guard.pids_dir.name for r in self._runs.values() if r.guard and r.guard.pids_dir}
+            return self._remove_unknown(keep)
+
+    def _remove_unknown(self, keep: set[str]) -> int:
+        """Kill and remove this host's run cgroups (v2, and the v1 pids directories) not in ``keep``;
+        the caller holds the lock."""
         removed = contain.sweep(self._cgroups, self._cgroup_prefix(), keep)
-        if self._pids is not None and not self._pids.shared:  # the v1 pids directories of those runs
+        if self._pids is not None and not self._pids.shared:
             contain.sweep(self._pids.path, self._cgroup_prefix(), keep)
         return removed
 
