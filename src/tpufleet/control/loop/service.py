@@ -636,8 +636,10 @@ class Service:
         streams = self.tr.cursors_of((j.id, j.attempt) for j in jobs)
         deadline = time.monotonic() + self.config.log_budget_s  # from here: a slow query spends none of it
         for i, job in enumerate(jobs[start:] + jobs[:start]):
-            if i and time.monotonic() > deadline:  # at least one job a cycle, however slow the store
-                break
+            if time.monotonic() > deadline:
+                if i:
+                    break
+                deadline = time.monotonic() + self.config.log_budget_s  # one job a cycle, however slow
             self._log_turn += 1
             try:
                 self._read_logs(
