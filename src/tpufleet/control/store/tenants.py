@@ -281,6 +281,8 @@ class TenantOps:
         deleted = s.execute(
             select(TenantRow.deleted_at).where(TenantRow.name == name).with_for_update(key_share=True)
         ).first()
+        if deleted is None:
+            self._tenant_row(s, name)  # raises: no such tenant (with the nearest names)
         if deleted is None or deleted[0] is not None:
             raise ConflictError(f"tenant {name!r} was deleted; it takes no jobs")
 
