@@ -26,6 +26,11 @@ from tpufleet.control.store.tables import JobRow, LogChunkRow, LogCursorRow
 from tpufleet.errors import NotFoundError
 
 _CURSORS = cast(Table, LogCursorRow.__table__)
+_A_STREAM = (  # one stream of an executemany's row: b_job, b_attempt, b_host
+    _CURSORS.c.job_id == bindparam("b_job"),
+    _CURSORS.c.attempt == bindparam("b_attempt"),
+    _CURSORS.c.host == bindparam("b_host"),
+)
 _MOVED = ("cluster_offset", "stored", "complete", "truncated", "note")  # what a stored piece changes
 PIECE_CHARS = 256 * 1024  # characters of a stored log read per query while a read streams
 
@@ -168,13 +173,7 @@ def append_many(
         conn.execute(insert(LogChunkRow), chunks)
     if touched:
         conn.execute(
-            update(_CURSORS)
-            .where(
-                _CURSORS.c.job_id == bindparam("b_job"),
-                _CURSORS.c.attempt == bindparam("b_attempt"),
-                _CURSORS.c.host == bindparam("b_host"),
-            )
-            .values({k: bindparam(k) for k in _MOVED}),
+            update(_CURSORS).where(*_A_STREAM).values({k: bindparam(k) for k in _MOVED}),
             [
                 {"b_job": j, "b_attempt": a, "b_host": h, **{k: c[k] for k in _MOVED}}
                 for (j, a, h), c in touched.items()
@@ -200,12 +199,7 @@ def close_many(conn: Connection, notes: Sequence[tuple[str, int, int, str]]) -> 
         return
     conn.execute(
         update(_CURSORS)
-        .where(
-            _CURSORS.c.job_id == bindparam("b_job"),
-            _CURSORS.c.attempt == bindparam("b_attempt"),
-            _CURSORS.c.host == bindparam("b_host"),
-            _CURSORS.c.complete.is_(False),
-        )
+        .where(*_A_STREAM, _CURSORS.c.complete.is_(False))
         .values(complete=True, note=bindparam("note")),
         [{"b_job": j, "b_attempt": a, "b_host": h, "note": note} for j, a, h, note in notes],
     )
