@@ -13,6 +13,7 @@ from tpufleet.control.cluster.protocol import AttemptSpec, HostState
 from tpufleet.control.loop.service import AfterWrite, Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import JobRecord, JobRequest
+from tpufleet.errors import NotFoundError
 from tpufleet.scheduler.attempts import CANNOT_START_SETTLE_S
 
 
@@ -448,3 +449,25 @@ def test_a_notifying_cluster_wakes_the_loop_between_its_cycles(store: Store, tmp
         wait_for("a cycle after the wake", lambda: service.cycles > before, 60)
     finally:
         service.close()
+
+
+def test_a_sandbox_forgets_all_but_its_last_stopped_attempts_and_no_jobs_output(world: World) -> None:
+    """``serve --sandbox`` runs for days: its cluster keeps the last ``history`` stopped attempts
+    (and records), not every one, and each job's output is in the store before it is forgotten."""
+    world.cluster = MemoryCluster.sandbox("v4-16:2", job_seconds=0, history=3)
+    world.restart()
+    tenant = world.tenant("a", v4=64)
+    bad = {"TPUFLEET_SANDBOX_SECONDS": "nan"}  # each host says why in its log and exits 2
+    jobs = [world.submit(tenant, max_retries=0, env=bad) for _ in range(8)]
+    for _ in range(40):
+        world.cycle()
+        if all(world.job(j).state == "FAILED" for j in jobs):
+            break
+    assert [world.job(j).state for j in jobs] == ["FAILED"] * 8
+    assert (len(world.cluster.launches), len(world.cluster.stops)) == (3, 3)
+    with pytest.raises(NotFoundError):
+        world.cluster.poll(jobs[0], 1)  # forgotten
+    assert world.cluster.poll(jobs[-1], 1).hosts  # kept
+    for job_id in jobs:
+        hosts = world.store.read_logs(job_id).hosts
+        assert len(hosts) == 2 and all("TPUFLEET_SANDBOX_SECONDS must be" in h.data for h in hosts)

@@ -39,7 +39,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field, replace
 
 from tpufleet import catalog, contract
@@ -64,6 +65,7 @@ SIGTERM_EXIT = -15  # what a process ended by stop() reports, as subprocess does
 SECONDS_VAR = "TPUFLEET_SANDBOX_SECONDS"  # in a job's env: how long its hosts run in a sandbox
 EXIT_VAR = "TPUFLEET_SANDBOX_EXIT"  # in a job's env: the exit code of its hosts in a sandbox
 MAX_HOSTS = 100_000  # a fleet's hosts, all slices together
+SANDBOX_HISTORY = 10_000  # stopped attempts a sandbox keeps (MemoryCluster.history)
 BAD_SETTING_EXIT = 2  # what a sandbox host exits with when the job's sandbox variables are malformed
 
 
@@ -195,19 +197,26 @@ class MemoryCluster:
         *,
         clock: Callable[[], float] = time.time,
         keeps_files: bool = True,
+        history: int | None = None,
     ) -> None:
         self._slices: dict[str, SliceInfo] = {s.name: s for s in slices or ()}
         self._script = script
         self._attempts: dict[tuple[str, int], MemoryAttempt] = {}
         self._holder: dict[str, tuple[str, int]] = {}  # slice -> the live attempt holding it
         self._lock = threading.RLock()
-        self.launches: list[AttemptSpec] = []
-        self.stops: list[tuple[str, int, float]] = []
+        # ``history``: how many stopped attempts (and records of launches, stops and removals) are
+        # kept; None keeps all (tests read them). A long-running sandbox must not grow for ever.
+        self.history = history
+        self._stopped: deque[tuple[str, int]] = deque()
+        self.launches: MutableSequence[AttemptSpec] = deque(maxlen=history) if history else []
+        self.stops: MutableSequence[tuple[str, int, float]] = deque(maxlen=history) if history else []
         self.log_chunk = 1 << 20
         self._faults: dict[tuple[str, str | None], BaseException | Callable[[], object]] = {}
         self.keeps_files = keeps_files
         self.files: dict[tuple[str, str], int] = {}  # (tenant, job) -> bytes of its checkpoint dir
-        self.removals: list[tuple[str, str, tuple[str, ...]]] = []
+        self.removals: MutableSequence[tuple[str, str, tuple[str, ...]]] = (
+            deque(maxlen=history) if history else []
+        )
         self.clock = clock  # the hosts' clock: when a Timed run ends, when the hosts measure
         # attempts this cluster reports as cut short by tpufleet (``AttemptStatus.interrupted``), as
         # the Ray client does for a trainer placed on a slice that came back during its window
@@ -225,11 +234,13 @@ class MemoryCluster:
         *,
         job_seconds: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        history: int = SANDBOX_HISTORY,
     ) -> MemoryCluster:
         """What ``serve --sandbox`` runs: a fleet (``"v4-16:64,v4-32:16"`` or slices) whose jobs
-        each run for ``job_seconds`` of ``clock`` (:func:`sandbox_plan`), with no job files."""
+        each run for ``job_seconds`` of ``clock`` (:func:`sandbox_plan`), with no job files,
+        keeping the last ``history`` stopped attempts (their output is stored by then)."""
         fleet = fleet_slices(slices) if isinstance(slices, str) else slices
-        return cls(fleet, sandbox_plan(job_seconds), clock=clock, keeps_files=False)
+        return cls(fleet, sandbox_plan(job_seconds), clock=clock, keeps_files=False, history=history)
 
     def fault(
         self, op: str, what: BaseException | Callable[[], object] | None, job_id: str | None = None
@@ -387,6 +398,20 @@ class MemoryCluster:
             for name in att.spec.slices:
                 if self._holder.get(name) == (job_id, attempt):
                     del self._holder[name]
+            self._forget_beyond_history((job_id, attempt))
+
+    def _forget_beyond_history(self, stopped: tuple[str, int]) -> None:
+        """Keep the last ``history`` stopped attempts: the loop has read their last output and
+        final state right after their stops, long before they are forgotten."""
+        if self.history is None:
+            return
+        self._stopped.append(stopped)
+        while len(self._stopped) > self.history:
+            key = self._stopped.popleft()
+            att = self._attempts.get(key)
+            if att is not None and att.stopped:
+                del self._attempts[key]
+                self.interruptions.pop(key, None)
 
     def read_logs(self, job_id: str, attempt: int, slice_name: str, worker_id: int, offset: int) -> LogChunk:
         self._check("read_logs", job_id)
