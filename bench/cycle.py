@@ -13,7 +13,8 @@ tests/unit/conftest.py starts one; ``--no-pg`` to skip) and each queue size (``-
 - does the same with ``ServiceConfig(incremental=False)``, which reads every job from the store
   each cycle, as the loop did before this change: the figures to compare with;
 - prints the policy's own share (``decide`` alone, p50 of the steady cycles), and the steady
-  cycles' CPU time (p50), which a busy or shared machine disturbs less than their wall time.
+  cycles' CPU time (p50), which a busy or shared machine disturbs less than their wall time,
+  and the process's resident memory after them (``rss``: the control plane's, in process).
 
 Goals (issue 9): with 100,000 queued jobs a steady cycle p50 <= 300 ms and the first cycle after
 a restart <= 5 s. Figures are printed, never asserted.
@@ -103,13 +104,25 @@ def measure(store: Store, tmp: str, cycles: int, incremental: bool) -> dict[str,
         times.append(time.perf_counter() - started)
         cpu_s.append(time.process_time() - cpu)
     times.sort()
+    gc.collect()
     return {
+        "rss_mib": _rss_mib(),
         "first_s": first,
         "p50_s": statistics.median(times),
         "p95_s": times[min(len(times) - 1, round(0.95 * (len(times) - 1)))],
         "cpu_p50_s": statistics.median(cpu_s),
         "policy_p50_s": statistics.median(policy_s[1:]),  # decide() alone, steady cycles
     }
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now (it is the control plane: store client, kept state and
+    policy; the PostgreSQL server's own is apart), from /proc/self/status."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 @contextlib.contextmanager
@@ -133,7 +146,7 @@ def main() -> None:
     print(f"fleet {FLEET}; {len(TENANTS)} tenants; {args.cycles} steady cycles after the first")
     print(
         f"{'db':<11} {'queued':>8} {'submit/s':>9} {'mode':<12} {'restart':>8} {'p50':>8} {'p95':>8} "
-        f"{'cpu p50':>8} {'policy p50':>10}"
+        f"{'cpu p50':>8} {'policy p50':>10} {'rss':>8}"
     )
     with tempfile.TemporaryDirectory() as tmp, postgres(args) as pg:
         dbs: list[tuple[str, object]] = [("sqlite", None)] + ([("postgresql", pg)] if pg else [])
@@ -151,7 +164,8 @@ def main() -> None:
                     print(
                         f"{db:<11} {n:>8} {rate:>9.0f} {mode:<12} {figures['first_s'] * 1000:>7.0f}ms "
                         f"{figures['p50_s'] * 1000:>6.0f}ms {figures['p95_s'] * 1000:>6.0f}ms "
-                        f"{figures['cpu_p50_s'] * 1000:>6.0f}ms {figures['policy_p50_s'] * 1000:>8.0f}ms",
+                        f"{figures['cpu_p50_s'] * 1000:>6.0f}ms {figures['policy_p50_s'] * 1000:>8.0f}ms "
+                        f"{figures['rss_mib']:>5.0f}MiB",
                         flush=True,
                     )
 
