@@ -418,7 +418,7 @@ class Service:
             self._written("running", [j.id for j in running])
             self.tr.placed_all(placed)
             ends += writes.ends  # the stops just issued that returned at once
-            output, writes.ends, writes.output = {**writes.output}, [], {}
+            output, writes.ends, writes.output = writes.output, [], {}
             self.tr.finish_all(ends, output)
             self._written("finish", [j for j, _, _ in ends])
 
@@ -674,6 +674,7 @@ class Service:
             for cur in (self.tr.cursors(job_id, attempt) if cursors is None else cursors)
             if not cur.complete and not cur.truncated
         ]
+        hosts = {rd.cur.host: rd for rd in reading}
         held: list[HostOutput] = []
         unread: list[_Reading] = []  # a host whose stream stays incomplete, with why
         while reading:
@@ -712,8 +713,8 @@ class Service:
                 cursors = self.tr.append_logs(held, self.config.max_log_bytes)
                 stored = {o.host: cur for o, cur in zip(held, cursors, strict=True)}  # the last of each host
                 held = []
-                for rd, _ in moved:  # the store's word: a stream cut at the cap is done
-                    cur = stored[rd.cur.host]
+                for host, cur in stored.items():  # the store's word: a stream cut at the cap is done
+                    rd = hosts[host]
                     rd.cur, rd.offset, rd.done = cur, cur.offset, cur.complete or cur.truncated
             idle += [rd for rd, chunk in moved if not rd.done and (chunk.data or final)]  # more may follow
             reading = sorted(idle, key=lambda rd: rd.cur.host)

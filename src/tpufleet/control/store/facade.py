@@ -79,6 +79,11 @@ def stamp_of(s: Session) -> FenceStamp | None:
     return stamp if isinstance(stamp, FenceStamp) else None
 
 
+def _fence_columns(stamp: FenceStamp | None) -> dict[str, Any]:
+    """An event's ``term`` and ``fenced_at`` from the stamp its transaction passed the fence with."""
+    return {"term": None, "fenced_at": None} if stamp is None else {"term": stamp.term, "fenced_at": stamp.at}
+
+
 def term_of(s: Session) -> int | None:
     """The fencing token ``s``'s transaction writes under (None: unfenced)."""
     stamp = stamp_of(s)
@@ -607,7 +612,7 @@ class Store(TenantOps, RayOps):
     ) -> None:
         """An event in ``s``'s transaction; with ``actor`` (who did it) it is in the audit log.
         Stamped with the fence stamp of ``s``'s transaction (:meth:`fenced`), else ``stamp``."""
-        stamp = stamp_of(s) or stamp
+        fence = _fence_columns(stamp_of(s) or stamp)
         s.add(
             EventRow(
                 job_id=job_id,
@@ -617,8 +622,7 @@ class Store(TenantOps, RayOps):
                 message=message,
                 tenant=tenant,
                 actor=actor,
-                term=None if stamp is None else stamp.term,
-                fenced_at=None if stamp is None else stamp.at,
+                **fence,
             )
         )
 
@@ -627,12 +631,7 @@ class Store(TenantOps, RayOps):
         dict of :meth:`add_event`'s keywords and its ``message``, stamped as it stamps them."""
         if not events:
             return
-        stamp = stamp_of(s)
-        fence = (
-            {"term": None, "fenced_at": None}
-            if stamp is None
-            else {"term": stamp.term, "fenced_at": stamp.at}
-        )
+        fence = _fence_columns(stamp_of(s))
         blank = {"job_id": None, "slice": None, "kind": "info", "tenant": None, "actor": None}
         at = self.clock()
         s.connection().execute(insert(EventRow), [{**blank, **e, "at": at, **fence} for e in events])

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from itertools import groupby, repeat
 from operator import attrgetter
+from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
@@ -200,7 +201,7 @@ class Transitions:
                 del rows[name]
                 self.store.add_event(s, LEFT, slice=name, kind="slice")
             for info in infos:
-                row = rows.pop(info.name, None)
+                row: Any = rows.pop(info.name, None)
                 if row is None and (info.name in retired or not any(h.alive for h in info.hosts)):
                     continue
                 hosts = [
@@ -208,24 +209,23 @@ class Transitions:
                     for h in info.hosts
                 ]
                 if row is None:
-                    conn.execute(
-                        insert(_SLICES).values(
-                            name=info.name,
-                            accelerator_type=info.accelerator_type,
-                            topology=info.topology,
-                            expected_hosts=info.expected_hosts,
-                            state=r.FREE,
-                            holder=None,
-                            hosts=hosts,
-                            problems=[],
-                            draining=False,
-                            updated_at=now,
-                        )
-                    )
+                    new = {
+                        "name": info.name,
+                        "accelerator_type": info.accelerator_type,
+                        "topology": info.topology,
+                        "expected_hosts": info.expected_hosts,
+                        "state": r.FREE,
+                        "holder": None,
+                        "hosts": hosts,
+                        "problems": [],
+                        "draining": False,
+                        "updated_at": now,
+                    }
+                    conn.execute(insert(_SLICES).values(new))
                     self.store.add_event(
                         s, f"discovered {info.accelerator_type}", slice=info.name, kind="slice"
                     )
-                    row = conn.execute(select(_SLICES).where(_SLICES.c.name == info.name)).one()
+                    row = SimpleNamespace(**new)  # the row as inserted
                 shape = (info.accelerator_type, info.topology, info.expected_hosts, hosts)
                 records.append(self._sync_row(s, row, shape, list(info.problems), now, changed))
             for row in rows.values():
@@ -411,9 +411,9 @@ class Transitions:
             )
             for i, (d, job, life) in enumerate(todo)
         ]
-        if got != len(taken) or not _cas_all(conn, cas):
-            if not alone:
-                raise _Raced
+        if got != len(taken) and not alone:
+            raise _Raced
+        if got != len(taken) or not _cas_all(conn, cas, alone):
             d = todo[0][0]  # give back what this admission took: they were FREE a moment ago
             conn.execute(
                 update(_SLICES)
@@ -592,9 +592,7 @@ class Transitions:
                     "actor": "scheduler" if kind in (lc.StopKind.PREEMPT, lc.StopKind.PRIORITY) else None,
                 }
             )
-        if not _cas_all(conn, cas):
-            if not alone:
-                raise _Raced
+        if not _cas_all(conn, cas, alone):
             return [False]
         self.store.add_events(s, events)
         return out
@@ -638,16 +636,8 @@ class Transitions:
         return self._grouped(keys, self._launched, unique=_distinct(job for job, _ in keys))
 
     def _launched(self, s: Session, keys: Sequence[tuple[str, int]], alone: bool) -> list[bool]:
-        now = self.clock()
         conn = s.connection()
-        jobs = _read_jobs(conn, [job_id for job_id, _ in keys])
-        moving = [
-            jobs[j] for j, a in keys if j in jobs and jobs[j].attempt == a and jobs[j].state == r.ADMITTED
-        ]
-        if not _cas_all(conn, [(job, {"state": r.STARTING, "updated_at": now}) for job in moving]):
-            if not alone:
-                raise _Raced
-            return [False]
+        moving = _move(conn, keys, alone, r.ADMITTED, {"state": r.STARTING, "updated_at": self.clock()})
         if not moving:
             return [False] * len(keys)
         names = {n for job in moving for n in job.slices}
@@ -685,15 +675,11 @@ class Transitions:
     def _running(self, s: Session, keys: Sequence[tuple[str, int]], alone: bool) -> list[bool]:
         now = self.clock()
         conn = s.connection()
-        jobs = _read_jobs(conn, [job_id for job_id, _ in keys])
-        moving = [
-            jobs[j] for j, a in keys if j in jobs and jobs[j].attempt == a and jobs[j].state == r.STARTING
-        ]
-        values = {"state": r.RUNNING, "started_at": now, "updated_at": now}
-        if not _cas_all(conn, [(job, values) for job in moving]):
-            if not alone:
-                raise _Raced
-            return [False]
+        moving = _move(
+            conn, keys, alone, r.STARTING, {"state": r.RUNNING, "started_at": now, "updated_at": now}
+        )
+        if not moving:
+            return [False] * len(keys)
         _update_attempts(
             conn, [(job.id, job.attempt, {"state": r.RUNNING, "started_at": now}) for job in moving]
         )
@@ -758,9 +744,7 @@ class Transitions:
                     },
                 )
             )
-        if not _cas_all(conn, cas):
-            if not alone:
-                raise _Raced
+        if not _cas_all(conn, cas, alone):
             return [None]
         if not ended:
             return out
@@ -1042,17 +1026,30 @@ def _read_jobs(conn: Connection, job_ids: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _cas_all(conn: Connection, members: Sequence[tuple[Any, dict[str, Any]]]) -> bool:
+def _cas_all(conn: Connection, members: Sequence[tuple[Any, dict[str, Any]]], alone: bool) -> bool:
     """Compare-and-set each job (read by ``_read_jobs``) to its values, in one executemany: each
     row is updated only while it is as read (``_AS_READ``: what its transition was computed from,
     and ``updated_at``), so a cancel or any other write that came between wins. True when every
-    member's row was updated; members are written in runs of equal columns, one statement each."""
+    member's row was updated; else a group raises ``_Raced`` (``_grouped`` writes it again a member
+    at a time) and a lone member answers False. Members are written in runs of equal columns."""
     done = 0
     for keys, run in groupby(members, key=lambda m: tuple(m[1])):
         rows = [{**{f"b_{c}": getattr(job, c) for c in _AS_READ}, **values} for job, values in run]
         statement = update(_JOBS).where(*(_same(c) for c in _AS_READ)).values({k: bindparam(k) for k in keys})
         done += _rowcount(conn.execute(statement, rows))
+    if done != len(members) and not alone:
+        raise _Raced
     return done == len(members)
+
+
+def _move(
+    conn: Connection, keys: Sequence[tuple[str, int]], alone: bool, state: str, values: dict[str, Any]
+) -> list[Any] | None:
+    """The jobs of ``keys`` (id, attempt) that are at that attempt in ``state``, each set to
+    ``values`` (``_cas_all``); None when a lone member's row changed since it was read."""
+    jobs = _read_jobs(conn, [job_id for job_id, _ in keys])
+    moving = [jobs[j] for j, a in keys if j in jobs and jobs[j].attempt == a and jobs[j].state == state]
+    return moving if _cas_all(conn, [(job, values) for job in moving], alone) else None
 
 
 def _same(column: str) -> ColumnElement[bool]:
