@@ -3,16 +3,18 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tpufleet-installed
+TORCH_STAMP := $(VENV)/.tpufleet-torch-installed
 UV_PIN := uv==0.13.8
 UV     := $(BIN)/uv pip install --python $(BIN)/python
 # make test fails, never skips, when a service the tests start is missing
 REQUIRE := TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1
-.PHONY: venv bytecode test lint lint-beside tests-side-by-side services unit host integration demo bench clean help
+.PHONY: venv torch bytecode test lint lint-beside tests-side-by-side services unit host integration demo bench clean help
 
 help:
 	@echo "make demo   - start an emulated TPU fleet and run the main job end to end"
 	@echo "make test   - ruff, mypy, import-linter contracts and the whole pytest suite"
 	@echo "make venv   - create or update .venv with the pinned dependencies"
+	@echo "make torch  - add PyTorch and PyTorch/XLA to .venv (make test does)"
 	@echo "make bench  - run the benchmarks in bench/ (not part of the tests)"
 
 # The stamp is rebuilt only when the pins or the package metadata change, so a second run is instant.
@@ -28,6 +30,15 @@ $(STAMP): requirements.lock pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# PyTorch and PyTorch/XLA (the `torch` extra, requirements-torch.lock): `make test` installs them so
+# that the PyTorch tests always run; `make demo` does without them. From PyPI they are about 4 GB (the
+# CUDA libraries torch's wheel needs), ~30 s to fetch here; from uv's cache a few seconds.
+$(TORCH_STAMP): $(STAMP) requirements-torch.lock
+	$(UV) --quiet --compile-bytecode -r requirements.lock -r requirements-torch.lock
+	@touch $@
+
+torch: $(TORCH_STAMP)
 
 # This machine's environment sets PYTHONDONTWRITEBYTECODE=1, so a process never caches what it
 # compiles: every `tpufleet` CLI call, runner actor and host script the tests start would compile
@@ -48,7 +59,7 @@ services:
 	./scripts/ensure-test-services.sh
 
 test:
-	@$(MAKE) --no-print-directory -j2 services bytecode
+	@$(MAKE) --no-print-directory -j2 services bytecode torch
 	@# The linters (niced) beside the tests, three pytest processes side by side (side-by-side-tests.sh):
 	@# the host, unit and in-memory conformance tests (niced, a test at a time on three workers; no two
 	@# host tests that sweep or scan processes overlap, see tests/host/conftest.py), the tests that
