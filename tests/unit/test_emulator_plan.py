@@ -38,8 +38,16 @@ def test_every_host_of_a_slice_gets_the_contract_and_the_emulator_variables() ->
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
         "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+        "PJRT_DEVICE": "CPU",
         "TPUFLEET_EMULATED": "1",
     }
+
+
+def test_the_hosts_sitecustomize_comes_first_on_the_callers_pythonpath() -> None:
+    site = str(plan.HOST_SITE_DIR)
+    assert (plan.HOST_SITE_DIR / "sitecustomize.py").is_file()
+    assert plan.site_env(None) == {"PYTHONPATH": site}
+    assert plan.site_env(f"/a:{site}::/b") == {"PYTHONPATH": f"{site}:/a:/b"}
 
 
 def test_single_host_slices_have_no_hostnames_as_on_gke() -> None:
@@ -54,6 +62,7 @@ def test_the_callers_host_cluster_and_jax_variables_do_not_leak_into_a_host() ->
         "TPU_NAME": "x",
         "RAY_ADDRESS": "a:1",
         "JAX_PLATFORMS": "tpu",
+        "PJRT_DEVICE": "TPU",
         "MEGASCALE_X": "1",
         "RAY_AUTH_TOKEN": "the caller's own cluster",
         "RAY_AUTH_TOKEN_PATH": "/elsewhere",

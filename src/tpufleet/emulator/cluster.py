@@ -230,10 +230,15 @@ class EmulatedFleet:
 
     def _hosts_env(self, st: FleetState) -> dict[str, str]:
         """What every host's launch gets, whichever host: :meth:`_node_env`, lean, no prestarted
-        workers, and the shared JAX compilation cache when ``TPUFLEET_EMULATOR_JAX_CACHE`` names
-        one (``plan.jax_cache_env``)."""
+        workers, the shared JAX compilation cache when ``TPUFLEET_EMULATOR_JAX_CACHE`` names
+        one (``plan.jax_cache_env``), and the hosts' ``sitecustomize`` (``plan.site_env``)."""
         lean = plan.LEAN_HOST_ENV if st.lean else {}
-        return self._node_env() | lean | plan.jax_cache_env(os.environ.get(plan.JAX_CACHE_VAR))
+        return (
+            self._node_env()
+            | lean
+            | plan.jax_cache_env(os.environ.get(plan.JAX_CACHE_VAR))
+            | plan.site_env(os.environ.get("PYTHONPATH"))
+        )
 
     def _host_start(
         self, st: FleetState, rec: EmulatedSlice, worker: int, runtime_env_port: int

@@ -6,13 +6,17 @@ variables the GKE webhook / TPU VM metadata provide) and ``TPU: <chips_per_host>
 resource; Ray's own ``TPUAcceleratorManager`` turns those into the ``ray.io/tpu-*`` labels and the
 ``TPU-<type>-head`` / ``<TPU_NAME>`` resources. On top come the emulator's own variables
 (:func:`emulator_env`): ``TPU_SKIP_MDS_QUERY`` as on a GKE pod (there is no metadata server), JAX on
-CPU with ``chips_per_host`` devices and gloo collectives, and ``TPUFLEET_EMULATED=1`` so
-:func:`tpufleet.runtime.initialize_jax` knows.
+CPU with ``chips_per_host`` devices and gloo collectives, PyTorch/XLA on CPU (``PJRT_DEVICE=CPU``, one
+device per process), and ``TPUFLEET_EMULATED=1`` so :func:`tpufleet.runtime.initialize_jax` and
+``initialize_torch`` know. :func:`site_env` puts ``hostsite/`` first on the hosts' ``PYTHONPATH``: its
+``sitecustomize`` says in a job's log that PyTorch/XLA runs on CPU and warns where it cannot
+synchronise.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +30,9 @@ EMULATED_VAR = "TPUFLEET_EMULATED"
 
 # Variables of the caller that must not leak into an emulated host: they would describe another
 # host, another cluster, or another JAX platform.
-_SCRUB_PREFIXES = ("TPU_", "MEGASCALE_", "JAX_", "XLA_", "RAY_", "TPUFLEET_")
+_SCRUB_PREFIXES = ("TPU_", "MEGASCALE_", "JAX_", "XLA_", "PJRT_", "RAY_", "TPUFLEET_")
+# What every Python process of an emulated host runs first (its sitecustomize; see site_env).
+HOST_SITE_DIR = Path(__file__).parent / "hostsite"
 
 
 def slice_name(accelerator_type: str, index: int) -> str:
@@ -44,14 +50,25 @@ def next_slice_names(existing: Iterable[str], accelerator_type: str, count: int)
 
 def emulator_env(slice_type: SliceType) -> dict[str, str]:
     """What an emulated host adds to the contract: no metadata server (``TPU_SKIP_MDS_QUERY``, as on a
-    GKE pod), JAX on CPU, one CPU device per chip, gloo."""
+    GKE pod), JAX on CPU, one CPU device per chip, gloo; PyTorch/XLA on CPU, one device per process:
+    its CPU client hangs in an all-reduce over several devices of one process (pytorch/xla#9089)."""
     return {
         **NO_METADATA_VARS,
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={slice_type.chips_per_host}",
         "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+        "PJRT_DEVICE": "CPU",
         EMULATED_VAR: "1",
     }
+
+
+def site_env(pythonpath: str | None) -> dict[str, str]:
+    """``PYTHONPATH`` for an emulated host: ``HOST_SITE_DIR`` first, then the caller's ``pythonpath``.
+    Its ``sitecustomize`` (``hostsite/sitecustomize.py``) notes PyTorch/XLA's CPU device in a job's
+    log, warns when ``xm.optimizer_step`` or ``xm.rendezvous`` cannot synchronise a job of several
+    processes, then runs any other ``sitecustomize`` there is."""
+    rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != str(HOST_SITE_DIR)]
+    return {"PYTHONPATH": os.pathsep.join([str(HOST_SITE_DIR), *rest])}
 
 
 # A JAX persistent compilation cache the hosts of emulated fleets share, as a real pod points every
