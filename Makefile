@@ -7,7 +7,7 @@ TORCH_STAMP := $(VENV)/.tpufleet-torch-installed
 UV_PIN := uv==0.13.8
 UV     := $(BIN)/uv pip install --python $(BIN)/python
 # make test fails, never skips, when a service the tests start is missing
-REQUIRE := TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1
+REQUIRE := TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1 TPUFLEET_REQUIRE_TORCH=1
 .PHONY: venv torch bytecode test lint lint-beside tests-side-by-side services unit host integration demo bench clean help
 
 help:

@@ -47,6 +47,9 @@ MEGASCALE_VARS = (
     "MEGASCALE_SLICE_ID",
 )
 JOB_VARS = ("TPUFLEET_JOB_ID", "TPUFLEET_ATTEMPT", "TPUFLEET_CHECKPOINT_DIR")
+# The labels Ray's TPUAcceleratorManager puts on every TPU host's node (its slice and worker id),
+# which Ray's label selectors place work by.
+SLICE_LABEL, WORKER_LABEL = "ray.io/tpu-slice-name", "ray.io/tpu-worker-id"
 RAY_TRAIN_POLL_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # how often Ray Train's controller polls workers
 # The fastest a job may make that poll, and the emulated head's own value: the controller polls from
 # the head every job shares, so the head never polls faster than a job is allowed to.

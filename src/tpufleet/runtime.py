@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from tpufleet.contract import RAY_TRAIN_POLL_VAR
+from tpufleet.contract import RAY_TRAIN_POLL_VAR, SLICE_LABEL, WORKER_LABEL
 
 __all__ = [
     "DEFAULT_COORDINATOR_PORT",
@@ -197,7 +197,7 @@ def _missing(err: ModuleNotFoundError, package: str) -> bool:
 # The driver of a Ray job gets the slices the policy admitted (``contract.ray_driver_env``); these
 # helpers turn them into Ray Train's configuration, so a script hard-codes no topology.
 
-__all__ += ["RaySlices", "admitted_slices", "run_config", "scaling_config"]
+__all__ += ["RaySlices", "admitted_slices", "run_config", "scaling_config", "torch_scaling_config"]
 
 
 @dataclass(frozen=True)
@@ -247,6 +247,26 @@ def scaling_config(environ: Mapping[str, str] | None = None, **overrides: Any) -
         "topology": s.topology,
         "accelerator_type": s.ray_accelerator_type,
     }
+    return ScalingConfig(**(fields | overrides))
+
+
+def torch_scaling_config(environ: Mapping[str, str] | None = None, **overrides: Any) -> Any:
+    """Ray Train's ``ScalingConfig`` for a ``TorchTrainer`` on the admitted slices: one worker per
+    host of every admitted slice, in (slice, worker id) order, each placed on its host by Ray's TPU
+    node labels (``label_selector``), so rank r runs on host r.
+
+    No ``TPU`` resource is asked for (``use_tpu`` stays False): in Ray 2.60 a Torch worker that holds
+    TPU chips gets Ray's TPU device manager, which is TorchTPU's (``torch_tpu``, TPU hardware only)
+    and fails without it, before the training function starts ("Using TPUTorchDeviceManager but
+    torch_tpu is not available"), whatever the backend. The chips stay the job's all the same:
+    tpufleet admitted it on whole slices, and a process on the host sees all of them, as PyTorch/XLA
+    wants (one process per host). With TorchTPU use :func:`scaling_config` instead. ``overrides``
+    win."""
+    from ray.train import ScalingConfig
+
+    s = admitted_slices(environ)
+    hosts = [{SLICE_LABEL: name, WORKER_LABEL: str(w)} for name in s.names for w in range(s.hosts_per_slice)]
+    fields: dict[str, Any] = {"num_workers": len(hosts), "label_selector": hosts}
     return ScalingConfig(**(fields | overrides))
 
 

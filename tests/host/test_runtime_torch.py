@@ -3,7 +3,7 @@ executor gives each host of an attempt (``contract.attempt_envs`` over the emula
 variables), no Ray. DDP over both hosts of a v4-16 and over two v4-16 slices: every rank ends with
 the same parameters although each trained on its own data from its own initial weights.
 
-Needs PyTorch (the ``torch`` extra); skipped, saying so, where it is not installed."""
+Needs PyTorch (the ``torch`` extra, which ``make test`` installs): see tests/support/torchreq.py."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ import sys
 from typing import Any
 
 import pytest
+import torchreq
 
 from tpufleet import catalog, contract
 from tpufleet.emulator import plan
 from tpufleet.runtime import PORT_VAR
 
-pytest.importorskip("torch", reason="PyTorch is not installed: pip install 'tpufleet[torch]'")
+torchreq.require("torch")
 
 WORKER = r"""
 import json, torch, torch.distributed as dist

@@ -24,6 +24,7 @@ from typing import Any
 import planes
 import pytest
 import ray
+import torchreq
 from _executor_helpers import wait_for
 
 from tpufleet.client.http import Client
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.integration
 
 PY = sys.executable
 EXAMPLE = Path(__file__).parents[2] / "examples" / "train_jaxtrainer.py"
+TORCH_EXAMPLE = EXAMPLE.with_name("train_torchtrainer.py")
 CONFIG = ServiceConfig(
     interval_s=0.5, preempt_grace_s=3.0, cancel_grace_s=1.0, fail_grace_s=1.0, start_timeout_s=300.0
 )
@@ -61,6 +63,7 @@ class Plane(planes.Served):
 def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     package_dir = tmp_path_factory.mktemp("package")
     shutil.copy(EXAMPLE, package_dir)
+    shutil.copy(TORCH_EXAMPLE, package_dir)
     cluster = RayExecutor.connect(fleet.ray_address)
     state_dir = tmp_path_factory.mktemp("control-plane")
     v4 = [s.name for s in cluster.inventory() if s.intact and s.accelerator_type == "v4-16"]
@@ -234,6 +237,43 @@ def test_ray_jobs_share_the_fleet_are_preempted_lose_a_host_restore_their_checkp
     wait_for("every actor of the Ray job to end", lambda: _alive_actors(plane, ray_job.ray_job) == 0, 30, 0.5)
     wait_for("the slice to be free", lambda: _free(plane, third["slices"][0]), 60)
     assert other.job(spmd)["state"] == "RUNNING"
+
+
+@pytest.mark.timeout(900)
+def test_a_torchtrainer_trains_one_worker_per_host_on_its_slice_and_resumes_after_a_lost_host(
+    plane: Plane, fleet: Any
+) -> None:
+    """Ray Train's TorchTrainer (``examples/train_torchtrainer.py``, ``runtime.torch_scaling_config()``)
+    on the emulator: one worker per host of exactly the admitted slice, with no chip mask (the whole
+    host's chips), DDP over gloo; a lost host ends the attempt and the next one, elsewhere, restores
+    the newest recorded checkpoint and ends with the same parameters on every worker."""
+    torchreq.require("torch")
+    client = plane.tenant(v4=16)
+    package = client.upload_package(plane.package_dir)
+    command = [PY, "train_torchtrainer.py", "--steps", "40", "--checkpoint-every", "4", "--step-time", "0.3"]
+    job = client.submit(command, "v4-16", working_dir=package, kind="ray", max_retries=2)["id"]
+    first = wait_state(client, job, "RUNNING")
+    (lost,) = first["slices"]
+    assert workers_on(client, job, 2) == {(lost, 0), (lost, 1)}
+    said = re.findall(
+        r"worker \d+ on \S+, (\w+), (\d+) ranks, TPU_VISIBLE_CHIPS=(\S+)", _driver_log(client, job, 1)
+    )
+    assert set(said) == {("gloo", "2", "unset")}, said  # (Ray may forward a worker's line twice)
+    _checkpointed(client, job, 1, after=0)
+    wait_for("a checkpoint of attempt 1 recorded", lambda: max(_recorded(client, job), default=0) > 0, 60)
+    fleet.kill_host(lost, 1)
+    second = wait_for("attempt 2 to run", lambda: _running(client, job, 2), 480)
+    assert second["slices"] != [lost] and second["failures"] == 1
+    assert _restored(client, job, 2) in _saved(client, job, 1)
+    assert workers_on(client, job, 2, attempt=2) == {(second["slices"][0], 0), (second["slices"][0], 1)}
+    done = wait_state(client, job, "SUCCEEDED")
+    log = _driver_log(client, job, 2)
+    digests = dict(re.findall(r"worker (\d+) params (\w+)", log))
+    assert sorted(digests) == ["0", "1"] and len(set(digests.values())) == 1, log[-3000:]
+    assert done["exit_code"] == 0 and "RESULT " in log
+    fleet.restore(lost)
+    wait_for("the restored slice to be free", lambda: _free(plane, lost), 120, 0.5)
+    plane.cluster.wait_warm([lost], timeout_s=120)
 
 
 def _running(client: Client, job_id: str, attempt: int) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import planes
 import pytest
+import torchreq
 from _executor_helpers import wait_for
 from planes import wait_state
 
@@ -23,6 +24,7 @@ from tpufleet.control.loop.service import ServiceConfig
 from tpufleet.control.ray.client import RayExecutor
 
 pytestmark = pytest.mark.integration
+torchreq.require("torch_xla")  # the jobs import it on the hosts, from the same virtualenv
 
 PY = sys.executable
 ROOT = Path(__file__).parents[2]

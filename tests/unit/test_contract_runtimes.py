@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import torchreq
 
 from tpufleet import catalog, contract
 from tpufleet.emulator import plan
@@ -141,9 +142,9 @@ def _defs(path: Path, names: set[str]) -> ast.Module:
 
 def _torch_xla_tpu(environ: dict[str, str]) -> dict[str, Any]:
     """torch_xla's TPU discovery functions, reading and writing ``environ``."""
+    torchreq.require("torch_xla")  # its discovery code is what these tests run
     spec = importlib.util.find_spec("torch_xla")  # finds the package without importing it (or torch)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("torch_xla is not installed: its discovery code is what these tests run")
+    assert spec is not None and spec.submodule_search_locations
     root = Path(next(iter(spec.submodule_search_locations)))
     fake_os = types.SimpleNamespace(environ=environ, path=os.path, getenv=environ.get)
     xenv = types.SimpleNamespace()
