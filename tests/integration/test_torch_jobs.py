@@ -64,6 +64,17 @@ def _summaries(client: Client, job_id: str, attempt: int | None = None) -> list[
     return [json.loads([x for x in h["data"].splitlines() if x.startswith("{")][-1]) for h in hosts]
 
 
+def _program(
+    plane: planes.Served, tmp_path: Path, program: Path, accelerator_type: str, **quota: int
+) -> tuple[Client, dict[str, Any], list[dict[str, Any]]]:
+    """``python <program>`` (uploaded as a new tenant's package) once it SUCCEEDED, and its hosts' logs."""
+    _, client = plane.tenant_client(**quota)
+    package = _package(client, tmp_path, program)
+    job = client.submit([PY, program.name], accelerator_type, working_dir=package)
+    done = wait_state(client, job["id"], "SUCCEEDED", timeout_s=180)
+    return client, done, client.logs(done["id"])["hosts"]
+
+
 def _ddp(client: Client, package: str, num_slices: int, *extra: str, **submit: Any) -> dict[str, Any]:
     command = [PY, "train_torch_ddp.py", "--steps", str(STEPS), *extra]
     return client.submit(command, "v4-16", num_slices=num_slices, working_dir=package, **submit)
@@ -73,11 +84,9 @@ def _ddp(client: Client, package: str, num_slices: int, *extra: str, **submit: A
 def test_a_single_host_pytorch_xla_loop_runs_unchanged_and_the_log_says_it_is_on_cpu(
     plane: planes.Served, tmp_path: Path
 ) -> None:
-    _, client = plane.tenant_client(v6e=4)
-    package = _package(client, tmp_path, ROOT / "examples" / "torch_xla_single_host.py")
-    job = client.submit([PY, "torch_xla_single_host.py"], "v6e-4", working_dir=package)
-    done = wait_state(client, job["id"], "SUCCEEDED", timeout_s=120)
-    (host,) = client.logs(done["id"])["hosts"]
+    client, done, (host,) = _program(
+        plane, tmp_path, ROOT / "examples" / "torch_xla_single_host.py", "v6e-4", v6e=4
+    )
     assert NOTE in host["data"] and "does not synchronise" not in host["data"]
     (summary,) = _summaries(client, done["id"])
     assert summary["device"] == "xla:0" and summary["steps"] == 40
@@ -87,31 +96,33 @@ def test_a_single_host_pytorch_xla_loop_runs_unchanged_and_the_log_says_it_is_on
 def test_the_guides_single_host_check_runs_as_the_guide_prints_it(
     plane: planes.Served, tmp_path: Path
 ) -> None:
-    _, client = plane.tenant_client(v6e=4)
-    package = _package(client, tmp_path, GUIDES / "single_host_check.py")
-    job = client.submit([PY, "single_host_check.py"], "v6e-4", working_dir=package)
-    done = wait_state(client, job["id"], "SUCCEEDED", timeout_s=180)
-    (host,) = client.logs(done["id"])["hosts"]
+    _, _, (host,) = _program(plane, tmp_path, GUIDES / "single_host_check.py", "v6e-4", v6e=4)
     assert "TPU设备: xla:0" in host["data"] and "TPU计算结果: tensor(" in host["data"], host["data"]
     assert NOTE in host["data"]
 
 
 # -- several hosts: DDP over torch.distributed ----------------------------------------------------
-@pytest.mark.parametrize("num_slices", [1, 2])
-def test_ddp_over_every_host_of_one_and_two_slices_keeps_the_replicas_identical(
-    plane: planes.Served, tmp_path: Path, num_slices: int
-) -> None:
-    _, client = plane.tenant_client(v4=16)
-    package = _package(client, tmp_path, ROOT / "examples" / "train_torch_ddp.py")
-    done = wait_state(client, _ddp(client, package, num_slices)["id"], "SUCCEEDED", timeout_s=180)
-    ranks = _summaries(client, done["id"])
-    world = 2 * num_slices
+def _synchronised(client: Client, job_id: str, world: int) -> list[dict[str, Any]]:
+    """Every rank's summary, once each shows it trained ``STEPS`` steps from scratch in a world of
+    ``world`` and ended with the same parameters as every other rank, although each trained on its
+    own data from its own start: the unsynchronised copies, trained on the same data, all differ."""
+    ranks = _summaries(client, job_id)
     assert sorted(r["rank"] for r in ranks) == list(range(world))
     assert {(r["world"], r["step"], r["resumed_from"]) for r in ranks} == {(world, STEPS, 0)}
-    # The same parameters on every rank, although each trained on its own data from its own start:
-    # the unsynchronised copies, trained on the same data, all differ.
     assert len({r["params"] for r in ranks}) == 1, ranks
     assert len({r["alone"] for r in ranks}) == world, ranks
+    return ranks
+
+
+def test_ddp_over_every_host_of_two_slices_keeps_the_replicas_identical(
+    plane: planes.Served, tmp_path: Path
+) -> None:
+    """(Over the two hosts of one slice: the uninterrupted run of the next test.)"""
+    _, client = plane.tenant_client(v4=16)
+    package = _package(client, tmp_path, ROOT / "examples" / "train_torch_ddp.py")
+    done = wait_state(client, _ddp(client, package, 2)["id"], "SUCCEEDED", timeout_s=180)
+    assert len(done["slices"]) == 2
+    _synchronised(client, done["id"], 4)
 
 
 def test_ddp_resumes_from_its_checkpoint_after_a_host_is_killed(
@@ -120,9 +131,9 @@ def test_ddp_resumes_from_its_checkpoint_after_a_host_is_killed(
     _, client = plane.tenant_client(v4=16)
     package = _package(client, tmp_path, ROOT / "examples" / "train_torch_ddp.py")
     uninterrupted = wait_state(client, _ddp(client, package, 1)["id"], "SUCCEEDED", timeout_s=180)
-    expected = {r["params"] for r in _summaries(client, uninterrupted["id"])}
+    expected = {r["params"] for r in _synchronised(client, uninterrupted["id"], 2)}
 
-    job = _ddp(client, package, 1, "--step-seconds", "0.5", max_retries=2)
+    job = _ddp(client, package, 1, "--step-seconds", "0.3", max_retries=2)
     running = wait_state(client, job["id"], "RUNNING", timeout_s=120)
     (victim,) = running["slices"]
 
@@ -142,16 +153,16 @@ def test_ddp_resumes_from_its_checkpoint_after_a_host_is_killed(
     # Nothing lost: the resumed run ends with exactly the parameters of the run that was never stopped.
     assert {r["params"] for r in ranks} == expected, (ranks, expected)
     fleet.restore(victim)
+    free = lambda: any(s["name"] == victim and s["state"] == "FREE" for s in plane.admin.slices())  # noqa: E731
+    wait_for("the restored slice to be free", free, 120, every_s=0.5)
     plane.cluster.wait_warm([victim], timeout_s=120)
 
 
 def test_a_pytorch_xla_loop_on_several_hosts_warns_that_it_does_not_synchronise(
     plane: planes.Served, tmp_path: Path
 ) -> None:
-    _, client = plane.tenant_client(v4=8)
-    package = _package(client, tmp_path, ROOT / "examples" / "torch_xla_single_host.py")
-    job = client.submit([PY, "torch_xla_single_host.py"], "v4-16", working_dir=package)
-    done = wait_state(client, job["id"], "SUCCEEDED", timeout_s=120)
-    for host in client.logs(done["id"])["hosts"]:
+    *_, hosts = _program(plane, tmp_path, ROOT / "examples" / "torch_xla_single_host.py", "v4-16", v4=8)
+    assert len(hosts) == 2
+    for host in hosts:
         (warning,) = [x for x in host["data"].splitlines() if "does not synchronise" in x]
         assert "xm.optimizer_step" in warning and "2 processes" in warning and "initialize_torch()" in warning
