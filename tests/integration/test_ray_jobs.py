@@ -250,7 +250,7 @@ def test_a_torchtrainer_trains_one_worker_per_host_on_its_slice_and_resumes_afte
     torchreq.require("torch")
     client = plane.tenant(v4=16)
     package = client.upload_package(plane.package_dir)
-    command = [PY, "train_torchtrainer.py", "--steps", "24", "--checkpoint-every", "4", "--step-time", "0.25"]
+    command = [PY, "train_torchtrainer.py", "--steps", "16", "--checkpoint-every", "4", "--step-time", "0.25"]
     job = client.submit(command, "v4-16", working_dir=package, kind="ray", max_retries=2)["id"]
     first = wait_state(client, job, "RUNNING")
     (lost,) = first["slices"]

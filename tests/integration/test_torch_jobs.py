@@ -31,7 +31,7 @@ ROOT = Path(__file__).parents[2]
 GUIDES = ROOT.parent / "shared" / "guides" / "pytorch"
 CONFIG = ServiceConfig(interval_s=0.5, fail_grace_s=1.0, cancel_grace_s=1.0, start_timeout_s=60.0)
 NOTE = "PyTorch/XLA runs on this emulated host's CPU (PJRT_DEVICE=CPU)"
-STEPS = 30
+STEPS = 20
 
 
 @pytest.fixture(scope="module")
