@@ -18,12 +18,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tpufleet import catalog
+from tpufleet import catalog, contract
 from tpufleet.errors import InputError, SpecError
 from tpufleet.fleet import HostInfo, SliceInfo
 
-SLICE_NAME = "ray.io/tpu-slice-name"
-WORKER_ID = "ray.io/tpu-worker-id"
+SLICE_NAME, WORKER_ID = contract.SLICE_LABEL, contract.WORKER_LABEL
 TOPOLOGY = "ray.io/tpu-topology"
 POD_TYPE = "ray.io/tpu-pod-type"
 

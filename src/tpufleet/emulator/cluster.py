@@ -39,7 +39,7 @@ from typing import Any
 
 from tpufleet import catalog
 from tpufleet.catalog import SliceType
-from tpufleet.contract import RAY_TRAIN_POLL_MIN_S, RAY_TRAIN_POLL_VAR
+from tpufleet.contract import RAY_TRAIN_POLL_MIN_S, RAY_TRAIN_POLL_VAR, SLICE_LABEL, WORKER_LABEL
 from tpufleet.emulator import auth, deviceplugin, plan, procs, raynodes
 from tpufleet.emulator import state as store
 from tpufleet.emulator.raynodes import read_nodes
@@ -51,8 +51,6 @@ from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecErro
 # own reason first; a few seconds on a quiet machine.
 JOIN_WAIT_S = 300.0
 
-SLICE_LABEL = "ray.io/tpu-slice-name"
-WORKER_LABEL = "ray.io/tpu-worker-id"
 HEAD_ENV = {
     # GCS failure detection for a killed host: ~3 s instead of ~15 s.
     "RAY_health_check_period_ms": "1000",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tpufleet.contract import SLICE_LABEL
 from tpufleet.emulator import auth
 from tpufleet.emulator import state as store
 from tpufleet.emulator.raynodes import read_nodes
@@ -33,7 +34,6 @@ from tpufleet.errors import ClusterError, NotFoundError, SpecError
 
 NOTICES_FILE = "notices.json"
 GCE_NOTICE_S = 30.0  # GCE's preemption notice for spot VMs
-SLICE_LABEL = "ray.io/tpu-slice-name"
 
 
 @dataclass(frozen=True)

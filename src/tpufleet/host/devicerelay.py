@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpufleet import catalog
+from tpufleet import catalog, contract
 from tpufleet.tpudevice import (
     ADDR_VAR,
     LIBTPU_ADDR,
@@ -81,8 +81,7 @@ _PORT_FILE = "device-relay.port"
 _LOCK_FILE = "device-relay.lock"
 
 # Ray's TPU node labels (inventory.py reads the same ones).
-_SLICE_LABEL = "ray.io/tpu-slice-name"
-_WORKER_LABEL = "ray.io/tpu-worker-id"
+_SLICE_LABEL, _WORKER_LABEL = contract.SLICE_LABEL, contract.WORKER_LABEL
 _TOPOLOGY_LABEL = "ray.io/tpu-topology"
 _POD_TYPE_LABEL = "ray.io/tpu-pod-type"
 

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from tpufleet.contract import SLICE_LABEL, WORKER_LABEL
 from tpufleet.fleet import SliceInfo
 from tpufleet.observe import tpumetrics
 from tpufleet.observe.tpumetrics import ChipReading, DeviceReadError
@@ -132,7 +133,7 @@ def endpoints_from_nodes(
     out: dict[tuple[str, int], Endpoint] = {}
     for node in nodes:
         labels = node.get("Labels") or {}
-        name, worker = labels.get("ray.io/tpu-slice-name"), labels.get("ray.io/tpu-worker-id")
+        name, worker = labels.get(SLICE_LABEL), labels.get(WORKER_LABEL)
         address = node.get("NodeManagerAddress")
         if not (node.get("Alive") and name and worker is not None and str(worker).isdigit() and address):
             continue

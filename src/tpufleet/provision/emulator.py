@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from tpufleet.contract import SLICE_LABEL, WORKER_LABEL
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, PhysicalSlice, SliceRequest
 from tpufleet.provision.requests import validate
@@ -340,8 +341,8 @@ class EmulatorProvider:
         alive: set[tuple[str, int]] = set()
         for node in read_nodes(st.ray_address):
             labels = node.get("Labels") or {}
-            if node.get("Alive") and labels.get(spot.SLICE_LABEL) in names:
-                alive.add((labels[spot.SLICE_LABEL], int(labels.get("ray.io/tpu-worker-id", -1))))
+            if node.get("Alive") and labels.get(SLICE_LABEL) in names:
+                alive.add((labels[SLICE_LABEL], int(labels.get(WORKER_LABEL, -1))))
         notices = spot.read(self.state_dir)
         seen = {}
         for rec in st.slices:
