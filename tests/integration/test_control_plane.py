@@ -101,10 +101,6 @@ def logged(client: Client, job_id: str, text: str, attempt: int | None = None) -
     return wait_for(f"{text!r} in every host's log of job {job_id}", probe)
 
 
-def all_free(plane: Plane, names: list[str]) -> bool:
-    return all(s["state"] == "FREE" and s["holder"] is None for s in plane.slices(names))
-
-
 # -- a one-slice and a two-slice job: the contract on every host ---------------------------------
 @pytest.mark.parametrize("num_slices", [1, 2])
 def test_job_succeeds_with_the_contract_on_every_host(plane: Plane, num_slices: int) -> None:
@@ -130,7 +126,7 @@ def test_job_succeeds_with_the_contract_on_every_host(plane: Plane, num_slices: 
     if num_slices == 2:
         assert sorted({e["MEGASCALE_SLICE_ID"] for e in envs}) == ["0", "1"]
         assert len({(e["MEGASCALE_COORDINATOR_ADDRESS"], e["MEGASCALE_PORT"]) for e in envs}) == 1
-    assert all_free(plane, done["slices"])
+    assert plane.all_free(done["slices"])
 
 
 # -- logs ----------------------------------------------------------------------------------------
@@ -165,7 +161,7 @@ def test_cancel_ends_every_process_and_frees_the_slices(plane: Plane) -> None:
     done = wait_state(client, job["id"], "CANCELLED", timeout_s=30)
     assert done["reason_code"] == "CANCELLED"
     assert [p for p in procs if pid_alive(p)] == []
-    assert all_free(plane, running["slices"])
+    assert plane.all_free(running["slices"])
 
 
 # -- auth ----------------------------------------------------------------------------------------
@@ -374,7 +370,7 @@ def test_a_lost_host_ends_the_attempt_and_the_job_resumes_elsewhere(plane: Plane
     assert broken["state"] == "BROKEN" and any("worker 1" in p for p in broken["problems"]), broken
     assert "attempt 2" in client.logs(job["id"])["hosts"][0]["data"]
     fleet.restore(victim)
-    wait_for("the restored slice to be FREE", lambda: all_free(plane, [victim]), 120, every_s=0.5)
+    wait_for("the restored slice to be FREE", lambda: plane.all_free([victim]), 120, every_s=0.5)
     plane.cluster.wait_warm([victim], timeout_s=120)
 
 
@@ -426,7 +422,7 @@ def test_a_working_dir_url_that_cannot_be_fetched_fails_the_attempt_and_frees_th
     job = client.submit([PY, "-c", "pass"], "v4-16", working_dir=DEAD_URL + "code.zip", max_retries=0)
     done = wait_state(client, job["id"], "FAILED", timeout_s=120)
     assert done["reason_code"] == "FAILED" and "working_dir could not be set up" in done["reason"], done
-    assert all_free(plane, done["slices"])
+    assert plane.all_free(done["slices"])
 
 
 ESCAPE = (  # leaves the job's process group and session, as `setsid sleep 90 &` does
@@ -464,7 +460,7 @@ def test_a_slice_whose_runner_died_heals_before_it_is_offered_again(plane: Plane
     failed = wait_state(client, job["id"], "FAILED", timeout_s=60)
     assert "lost" in failed["reason"], failed["reason"]
     # the slice comes back FREE with a new runner, and the next jobs there run
-    wait_for("the slice to heal", lambda: all_free(plane, [victim]), 60, every_s=0.5)
+    wait_for("the slice to heal", lambda: plane.all_free([victim]), 60, every_s=0.5)
     for _ in range(2):
         again = client.submit([PY, "-c", "print('fine')"], "v4-16", max_retries=0)
         assert wait_state(client, again["id"], "SUCCEEDED")["attempt"] == 1
@@ -497,4 +493,4 @@ def test_a_job_past_its_tenants_checkpoint_quota_fails_saying_so_and_the_usage_i
         timeout_s=30,
     )
     assert usage["quota_bytes"] == CKPT_QUOTA and usage["measured_at"] is not None
-    assert all_free(plane, done["slices"])
+    assert plane.all_free(done["slices"])

@@ -133,10 +133,6 @@ def _alive_actors(plane: Plane, ray_job: str) -> int:
     return sum(1 for a in actors if not a.is_detached)
 
 
-def _free(plane: Plane, name: str) -> bool:
-    return any(s["name"] == name and s["state"] == "FREE" for s in plane.admin.slices())
-
-
 @pytest.mark.timeout(1500)  # five Ray Train start-ups on a shared 2-core machine
 def test_ray_jobs_share_the_fleet_are_preempted_lose_a_host_restore_their_checkpoints_and_cancel(
     plane: Plane, fleet: Any
@@ -235,7 +231,7 @@ def test_ray_jobs_share_the_fleet_are_preempted_lose_a_host_restore_their_checkp
     # Ray ends a job's actors once its driver is gone, on its own time: tpufleet waits for the job's
     # placement groups (the Train workers' TPUs) before CANCELLED, not for every actor.
     wait_for("every actor of the Ray job to end", lambda: _alive_actors(plane, ray_job.ray_job) == 0, 30, 0.5)
-    wait_for("the slice to be free", lambda: _free(plane, third["slices"][0]), 60)
+    wait_for("the slice to be free", lambda: plane.all_free(third["slices"]), 60)
     assert other.job(spmd)["state"] == "RUNNING"
 
 
@@ -272,7 +268,7 @@ def test_a_torchtrainer_trains_one_worker_per_host_on_its_slice_and_resumes_afte
     assert sorted(digests) == ["0", "1"] and len(set(digests.values())) == 1, log[-3000:]
     assert done["exit_code"] == 0 and "RESULT " in log
     fleet.restore(lost)
-    wait_for("the restored slice to be free", lambda: _free(plane, lost), 120, 0.5)
+    wait_for("the restored slice to be free", lambda: plane.all_free([lost]), 120, 0.5)
     plane.cluster.wait_warm([lost], timeout_s=120)
 
 

@@ -153,8 +153,7 @@ def test_ddp_resumes_from_its_checkpoint_after_a_host_is_killed(
     # Nothing lost: the resumed run ends with exactly the parameters of the run that was never stopped.
     assert {r["params"] for r in ranks} == expected, (ranks, expected)
     fleet.restore(victim)
-    free = lambda: any(s["name"] == victim and s["state"] == "FREE" for s in plane.admin.slices())  # noqa: E731
-    wait_for("the restored slice to be free", free, 120, every_s=0.5)
+    wait_for("the restored slice to be free", lambda: plane.all_free([victim]), 120, every_s=0.5)
     plane.cluster.wait_warm([victim], timeout_s=120)
 
 

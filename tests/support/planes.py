@@ -72,6 +72,13 @@ class Served:
         self.clients.append(client)
         return name, client
 
+    def all_free(self, names: list[str]) -> bool:
+        """Whether each of the slices ``names`` is FREE and held by no job."""
+        found = {s["name"]: s for s in self.admin.slices() if s["name"] in names}
+        return len(found) == len(set(names)) and all(
+            s["state"] == "FREE" and s["holder"] is None for s in found.values()
+        )
+
     def cancel_all(self, timeout_s: float = 60.0) -> None:
         """Cancel every job not ended and wait until all have (the next test finds every slice free)."""
         for j in self.admin.jobs():
