@@ -4,15 +4,20 @@ pinned exactly, at the same version, in requirements.lock or (the ``torch`` extr
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).parents[2]
 
 
-def _name(spec: str) -> str:
-    return re.sub(r"[-_.]+", "-", re.split(r"[\[=<>!~ ]", spec, maxsplit=1)[0]).lower()
+def _pin(spec: str) -> tuple[str, str | None]:
+    """A requirement's canonical name, and its version if it is pinned exactly (one ``==``), else None."""
+    req = Requirement(spec)
+    exact = [s.version for s in req.specifier if s.operator == "=="]
+    return canonicalize_name(req.name), exact[0] if len(req.specifier) == 1 and exact else None
 
 
 def _lock(path: Path) -> dict[str, str]:
@@ -20,9 +25,9 @@ def _lock(path: Path) -> dict[str, str]:
     for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            name, sep, version = line.partition("==")
-            assert sep, f"{path.name}: {line!r} is not pinned exactly"
-            pins[_name(name)] = version
+            name, version = _pin(line)
+            assert version, f"{path.name}: {line!r} is not pinned exactly"
+            pins[name] = version
     return pins
 
 
@@ -33,9 +38,9 @@ def test_every_declared_dependency_is_locked_at_its_pin() -> None:
     declared = [*project["dependencies"]]
     for extra in project["optional-dependencies"].values():
         declared += extra
-    assert any(_name(s) == "torch-xla" for s in declared)
+    assert any(_pin(s)[0] == "torch-xla" for s in declared)
     locked = base | torch
     for spec in declared:
-        name, version = _name(spec), spec.rpartition("==")[2]
-        assert "==" in spec, f"pyproject.toml: {spec!r} is not pinned exactly"
+        name, version = _pin(spec)
+        assert version, f"pyproject.toml: {spec!r} is not pinned exactly"
         assert locked.get(name) == version, f"{spec}: locked {locked.get(name)}"
