@@ -16,6 +16,7 @@ worker and job process of the host.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -56,15 +57,13 @@ def _warn_once(xm: ModuleType, name: str, world: int) -> None:
         return
     said: list[bool] = []
 
+    @functools.wraps(inner)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not said:
             said.append(True)
             _say(WARNING.format(name=name, world=world))
         return inner(*args, **kwargs)
 
-    wrapper.__wrapped__ = inner  # type: ignore[attr-defined]
-    wrapper.__name__ = wrapper.__qualname__ = name
-    wrapper.__doc__ = inner.__doc__
     setattr(xm, name, wrapper)
 
 
