@@ -62,12 +62,12 @@ def fill(url: str, queued: int) -> tuple[Store, float]:
     """A fresh store with the tenants and ``queued`` jobs; returns it and the jobs/s of the inserts."""
     store = Store.open(url, limits=Limits(max_queued_per_tenant=10**6))
     for name, quota in TENANTS.items():
-        store.create_tenant(name, quota)
+        store.tenants.create(name, quota)
     names = list(TENANTS)
     started = time.perf_counter()
     for first in range(0, queued, 10_000):
         batch = requests(min(10_000, queued - first), first)
-        store.submit_many([names[(first + i) % len(names)] for i in range(len(batch))], batch)
+        store.jobs.submit_many([names[(first + i) % len(names)] for i in range(len(batch))], batch)
     return store, queued / (time.perf_counter() - started)
 
 
@@ -93,7 +93,7 @@ def measure(store: Store, tmp: str, cycles: int, incremental: bool) -> dict[str,
     names, times, cpu_s, arrivals = list(TENANTS), [], [], 0
     for cycle in range(cycles):
         batch = requests(5, 10**7 + arrivals)
-        store.submit_many([names[(arrivals + i) % len(names)] for i in range(len(batch))], batch)
+        store.jobs.submit_many([names[(arrivals + i) % len(names)] for i in range(len(batch))], batch)
         arrivals += len(batch)
         running = sorted(cluster.running_attempts())
         for job_id, _ in running[cycle % 7 :: 40]:  # a few attempts end every cycle

@@ -54,7 +54,7 @@ def main() -> None:
             Service(store, cluster, state_dir=tmp, config=ServiceConfig(stop_threads=0)).run_once()
             http = TestClient(create_app(store))
             tenant = next(iter(TENANTS))
-            who = {"admin": store.issue_token(None), f"tenant {tenant}": store.issue_token(tenant)}
+            who = {"admin": store.tokens.issue(None), f"tenant {tenant}": store.tokens.issue(tenant)}
             for name, token in who.items():
                 p50, p95, size = timed_reads(http, token, args.reads)
                 print(

@@ -42,10 +42,10 @@ TENANTS = [f"team-{i}" for i in range(8)]
 
 def fill(store: Store, clock: FakeClock, jobs: int, running: int) -> list[str]:
     for t in TENANTS:
-        store.create_tenant(t, {"v4": 64})
+        store.tenants.create(t, {"v4": 64})
     request = JobRequest.build(command=("python", "t.py"), accelerator_type="v4-16")
     owners = [TENANTS[i % len(TENANTS)] for i in range(jobs + running)]
-    ids = store.submit_many(owners, [request] * len(owners))
+    ids = store.jobs.submit_many(owners, [request] * len(owners))
     now = clock.now
     rows: list[dict[str, Any]] = []
     for i, job_id in enumerate(ids):

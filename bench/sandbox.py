@@ -121,7 +121,7 @@ def main() -> int:
 def verify(cp: ControlPlane, ids: list[str]) -> bool:
     """Every job SUCCEEDED on attempt 1 with no failure, and it has exactly one attempt row, SUCCEEDED."""
     store = type(cp.store).open(cp.db_url)
-    jobs = {j.id: j for j in store.jobs()}
+    jobs = {j.id: j for j in store.jobs.all()}
     bad = [j for j in jobs.values() if (j.state, j.attempt, j.failures) != ("SUCCEEDED", 1, 0)]
     with store.tx() as s:
         attempts = sorted((a.job_id, a.attempt, a.state) for a in s.scalars(select(AttemptRow)))

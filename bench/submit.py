@@ -74,8 +74,8 @@ def served(store: Store, via: str) -> Iterator[tuple[str, httpx.Client | None]]:
 
 def run(url: str, args: argparse.Namespace) -> dict[str, float]:
     store = Store.open(url)
-    store.create_tenant("bench", {"v4": 1024, "v6e": 1024})
-    token = store.issue_token("bench")
+    store.tenants.create("bench", {"v4": 1024, "v6e": 1024})
+    token = store.tokens.issue("bench")
     with served(store, args.via) as (server, http):
         client = Client(server, token, http=http, timeout_s=300)
         client.submit_batch(bodies(100))  # warm-up: connections, caches, the first transaction

@@ -60,7 +60,7 @@ def one_run(url: str | None, args: argparse.Namespace) -> float:
             time.sleep(0.05)  # the poll runs in the measured process: kept light (<1 % of a run)
         elapsed = time.perf_counter() - started
         cp.close()
-        jobs = cp.store.jobs()
+        jobs = cp.store.jobs.all()
         bad = [j.id for j in jobs if (j.state, j.attempt, j.failures) != ("SUCCEEDED", 1, 0)]
         if bad or len(jobs) != args.jobs:
             raise SystemExit(f"not every job SUCCEEDED on attempt 1: {len(bad)} did not, {len(jobs)} jobs")

@@ -39,14 +39,14 @@ def _prepare(url: str) -> tuple[str, str]:
     """The stored attack: a tenant's 200 big queued jobs, one with a 16 MiB log; its token, the job."""
     store = Store.open(url)
     try:
-        _, token = store.create_tenant("team-a", {"v4": 16})
+        _, token = store.tenants.create("team-a", {"v4": 16})
         big = JobRequest.build(
             command=["python", *(["x" * (8 * 1024 - 1)] * 7)],
             accelerator_type="v4-16",
             env={f"V{i}": "y" * (32 * 1024 - 8) for i in range(8)},
         )
         for _ in range(4):
-            ids = store.submit_many("team-a", [big] * 50)
+            ids = store.jobs.submit_many("team-a", [big] * 50)
         job_id = ids[0]
         with store.tx() as s:
             logs.open_streams(s, job_id, 1, [("tpu-v4-16-0", 0)])

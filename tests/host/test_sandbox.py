@@ -184,7 +184,7 @@ def test_a_batch_of_mixed_shapes_from_two_tenants_all_succeed_exactly_once(
     while cp.store.counts()["queued"] or cp.store.counts()["running"]:
         assert time.monotonic() < deadline, cp.store.counts()
         time.sleep(0.1)
-    done = {j.id: j for j in cp.store.jobs()}
+    done = {j.id: j for j in cp.store.jobs.all()}
     assert sorted(done) == sorted(ids)
     assert {(j.state, j.attempt, j.failures) for j in done.values()} == {("SUCCEEDED", 1, 0)}
     assert {(j.tenant, j.accelerator_type, j.num_slices) for j in done.values()} == {
@@ -241,7 +241,7 @@ def test_at_scale_urgent_work_preempts_its_own_tenants_low_priority_work(tmp_pat
         while cp.store.counts()["queued"] or cp.store.counts()["running"]:
             assert time.monotonic() < deadline, cp.store.counts()
             time.sleep(0.05)
-        done = {j.id: j for j in cp.store.jobs()}
+        done = {j.id: j for j in cp.store.jobs.all()}
         assert {(j.state, j.failures) for j in done.values()} == {("SUCCEEDED", 0)}  # no retry used
         assert {done[i].attempt for i in urgent} == {1}
         assert done[other[0]].attempt == 1  # never preempted: another tenant, in quota
@@ -310,13 +310,13 @@ def test_job_seconds_goes_with_sandbox() -> None:
 
 def test_a_job_submitted_with_a_sandbox_exit_code_fails(sandbox_plane: ControlPlane) -> None:
     cp = sandbox_plane
-    cp.store.create_tenant("team-a", {"v4": 16})
+    cp.store.tenants.create("team-a", {"v4": 16})
     from tpufleet.control.store.values import JobRequest
 
     req = JobRequest.build(
         command=["x"], accelerator_type="v4-16", max_retries=0, env={EXIT_VAR: "3", SECONDS_VAR: "0"}
     )
-    job = cp.store.submit("team-a", req)
+    job = cp.store.jobs.submit("team-a", req)
     for _ in range(50):
         cp.service.run_once()
-    assert cp.store.job(job.id).state == "FAILED" and cp.store.job(job.id).exit_code == 3
+    assert cp.store.jobs.get(job.id).state == "FAILED" and cp.store.jobs.get(job.id).exit_code == 3

@@ -20,7 +20,7 @@ class Api:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.http = TestClient(create_app(store), raise_server_exceptions=True)
-        self.admin = store.issue_token()
+        self.admin = store.tokens.issue()
 
     def call(self, method: str, path: str, token: str | None, **kw: object):  # type: ignore[no-untyped-def]
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -81,7 +81,7 @@ def test_a_tenant_token_cannot_manage_tenants_or_slices(
     token = api.tenant("team-a", v4=8)
     resp = api.call(method, path, token, json=body)
     assert resp.status_code == 403 and "needs the admin token" in resp.json()["error"]
-    assert [t.name for t in api.store.tenants()] == ["team-a"]
+    assert [t.name for t in api.store.tenants.all()] == ["team-a"]
 
 
 def test_a_tenant_sees_and_changes_only_its_own_jobs(api: Api) -> None:
@@ -93,14 +93,14 @@ def test_a_tenant_sees_and_changes_only_its_own_jobs(api: Api) -> None:
         # no existence oracle: another tenant's job reads exactly like one that does not exist
         assert theirs.status_code == nothing.status_code == 404, (method, path)
         assert theirs.json()["error"].replace(job_a, "ID") == nothing.json()["error"].replace("f" * 8, "ID")
-    assert api.store.job(job_a).state == "QUEUED"
+    assert api.store.jobs.get(job_a).state == "QUEUED"
     assert api.call("GET", "/jobs", b).json() == {"items": [], "next": None}
     assert [j["id"] for j in api.call("GET", "/jobs", a).json()["items"]] == [job_a]
     assert [j["id"] for j in api.call("GET", "/jobs", api.admin).json()["items"]] == [job_a]
     resp = api.call(
         "POST", "/jobs", b, json={"command": ["x"], "accelerator_type": "v4-16", "tenant": "team-a"}
     )
-    assert resp.status_code == 403 and api.store.jobs(tenant="team-a")[0].id == job_a
+    assert resp.status_code == 403 and api.store.jobs.all(tenant="team-a")[0].id == job_a
 
 
 def test_job_has_the_fields_the_cli_shows(api: Api) -> None:
@@ -138,7 +138,7 @@ def test_bad_job_input_is_a_one_line_error_and_stores_nothing(
     resp = api.call("POST", "/jobs", token, json=full)
     assert resp.status_code == status, resp.text
     assert message in resp.json()["error"] and "\n" not in resp.json()["error"]
-    assert api.store.jobs() == []
+    assert api.store.jobs.all() == []
 
 
 def test_admin_submits_for_a_named_tenant_only(api: Api) -> None:
@@ -147,7 +147,7 @@ def test_admin_submits_for_a_named_tenant_only(api: Api) -> None:
     assert resp.status_code == 400 and "tenant" in resp.json()["error"]
     assert "`tpufleet submit --tenant NAME`" in resp.json()["error"]  # was "give tenant"
     job_id = api.submit(api.admin, tenant="team-a")
-    assert api.store.job(job_id).tenant == "team-a"
+    assert api.store.jobs.get(job_id).tenant == "team-a"
     resp = api.call(
         "POST", "/jobs", api.admin, json={"command": ["x"], "accelerator_type": "v4-16", "tenant": "zz"}
     )

@@ -17,7 +17,7 @@ from tpufleet.api.app import create_app
 from tpufleet.api.authguard import AuthGuard
 from tpufleet.control.store import listing, logs
 from tpufleet.control.store.facade import Store
-from tpufleet.control.store.tenants import token_hash
+from tpufleet.control.store.tokens import token_hash
 from tpufleet.control.store.values import LIST_COMMAND_CHARS, JobRequest, Limits
 
 KiB = 1024
@@ -65,9 +65,11 @@ def test_a_listing_of_big_jobs_stays_small(api: Api) -> None:
 
 
 def test_a_page_ends_at_its_byte_cap_and_next_goes_on_from_there(store: Store) -> None:
-    store.create_tenant("team-a", {"v4": 16})
+    store.tenants.create("team-a", {"v4": 16})
     for i in range(12):
-        store.submit("team-a", JobRequest.build(command=["python", f"t{i}.py"], accelerator_type="v4-16"))
+        store.jobs.submit(
+            "team-a", JobRequest.build(command=["python", f"t{i}.py"], accelerator_type="v4-16")
+        )
     seen: list[str] = []
     after, pages = 0, 0
     while True:
@@ -117,13 +119,13 @@ def test_logs_are_streamed_in_pieces_and_read_as_before(api: Api) -> None:
     assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
     assert "content-length" not in resp.headers  # streamed, not built whole first
     got = resp.json()
-    assert got == api.store.read_logs(job_id).to_dict()
+    assert got == api.store.jobs.read_logs(job_id).to_dict()
     assert [h["data"] for h in got["hosts"]] == [text, text]
     assert [h["next_offset"] for h in got["hosts"]] == [len(text)] * 2
     one = api.call("GET", f"/jobs/{job_id}/logs", token, params={"host": 1, "offset": 299_990}).json()
-    assert one == api.store.read_logs(job_id, host=1, offset=299_990).to_dict()
+    assert one == api.store.jobs.read_logs(job_id, host=1, offset=299_990).to_dict()
     assert one["hosts"][0]["data"] == text[299_990:]
-    read, spans = api.store.plan_logs(job_id, host=0, offset=10)
+    read, spans = api.store.jobs.plan_logs(job_id, host=0, offset=10)
     parts = list(logs.stored_text(api.store, spans[0], size=70_000))
     assert max(len(p) for p in parts) <= 70_000 and "".join(parts) == text[10:]
     assert read.hosts[0].data == "" and read.hosts[0].next_offset == len(text)
@@ -177,7 +179,7 @@ class Clock:
 
 def _guarded(store: Store, clock: Clock) -> tuple[TestClient, TestClient, str]:
     app = create_app(store, auth_guard=AuthGuard(clock=clock))
-    admin = store.issue_token()
+    admin = store.tokens.issue()
     return TestClient(app, client=("10.0.0.7", 5000)), TestClient(app, client=("10.0.0.8", 5000)), admin
 
 
@@ -195,10 +197,10 @@ def test_failed_authentications_are_counted_by_reason_and_logged_without_the_tok
 ) -> None:
     attacker, other, admin = _guarded(store, Clock())
     assert _failures(other, admin) == {"missing": 0, "invalid": 0, "revoked": 0, "scope": 0}
-    _, tenant_token = store.create_tenant("team-a", {"v4": 16})
-    record, revoked_secret = store.create_token("team-a")
-    store.revoke_token(record.id)
-    metrics_token = store.create_token("team-a", "metrics")[1]
+    _, tenant_token = store.tenants.create("team-a", {"v4": 16})
+    record, revoked_secret = store.tokens.create("team-a")
+    store.tokens.revoke(record.id)
+    metrics_token = store.tokens.create("team-a", "metrics")[1]
     wrong = "tf_" + "W" * 43
     caplog.set_level(logging.WARNING, logger="tpufleet.api.auth")
     assert attacker.get("/api/v1/jobs").status_code == 401
@@ -249,7 +251,7 @@ def test_the_slice_manager_routes_authenticate_as_every_other_route(store: Store
     """``/api/v1/slice-groups`` once checked the token on its own: failures there went uncounted and
     were never slowed, and a metrics token read as a tenant's. Now one dependency serves every route."""
     attacker, other, admin = _guarded(store, Clock())
-    metrics_token = store.create_token(store.create_tenant("team-a", {"v4": 16})[0].name, "metrics")[1]
+    metrics_token = store.tokens.create(store.tenants.create("team-a", {"v4": 16})[0].name, "metrics")[1]
     wrong = {"Authorization": "Bearer tf_wrong"}
     codes = [attacker.get("/api/v1/slice-groups", headers=wrong).status_code for _ in range(11)]
     assert codes == [401] * 10 + [429]

@@ -37,8 +37,8 @@ def _zip_bytes(ctx: object, value: object) -> bytes:
 def _fleet(path: Path) -> tuple[Store, dict[str, str]]:
     """A store with a tenant, a queued job and a slice, and an admin and a tenant token."""
     store = Store.open(f"sqlite:///{path}")
-    _, tenant = store.create_tenant("team-a", {"v4": 16})
-    store.submit("team-a", JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16"))
+    _, tenant = store.tenants.create("team-a", {"v4": 16})
+    store.jobs.submit("team-a", JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16"))
     with store.tx() as s:
         s.add(
             SliceRow(
@@ -53,7 +53,7 @@ def _fleet(path: Path) -> tuple[Store, dict[str, str]]:
                 updated_at=0.0,
             )
         )
-    return store, {"admin": store.issue_token(), "tenant": tenant}
+    return store, {"admin": store.tokens.issue(), "tenant": tenant}
 
 
 # schemathesis reads the schema when the tests are collected, so the app exists at import.

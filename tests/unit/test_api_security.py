@@ -95,7 +95,7 @@ def test_only_urls_under_an_allowed_prefix_pass(store: Store) -> None:
     api = with_limits(store, Limits(working_dir_url_prefixes=("https://artifacts.example.com/pkgs/",)))
     token = api.tenant("team-a", v4=8)
     ok = "https://artifacts.example.com/pkgs/train.zip"
-    assert api.store.job(api.submit(token, working_dir=ok)).working_dir == ok
+    assert api.store.jobs.get(api.submit(token, working_dir=ok)).working_dir == ok
     for bad in (
         "https://artifacts.example.com.evil.net/pkgs/x.zip",
         "https://artifacts.example.com/other/x.zip",
@@ -116,18 +116,18 @@ def test_a_package_is_uploaded_referenced_and_private_to_its_tenant(api: Api) ->
     pid = resp.json()["id"]
     assert resp.json() == {"id": pid, "size": len(data)} and pid.startswith("sha256:") and len(pid) == 71
     job_id = api.submit(a, working_dir=pid)
-    assert api.store.job(job_id).working_dir == pid
-    assert api.store.package("team-a", pid) == data
+    assert api.store.jobs.get(job_id).working_dir == pid
+    assert api.store.packages.get("team-a", pid) == data
     # team-b cannot use team-a's package, and cannot tell it from one that does not exist
     theirs = api.call("POST", "/jobs", b, json=JOB | {"working_dir": pid})
     unknown = api.call("POST", "/jobs", b, json=JOB | {"working_dir": "sha256:" + "0" * 64})
     assert theirs.status_code == unknown.status_code == 404
     assert "not found; upload it first" in theirs.json()["error"]
     with pytest.raises(NotFoundError):
-        api.store.package("team-b", pid)
+        api.store.packages.get("team-b", pid)
     # the same bytes uploaded by team-b are team-b's own copy
     assert api.call("POST", "/packages", b, content=data, headers=ZIP).json()["id"] == pid
-    assert api.store.package("team-b", pid) == data and rows(api.store, PackageRow.sha256) == 2
+    assert api.store.packages.get("team-b", pid) == data and rows(api.store, PackageRow.sha256) == 2
     assert api.call("POST", "/packages", a, content=data, headers=ZIP).status_code == 201  # idempotent
     assert rows(api.store, PackageRow.sha256) == 2
 
@@ -137,9 +137,9 @@ def test_a_package_is_uploaded_referenced_and_private_to_its_tenant(api: Api) ->
     ["../tenants", "sha256:../tenants", "sha256:" + "0" * 64, "", "sha256:" + "f" * 64 + "/../x", "tenants"],
 )
 def test_store_package_is_not_found_for_anything_but_an_own_upload(store: Store, package_id: str) -> None:
-    store.create_tenant("team-a", {"v4": 8})
+    store.tenants.create("team-a", {"v4": 8})
     with pytest.raises(NotFoundError, match="not found for tenant 'team-a'"):
-        store.package("team-a", package_id)
+        store.packages.get("team-a", package_id)
 
 
 @pytest.mark.parametrize(
@@ -186,7 +186,7 @@ def test_the_client_uploads_bytes_and_the_admin_uploads_for_a_tenant(api: Api) -
     api.tenant("team-a", v4=8)
     client = Client("http://testserver", api.admin, http=api.http)
     pid = client.upload_package(make_zip(), tenant="team-a")
-    assert api.store.package("team-a", pid) == make_zip()
+    assert api.store.packages.get("team-a", pid) == make_zip()
     job = client.submit(["python", "train.py"], "v4-16", working_dir=pid, tenant="team-a")
     assert job["working_dir"] == pid
 
@@ -254,7 +254,7 @@ def test_a_job_may_slow_ray_trains_polling_down_to_its_floor(api: Api, seconds: 
     env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": seconds}
     resp = api.call("POST", "/jobs", token, json=JOB | {"env": env})
     assert resp.status_code in (200, 201), resp.text
-    assert api.store.job(resp.json()["id"]).env == env
+    assert api.store.jobs.get(resp.json()["id"]).env == env
 
 
 @pytest.mark.parametrize(
@@ -272,7 +272,7 @@ def test_tenant_quota_and_weight_are_strict_and_bounded(
 ) -> None:
     resp = api.call("POST", "/tenants", api.admin, json={"name": "team-a", "quota": quota, "weight": weight})
     assert resp.status_code == status, resp.text
-    assert message in resp.json()["error"] and api.store.tenants() == []
+    assert message in resp.json()["error"] and api.store.tenants.all() == []
 
 
 def test_a_body_over_the_cap_is_413_before_it_is_read(store: Store) -> None:
@@ -380,7 +380,7 @@ def test_the_sqlite_file_and_its_wal_are_private(tmp_path: Path) -> None:
     old = os.umask(0o022)
     try:
         store = Store.open(f"sqlite:///{path}")
-        store.create_tenant("team-a", {"v4": 8})  # a write, so the -wal file exists
+        store.tenants.create("team-a", {"v4": 8})  # a write, so the -wal file exists
         modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
         store.close()
         assert "fleet.db-wal" in modes

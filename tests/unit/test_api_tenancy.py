@@ -101,7 +101,7 @@ def test_tokens_are_created_listed_without_secrets_and_revoked_at_once(api: Api)
 
 def test_rotate_admin_writes_the_file_and_revokes_the_old_admin_token(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "state" / "admin-token"
-    old = store.issue_token()
+    old = store.tokens.issue()
     http = TestClient(create_app(store, admin_token_path=path))
     resp = http.post("/api/v1/tokens/rotate-admin", headers={"Authorization": f"Bearer {old}"})
     assert resp.status_code == 200, resp.text

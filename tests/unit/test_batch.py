@@ -39,45 +39,45 @@ def req(**fields: Any) -> JobRequest:
 
 # -- the store ---------------------------------------------------------------------------------
 def test_submit_many_stores_every_job_queued_in_order_with_its_event(store: Store) -> None:
-    store.create_tenant("team-a", {"v4": 32})
-    store.create_tenant("team-b", {})
+    store.tenants.create("team-a", {"v4": 32})
+    store.tenants.create("team-b", {})
     reqs = [req(name=f"j{i}", priority=i) for i in range(5)]
-    ids = store.submit_many(["team-a", "team-b", "team-a", "team-b", "team-a"], reqs)
-    jobs = store.jobs()
+    ids = store.jobs.submit_many(["team-a", "team-b", "team-a", "team-b", "team-a"], reqs)
+    jobs = store.jobs.all()
     assert [j.id for j in jobs] == ids and len(set(ids)) == 5
     assert [(j.name, j.priority, j.tenant, j.state, j.attempt) for j in jobs] == [
         (f"j{i}", i, "team-b" if i % 2 else "team-a", "QUEUED", 1) for i in range(5)
     ]
     assert all(e["kind"] == "submit" for i in ids for e in store.events(i))
-    assert store.submit_many("team-a", []) == []
+    assert store.jobs.submit_many("team-a", []) == []
 
 
 def test_submit_many_draws_ids_again_when_one_is_taken_or_repeated(store: Store) -> None:
-    store.create_tenant("team-a", {})
-    [first] = store.submit_many("team-a", [req()])
+    store.tenants.create("team-a", {})
+    [first] = store.jobs.submit_many("team-a", [req()])
     drawn = iter([first, "aaaa0001", "aaaa0001", "aaaa0002", "aaaa0003"])
     store.new_id = lambda: next(drawn)
-    assert store.submit_many("team-a", [req(), req(), req()]) == ["aaaa0001", "aaaa0002", "aaaa0003"]
+    assert store.jobs.submit_many("team-a", [req(), req(), req()]) == ["aaaa0001", "aaaa0002", "aaaa0003"]
 
 
 def test_the_queued_cap_applies_to_the_batch_as_a_whole(store: Store) -> None:
-    store.create_tenant("team-a", {})
-    store.create_tenant("team-b", {})
+    store.tenants.create("team-a", {})
+    store.tenants.create("team-b", {})
     store.limits = replace(store.limits, max_queued_per_tenant=4)
-    store.submit_many("team-a", [req(), req()])
+    store.jobs.submit_many("team-a", [req(), req()])
     with pytest.raises(ConflictError, match="team-a has 2 queued jobs and the batch adds 3"):
-        store.submit_many(["team-b", "team-a", "team-a", "team-a"], [req()] * 4)
+        store.jobs.submit_many(["team-b", "team-a", "team-a", "team-a"], [req()] * 4)
     assert count(store, JobRow.seq) == 2  # nothing of the refused batch, not even team-b's job
-    store.submit_many(["team-b"] * 4 + ["team-a"] * 2, [req()] * 6)  # exactly at the cap: fine
+    store.jobs.submit_many(["team-b"] * 4 + ["team-a"] * 2, [req()] * 6)  # exactly at the cap: fine
     assert count(store, JobRow.seq) == 8
 
 
 def test_a_missing_package_or_tenant_stores_nothing(store: Store) -> None:
-    store.create_tenant("team-a", {})
+    store.tenants.create("team-a", {})
     with pytest.raises(NotFoundError, match="package sha256:"):
-        store.submit_many("team-a", [req(), req(working_dir="sha256:" + "0" * 64)])
+        store.jobs.submit_many("team-a", [req(), req(working_dir="sha256:" + "0" * 64)])
     with pytest.raises(NotFoundError, match="tenant 'team-c' not found"):
-        store.submit_many(["team-a", "team-c"], [req(), req()])
+        store.jobs.submit_many(["team-a", "team-c"], [req(), req()])
     assert count(store, JobRow.seq) == count(store, EventRow.job_id) == 0
 
 
@@ -131,7 +131,7 @@ def test_the_admin_names_each_items_tenant(api: Api) -> None:
     api.tenant("team-b")
     resp = batch(api, api.admin, [JOB | {"tenant": "team-a"}, JOB | {"tenant": "team-b"}])
     assert resp.status_code == 201, resp.text
-    assert [j.tenant for j in api.store.jobs()] == ["team-a", "team-b"]
+    assert [j.tenant for j in api.store.jobs.all()] == ["team-a", "team-b"]
     resp = batch(api, api.admin, [JOB | {"tenant": "team-a"}, JOB])
     assert resp.status_code == 400 and resp.json()["error"].startswith("jobs[1].tenant: the admin token")
 
@@ -182,9 +182,9 @@ def test_submit_batch_prints_the_ids(cli: Callable[..., Any], api: Api, tmp_path
     result = cli("submit", "--batch", jsonl(tmp_path, lines[0], "", *lines[1:]), "--json")
     assert result.exit_code == 0, result.output
     ids = json.loads(result.stdout)["ids"]
-    assert [(j.id, j.name) for j in api.store.jobs()] == list(zip(ids, ["n0", "n1", "n2"], strict=True))
+    assert [(j.id, j.name) for j in api.store.jobs.all()] == list(zip(ids, ["n0", "n1", "n2"], strict=True))
     plain = cli("submit", "--batch", jsonl(tmp_path, lines[0]))
-    assert plain.exit_code == 0 and plain.stdout.strip() == api.store.jobs()[-1].id
+    assert plain.exit_code == 0 and plain.stdout.strip() == api.store.jobs.all()[-1].id
 
 
 @pytest.mark.parametrize(

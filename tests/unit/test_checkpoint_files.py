@@ -35,23 +35,23 @@ class World:
         self.cluster.clock = clock  # the hosts' clock
         cfg = ServiceConfig(**{**CONFIG.__dict__, **config})  # type: ignore[arg-type]
         self.service = Service(self.store, self.cluster, state_dir=tmp_path / "state", config=cfg)
-        self.store.create_tenant("research", {"v4": 16})
-        self.store.create_tenant("other", {"v4": 16})
+        self.store.tenants.create("research", {"v4": 16})
+        self.store.tenants.create("other", {"v4": 16})
 
     def submit(self, tenant: str = "research") -> str:
         req = JobRequest.build(command=("python", "train.py"), accelerator_type="v4-16", max_retries=0)
-        return self.store.submit(tenant, req).id
+        return self.store.jobs.submit(tenant, req).id
 
     def run(self, job_id: str) -> None:
         self.service.run_once()
         self.cluster.start(job_id)
         self.service.run_once()
-        assert self.store.job(job_id).state == "RUNNING"
+        assert self.store.jobs.get(job_id).state == "RUNNING"
 
     def finish(self, job_id: str, code: int = 0) -> None:
         self.cluster.exit(job_id, code)
         self.service.run_once()
-        assert self.store.job(job_id).state in ("SUCCEEDED", "FAILED")
+        assert self.store.jobs.get(job_id).state in ("SUCCEEDED", "FAILED")
 
 
 @pytest.fixture
@@ -66,13 +66,13 @@ def test_a_job_over_its_tenants_quota_fails_saying_so_and_the_usage_is_stored(wo
     world.run(job)
     world.cluster.write_files(job, 3 * MiB)
     world.service.run_once()
-    usage = world.store.tenant("research").checkpoints
+    usage = world.store.tenants.get("research").checkpoints
     assert (usage.used_bytes, usage.measured_at, usage.quota_bytes) == (3 * MiB, world.clock(), 8 * MiB)
-    assert world.store.job(job).state == "RUNNING"  # within the quota
+    assert world.store.jobs.get(job).state == "RUNNING"  # within the quota
     world.cluster.write_files(job, 6 * MiB)
     world.service.run_once()
     world.service.run_once()
-    done = world.store.job(job)
+    done = world.store.jobs.get(job)
     assert done.state == "FAILED"
     assert (
         done.reason is not None
@@ -82,8 +82,8 @@ def test_a_job_over_its_tenants_quota_fails_saying_so_and_the_usage_is_stored(wo
         )
         in done.reason
     )
-    assert world.store.tenant("research").checkpoints.used_bytes == 9 * MiB
-    assert world.store.tenant("other").checkpoints.used_bytes is None  # never measured
+    assert world.store.tenants.get("research").checkpoints.used_bytes == 9 * MiB
+    assert world.store.tenants.get("other").checkpoints.used_bytes is None  # never measured
     assert world.cluster.launches[0].checkpoint_quota == 8 * MiB  # what the hosts check against
 
 
@@ -113,12 +113,12 @@ def test_retention_removes_only_long_finished_jobs_files_through_the_cluster(
         removed = {job for _, tenant, jobs in w.cluster.removals for job in jobs if tenant == "research"}
         assert removed == {old, failed}
         assert set(w.cluster.files) == {("research", recent), ("research", running)}
-        assert w.store.job(running).state == "RUNNING"
+        assert w.store.jobs.get(running).state == "RUNNING"
         events = [e["message"] for e in w.store.events(old) if e["kind"] == "files"]
         assert events == [
             "checkpoint files removed (2.0 MiB): finished longer ago than serve --checkpoint-retention-days"
         ]
-        assert w.store.tenant("research").checkpoints.used_bytes == 2 * MiB  # measured after removing
+        assert w.store.tenants.get("research").checkpoints.used_bytes == 2 * MiB  # measured after removing
         w.cluster.removals.clear()
         w.service.run_once()
         assert w.cluster.removals == []  # removed once: nothing is asked again
@@ -139,17 +139,17 @@ def test_without_a_retention_nothing_is_removed(world: World) -> None:
 def test_the_loop_deletes_packages_no_live_job_uses_for_every_tenant(world: World) -> None:
     """Packages were deleted only at their own tenant's next upload before: one that never uploads
     again kept its unused ones for ever."""
-    used = world.store.put_package("research", _zip("train.py"))
-    unused = world.store.put_package("other", _zip("old.py"))
+    used = world.store.packages.put("research", _zip("train.py"))
+    unused = world.store.packages.put("other", _zip("old.py"))
     req = JobRequest.build(command=("python", "train.py"), accelerator_type="v4-16", working_dir=used)
-    job = world.store.submit("research", req)
+    job = world.store.jobs.submit("research", req)
     world.clock.advance(2 * 3600)
     world.service.run_once()
     world.service.run_once()  # the pass ran on the first cycle; this one collects its answer
-    assert world.store.package("research", used)  # a queued job names it
+    assert world.store.packages.get("research", used)  # a queued job names it
     with pytest.raises(NotFoundError):
-        world.store.package("other", unused)
-    assert world.store.job(job.id).state in ("QUEUED", "ADMITTED", "STARTING")
+        world.store.packages.get("other", unused)
+    assert world.store.jobs.get(job.id).state in ("QUEUED", "ADMITTED", "STARTING")
 
 
 def _zip(name: str) -> bytes:

@@ -228,7 +228,7 @@ def test_logs_follow_exits_with_how_the_job_ended(cli: Cli) -> None:
         else:
             cluster.exit(job_id, code)
         cli.cycle(2)
-        assert cli.cp.store.job(job_id).state == state
+        assert cli.cp.store.jobs.get(job_id).state == state
         codes[state] = cli.invoke("logs", job_id, "--follow", token=token).exit_code
         assert cli.invoke("logs", job_id, token=token).exit_code == 0  # not followed: printed, that is all
     assert codes == {"SUCCEEDED": 0, "FAILED": 4, "CANCELLED": 5} == FOLLOW_EXIT_CODES
@@ -243,16 +243,16 @@ def test_logs_follow_prints_the_end_of_an_attempt_before_the_next_one(cli: Cli) 
     cluster = cli.cp.cluster
     assert isinstance(cluster, MemoryCluster)
     cli.cycle(3)
-    assert cli.cp.store.job(job_id).state == "RUNNING"
+    assert cli.cp.store.jobs.get(job_id).state == "RUNNING"
 
     def until(attempt: int, state: str) -> None:
         for _ in range(30):
-            job = cli.cp.store.job(job_id)
+            job = cli.cp.store.jobs.get(job_id)
             if (job.attempt, job.state) == (attempt, state):
                 cli.cycle()  # and its output copied
                 return
             cli.cycle()
-        raise AssertionError(f"attempt {attempt} never {state}: {cli.cp.store.job(job_id)}")
+        raise AssertionError(f"attempt {attempt} never {state}: {cli.cp.store.jobs.get(job_id)}")
 
     def end_attempt_1() -> None:
         cluster.write(job_id, "the end of attempt 1 on {TPU_WORKER_ID}\n")
@@ -340,7 +340,7 @@ def test_submit_warns_when_the_fleet_has_no_slice_of_the_type(cli: Cli) -> None:
         "or ask the operator for a pool of v5litepod-8 slices"
     )
     assert result.stderr == f"warning: {warning}\n"
-    assert cli.cp.store.job(job_id).state == "QUEUED"
+    assert cli.cp.store.jobs.get(job_id).state == "QUEUED"
     assert json.loads(cli.run("job", job_id, "--json", token=token))["warnings"] == [warning]
     assert "ask the operator for a pool of v5litepod-8 slices" in cli.run("job", job_id, token=token)
     too_many = cli.invoke("submit", "--type", "v4-16", "--num-slices", "3", "--", "x", token=token)
@@ -364,7 +364,7 @@ def test_a_job_whose_attempt_failed_says_it_is_being_stopped_not_just_running(cl
     cli.cycle(2)
     cluster = cli.cp.cluster
     assert isinstance(cluster, MemoryCluster)
-    [held] = cli.cp.store.job(job_id).slices
+    [held] = cli.cp.store.jobs.get(job_id).slices
     seen: list[tuple[dict[str, object], str, dict[str, object]]] = []
 
     def look() -> None:  # the stop is on record and being carried out: what a user sees now

@@ -135,9 +135,9 @@ def test_submit_packs_and_uploads_the_working_dir(cli: Cli, tmp_path: Path) -> N
     job_id = cli.run(
         "submit", "--type", "v4-16", "--working-dir", str(src), "--", "python", "train.py", token=token
     )
-    job = cli.cp.store.job(job_id.strip())
+    job = cli.cp.store.jobs.get(job_id.strip())
     assert job.working_dir is not None and job.working_dir.startswith("sha256:")
-    data = cli.cp.store.package("team-a", job.working_dir)
+    data = cli.cp.store.packages.get("team-a", job.working_dir)
     assert sorted(zipfile.ZipFile(io.BytesIO(data)).namelist()) == ["pkg/util.py", "train.py"]
 
 

@@ -43,12 +43,12 @@ def _top(cp: ControlPlane, token: str) -> str:
 def test_one_frame_shows_chips_holders_quota_queue_and_running_jobs_with_literal_names(
     plane: ControlPlane,
 ) -> None:
-    plane.store.create_tenant("research", {"v4": 8}, 1.0)
-    _, prod = plane.store.create_tenant("prod", {"v6e": 8}, 1.0)
-    run = plane.store.submit(
+    plane.store.tenants.create("research", {"v4": 8}, 1.0)
+    _, prod = plane.store.tenants.create("prod", {"v6e": 8}, 1.0)
+    run = plane.store.jobs.submit(
         "research", JobRequest.build(command=["x"], accelerator_type="v4-16", name=MARKUP)
     )
-    plane.store.submit(
+    plane.store.jobs.submit(
         "research", JobRequest.build(command=["x"], accelerator_type="v4-16", num_slices=3, name="second")
     )
     for _ in range(3):

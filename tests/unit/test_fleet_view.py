@@ -244,15 +244,15 @@ def test_a_tenant_sees_every_slice_but_only_its_own_jobs_and_usage(plane: Contro
 def test_recent_jobs_are_the_callers_newest_finished_first(tmp_path: Path) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
-        store.create_tenant("alpha", {"v4": 8}, 1.0)
+        store.tenants.create("alpha", {"v4": 8}, 1.0)
         ids = [
-            store.submit("alpha", JobRequest.build(command=["x"], accelerator_type="v4-16")).id
+            store.jobs.submit("alpha", JobRequest.build(command=["x"], accelerator_type="v4-16")).id
             for _ in range(3)
         ]
         for job_id in ids:
-            store.request_cancel(job_id)  # a queued job cancelled ends at once
+            store.jobs.request_cancel(job_id)  # a queued job cancelled ends at once
         http = TestClient(create_app(store))
-        admin = {"Authorization": f"Bearer {store.issue_token(None)}"}
+        admin = {"Authorization": f"Bearer {store.tokens.issue(None)}"}
         view = http.get("/api/v1/fleet", headers=admin).json()
         assert [j["id"] for j in view["recent"]] == ids[::-1]
         assert {j["state"] for j in view["recent"]} == {"CANCELLED"} and view["queue"] == []
@@ -269,7 +269,7 @@ def test_measured_duty_cycles_are_shown_per_chip_and_unmeasured_ones_as_none(pla
     }
     plane.app.state.duty_cycles = lambda: duty_cycles(readings)
     plane.start()
-    _wait(lambda: len(plane.store.slices()) == 4, "the loop lists the slices")
+    _wait(lambda: len(plane.store.slices.all()) == 4, "the loop lists the slices")
     http = TestClient(plane.app)
     view = http.get("/api/v1/fleet", headers={"Authorization": f"Bearer {plane.admin_token}"}).json()
     hosts = {(s["name"], h["worker_id"]): h["duty_cycle_percent"] for s in view["slices"] for h in s["hosts"]}
@@ -282,10 +282,10 @@ def test_a_deleted_tenant_leaves_the_view_once_its_jobs_are_gone(tmp_path: Path)
     store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
         for name in ("alpha", "gone"):
-            store.create_tenant(name, {"v4": 8}, 1.0)
-        store.delete_tenant("gone")
+            store.tenants.create(name, {"v4": 8}, 1.0)
+        store.tenants.delete("gone")
         http = TestClient(create_app(store))
-        admin = {"Authorization": f"Bearer {store.issue_token(None)}"}
+        admin = {"Authorization": f"Bearer {store.tokens.issue(None)}"}
         view = http.get("/api/v1/fleet", headers=admin).json()
         assert [(t["name"], t["deleted"]) for t in view["tenants"]] == [("alpha", False)]
     finally:
@@ -299,19 +299,19 @@ def test_queue_places_match_a_plain_sort_of_each_slice_types_queue(tmp_path: Pat
     try:
         tenants = ("alpha", "beta", "gamma")
         for name in tenants:
-            store.create_tenant(name, {"v4": 8}, 1.0)
+            store.tenants.create(name, {"v4": 8}, 1.0)
         shapes, jobs = ("v4-16", "v6e-8", "v4-32"), []
         for i in range(60):
             tenant, shape, prio = tenants[(i * 7) % 3], shapes[(i * 5) % 3], (i * 11) % 4
             req = JobRequest.build(command=["x"], accelerator_type=shape, priority=prio)
-            jobs.append((store.submit(tenant, req).id, tenant, shape, prio, i))
+            jobs.append((store.jobs.submit(tenant, req).id, tenant, shape, prio, i))
         expected = {}
         for shape in shapes:
             ordered = sorted((j for j in jobs if j[2] == shape), key=lambda j: (-j[3], j[4]))
             expected.update({j[0]: place for place, j in enumerate(ordered, 1)})
         http = TestClient(create_app(store, limits=None))
         for who in (None, *tenants):
-            token = store.issue_token(who)
+            token = store.tokens.issue(who)
             view = http.get("/api/v1/fleet", headers={"Authorization": f"Bearer {token}"}).json()
             mine = [j for j in jobs if who is None or j[1] == who]
             assert view["queued"] == len(mine)
@@ -331,7 +331,7 @@ def test_the_control_plane_shows_what_its_device_sampler_read(plane: ControlPlan
     plane.devices = DeviceSampler(lambda: [target], reader=lambda endpoint, timeout_s: read)
     assert plane.devices.sample_once() == 1
     plane.start()
-    _wait(lambda: len(plane.store.slices()) == 4, "the loop lists the slices")
+    _wait(lambda: len(plane.store.slices.all()) == 4, "the loop lists the slices")
     view = TestClient(plane.app).get(
         "/api/v1/fleet", headers={"Authorization": f"Bearer {plane.admin_token}"}
     )

@@ -256,7 +256,7 @@ class GceWorld:
         self.service = Service(
             store, self.cluster, state_dir=tmp, decide=decide, config=service_config, provisioner=prov
         )
-        store.create_tenant("a", {"v4": 64})
+        store.tenants.create("a", {"v4": 64})
 
     def cycle(self) -> None:
         for qr in list(self.api.qrs):  # the API makes each requested slice; its hosts join Ray
@@ -287,29 +287,29 @@ def test_a_relayed_gce_preemption_stops_the_job_requeues_it_without_a_retry_and_
             request = JobRequest.build(
                 command=("python", "t.py"), accelerator_type="v4-8", env={"TPUFLEET_SANDBOX_SECONDS": "100"}
             )
-            job = store.submit("a", request).id
-            w.until(lambda: store.job(job).state == "RUNNING")
-            (first,) = store.job(job).slices
+            job = store.jobs.submit("a", request).id
+            w.until(lambda: store.jobs.get(job).state == "RUNNING")
+            (first,) = store.jobs.get(job).slices
             assert [q["spot"] for q in api.qrs.values()] == [{}]  # a spot queued resource
             # The slice's host watches its metadata server; the relay is the control plane's board.
             watcher = Watcher(first, 0, board.relay, host=metadata.host, clock=clock, wait_s=5).start()
             try:
                 _until(lambda: len(board.relayed) == 2)
                 w.cycle()
-                assert store.job(job).state == "RUNNING"  # no notice yet: nothing happens
+                assert store.jobs.get(job).state == "RUNNING"  # no notice yet: nothing happens
                 metadata.set(PREEMPTED, "TRUE")
                 _until(lambda: board.deadlines() != {})
             finally:
                 watcher.stop()
             w.cycle()  # a second later the notice reaches the loop: SIGTERM to every process at once
-            w.until(lambda: store.job(job).attempt == 2)
-            j = store.job(job)
+            w.until(lambda: store.jobs.get(job).attempt == 2)
+            j = store.jobs.get(job)
             assert (j.state, j.reason_code, j.failures) == ("QUEUED", "PREEMPTED_BY_PROVIDER", 0)
             a1 = j.attempts[0]
             assert a1.state == "PREEMPTED" and f"preempts spot slice {first} in 29 s" in (a1.message or "")
             assert all(c["exit_code"] == -15 for c in a1.exit_codes)  # SIGTERM, before the deadline
-            w.until(lambda: store.job(job).state == "RUNNING")
-            (second,) = store.job(job).slices
+            w.until(lambda: store.jobs.get(job).state == "RUNNING")
+            (second,) = store.jobs.get(job).slices
             assert second != first and len(api.qrs) == 2  # a replacement was asked of the API
         finally:
             w.provider.close()

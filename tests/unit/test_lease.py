@@ -86,9 +86,9 @@ def fenced(store: Store, lease: Lease, term: int | None) -> Transitions:
 
 
 def test_a_deposed_leaders_grouped_writes_are_refused_and_change_nothing(store: Store) -> None:
-    store.create_tenant("t", {"v4": 64})
+    store.tenants.create("t", {"v4": 64})
     Transitions(store).sync_slices(MemoryCluster.of("v4-16:2").inventory())
-    job = store.submit("t", JobRequest.build(command=["true"], accelerator_type="v4-16"))
+    job = store.jobs.submit("t", JobRequest.build(command=["true"], accelerator_type="v4-16"))
     old, new = Lease(store, "host:1:a"), Lease(store, "host:2:b")
     assert old.acquire()
     term = old.token
@@ -105,7 +105,7 @@ def test_a_deposed_leaders_grouped_writes_are_refused_and_change_nothing(store: 
         leader.launched_all([(job.id, 1)])
     with store.tx() as s:
         assert s.execute(select(JobRow.state, JobRow.stop_kind)).one() == ("ADMITTED", None)
-    assert {s.name: s.state for s in store.slices()} == {"tpu-v4-16-0": "HELD", "tpu-v4-16-1": "FREE"}
+    assert {s.name: s.state for s in store.slices.all()} == {"tpu-v4-16-0": "HELD", "tpu-v4-16-1": "FREE"}
     follower = fenced(store, new, new.token)  # the new leader's writes go through
     assert follower.launched_all([(job.id, 1)]) == [True]
     with pytest.raises(FencedError):  # a standby (no term) writes nothing either
@@ -116,16 +116,18 @@ def test_the_api_store_is_not_fenced(store: Store) -> None:
     """Every replica serves the API: submits on a standby's (unfenced) store are written."""
     lease = Lease(store, "host:1:a")
     assert lease.read() is None
-    store.create_tenant("t", {"v4": 16})
-    assert store.submit("t", JobRequest.build(command=["true"], accelerator_type="v4-16")).state == "QUEUED"
+    store.tenants.create("t", {"v4": 16})
+    assert (
+        store.jobs.submit("t", JobRequest.build(command=["true"], accelerator_type="v4-16")).state == "QUEUED"
+    )
 
 
 def test_every_write_of_a_fenced_transaction_carries_its_term_and_the_databases_clock(store: Store) -> None:
     """The stamps ``tpufleet chaos --replicas`` checks: events and attempts the loop wrote name the
     term that wrote them; the API's writes and a store with no fence (a lone SQLite serve) none."""
-    store.create_tenant("t", {"v4": 64})
+    store.tenants.create("t", {"v4": 64})
     Transitions(store).sync_slices(MemoryCluster.of("v4-16:2").inventory())  # unfenced: NULL
-    job = store.submit("t", JobRequest.build(command=["true"], accelerator_type="v4-16"))
+    job = store.jobs.submit("t", JobRequest.build(command=["true"], accelerator_type="v4-16"))
     a, b = Lease(store, "host:1:a"), Lease(store, "host:2:b")
     assert a.acquire()
     first = fenced(store, a, a.token)

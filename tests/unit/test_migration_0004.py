@@ -12,7 +12,9 @@ from alembic.operations import Operations
 from sqlalchemy import Engine, inspect, text
 
 from tpufleet.control.store import migrations
-from tpufleet.control.store.facade import Store, make_engine, token_hash
+from tpufleet.control.store.database import make_engine
+from tpufleet.control.store.facade import Store
+from tpufleet.control.store.tokens import token_hash
 
 NOW = 1_700_000_000.0
 ROWS = [
@@ -51,26 +53,26 @@ def test_a_database_at_0003_upgrades_and_its_rows_keep_working(engine: Engine, e
     try:
         done = store.upgrade()
         assert (done.before, done.after) == ("0003", migrations.head())
-        tenant = store.authenticate(made["tenant"])
+        tenant = store.tokens.authenticate(made["tenant"])
         assert (tenant.tenant, tenant.scope, tenant.token_id) == (
             "team-a",
             "jobs",
             token_hash(made["tenant"])[:12],
         )
-        admin = store.authenticate(made["admin"])
+        admin = store.tokens.authenticate(made["admin"])
         assert admin.admin and admin.scope == "admin"
-        assert [(t.name, t.preemption, t.state) for t in store.tenants()] == [
+        assert [(t.name, t.preemption, t.state) for t in store.tenants.all()] == [
             ("team-a", "lower_priority", "active")
         ]
-        assert sorted(t.scope for t in store.tokens()) == ["admin", "jobs"]
+        assert sorted(t.scope for t in store.tokens.all()) == ["admin", "jobs"]
         assert store.audit_events()[0] == []  # old events carry no actor: they are not audit events
         assert [e["kind"] for e in store.events("0000abcd")] == ["submit"]
         # the new columns work on the upgraded rows
-        store.update_tenant("team-a", preemption="never")
-        store.revoke_token(tenant.token_id or "")
-        assert store.tenant("team-a").preemption == "never" and store.tokens("team-a") == []
-        _, cancelled = store.delete_tenant("team-a", force=True)
-        assert cancelled == 1 and store.tenant("team-a").state == "deleted"
+        store.tenants.update("team-a", preemption="never")
+        store.tokens.revoke(tenant.token_id or "")
+        assert store.tenants.get("team-a").preemption == "never" and store.tokens.all("team-a") == []
+        _, cancelled = store.tenants.delete("team-a", force=True)
+        assert cancelled == 1 and store.tenants.get("team-a").state == "deleted"
     finally:
         store.close()
 

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 from tpufleet.control.store import filerecords, migrations
-from tpufleet.control.store.facade import Store, make_engine
+from tpufleet.control.store.database import make_engine
+from tpufleet.control.store.facade import Store
 from tpufleet.host.jobfiles import DiskUsage
 
 NOW = 1_700_000_000.0
@@ -42,11 +43,11 @@ def test_a_database_at_0007_upgrades_and_its_finished_jobs_files_are_kept(
     try:
         done = store.upgrade()
         assert (done.before, done.after) == ("0007", migrations.head())
-        assert store.tenant("team-a").checkpoints.used_bytes is None
+        assert store.tenants.get("team-a").checkpoints.used_bytes is None
         assert filerecords.expired_jobs(store, 7 * 86400) == {"team-a": ["0000abcd"]}
         filerecords.files_removed(store, "team-a", {"0000abcd": 5 << 30}, DiskUsage(3 << 30, 9, True, NOW))
         assert filerecords.expired_jobs(store, 7 * 86400) == {}
-        usage = store.tenant("team-a").checkpoints
+        usage = store.tenants.get("team-a").checkpoints
         assert (usage.used_bytes, usage.measured_at) == (3 << 30, NOW)  # past 2**31: a big integer
         assert [e["kind"] for e in store.events("0000abcd")] == ["files"]
     finally:

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import Engine, inspect, select, text
 
 from tpufleet.control.store import migrations
-from tpufleet.control.store.facade import Store, make_engine
+from tpufleet.control.store.database import make_engine
+from tpufleet.control.store.facade import Store
 from tpufleet.control.store.tables import JobRow
 from tpufleet.control.store.values import JobRequest, Limits
 from tpufleet.errors import ConflictError
@@ -49,8 +50,10 @@ def test_jobs_of_a_database_at_0008_get_their_size_and_count_against_the_cap(
         whole = len("python") + len("t.py") + len("A") + len(ENV) + len("train")
         assert stored is not None and whole <= stored < whole + 40
         with pytest.raises(ConflictError, match="max-queued-mib-per-tenant"):
-            store.submit("team-a", JobRequest.build(command=["python", "x" * 1000], accelerator_type="v4-16"))
-        store.submit("team-a", JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16"))
+            store.jobs.submit(
+                "team-a", JobRequest.build(command=["python", "x" * 1000], accelerator_type="v4-16")
+            )
+        store.jobs.submit("team-a", JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16"))
     finally:
         store.close()
     indexes = {i["name"] for i in inspect(engine).get_indexes("jobs")}

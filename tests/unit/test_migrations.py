@@ -18,8 +18,10 @@ from tpufleet.api.server import ControlPlane
 from tpufleet.cli import command, main
 from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.store import migrations
-from tpufleet.control.store.facade import Store, make_engine, token_hash
+from tpufleet.control.store.database import make_engine
+from tpufleet.control.store.facade import Store
 from tpufleet.control.store.tables import Base
+from tpufleet.control.store.tokens import token_hash
 from tpufleet.errors import ClusterError
 
 HEAD = migrations.head()
@@ -130,16 +132,16 @@ def fill_baseline(engine: Engine) -> dict[str, str]:
 
 
 def assert_readable(store: Store, made: dict[str, str]) -> None:
-    assert store.authenticate(made["token"]).tenant == "team-a"
-    assert [(t.name, t.quota) for t in store.tenants()] == [("team-a", {"v4": 16})]
-    job = store.job(made["job"], tenant="team-a")
+    assert store.tokens.authenticate(made["token"]).tenant == "team-a"
+    assert [(t.name, t.quota) for t in store.tenants.all()] == [("team-a", {"v4": 16})]
+    job = store.jobs.get(made["job"], tenant="team-a")
     assert (job.state, job.attempt, job.command, job.env) == ("RUNNING", 2, ("python", "t.py"), {"A": "1"})
     for n in (1, 2):
-        got = store.read_logs(made["job"], attempt=n)
+        got = store.jobs.read_logs(made["job"], attempt=n)
         assert [(h.host, h.data, h.complete, h.truncated, h.note) for h in got.hosts] == [
             (host, f"attempt {n} host {host}\n", n == 1, False, None) for host in (0, 1)
         ]
-    assert [s.name for s in store.slices()] == ["tpu-v4-16-0"]
+    assert [s.name for s in store.slices.all()] == ["tpu-v4-16-0"]
     assert [e["kind"] for e in store.events(made["job"])] == ["submit"]
 
 
@@ -160,8 +162,8 @@ def test_a_baseline_database_with_rows_upgrades_and_every_row_stays_readable(
         assert done.how == ("stamped" if written == "before-migrations" else "upgraded")
         assert revision(engine) == HEAD and schema_diffs(engine, Base.metadata) == ""
         assert_readable(store, made)
-        package = store.put_package("team-a", b"PK\x05\x06" + bytes(18))  # the new table works
-        assert store.package("team-a", package) == b"PK\x05\x06" + bytes(18)
+        package = store.packages.put("team-a", b"PK\x05\x06" + bytes(18))  # the new table works
+        assert store.packages.get("team-a", package) == b"PK\x05\x06" + bytes(18)
     finally:
         store.close()
 

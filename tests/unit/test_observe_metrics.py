@@ -29,7 +29,7 @@ class Fleet:
         self.cluster = MemoryCluster.of("v4-16:2,v6e-16")
         self.service = Service(store, self.cluster, state_dir=state_dir, config=CONFIG)
         self.http = TestClient(create_app(store), raise_server_exceptions=True)
-        self.admin = store.issue_token()
+        self.admin = store.tokens.issue()
 
     def restart_api(self) -> None:
         """A new app (a restarted control plane's API and collectors) on the same store."""
@@ -38,7 +38,7 @@ class Fleet:
 
     def submit(self, tenant: str, accelerator_type: str = "v4-16", **kw: object) -> str:
         request = JobRequest.build(command=("python", "t.py"), accelerator_type=accelerator_type, **kw)  # type: ignore[arg-type]
-        return self.store.submit(tenant, request).id
+        return self.store.jobs.submit(tenant, request).id
 
     def cycle(self, seconds: float = 0.0) -> None:
         self.clock.advance(seconds)
@@ -88,10 +88,10 @@ def run_with_steps(f: Fleet, job_id: str) -> float:
 
 
 def test_reported_steps_reach_the_store_and_the_job_view(fleet: Fleet) -> None:
-    fleet.store.create_tenant("team-a", {"v4": 16})
+    fleet.store.tenants.create("team-a", {"v4": 16})
     job_id = fleet.submit("team-a")
     admitted = run_with_steps(fleet, job_id)
-    job = fleet.store.job(job_id)
+    job = fleet.store.jobs.get(job_id)
     assert job.state == "SUCCEEDED"
     (a,) = job.attempts
     assert (a.first_step, a.last_step) == (1, 50)
@@ -105,7 +105,7 @@ def test_reported_steps_reach_the_store_and_the_job_view(fleet: Fleet) -> None:
 
 
 def test_a_job_that_reports_nothing_has_an_unknown_goodput(fleet: Fleet) -> None:
-    fleet.store.create_tenant("team-a", {"v4": 16})
+    fleet.store.tenants.create("team-a", {"v4": 16})
     job_id = fleet.submit("team-a")
     fleet.cycle()
     fleet.cluster.start(job_id)
@@ -115,7 +115,7 @@ def test_a_job_that_reports_nothing_has_an_unknown_goodput(fleet: Fleet) -> None
 
 
 def test_a_restart_that_redoes_steps_counts_them_as_wasted(fleet: Fleet) -> None:
-    fleet.store.create_tenant("team-a", {"v4": 16})
+    fleet.store.tenants.create("team-a", {"v4": 16})
     job_id = fleet.submit("team-a", max_retries=2)
     fleet.cycle()
     fleet.cluster.start(job_id)
@@ -126,7 +126,7 @@ def test_a_restart_that_redoes_steps_counts_them_as_wasted(fleet: Fleet) -> None
     fleet.cycle()
     fleet.cluster.exit(job_id, 1)  # a host fails: attempt 2 resumes from the checkpoint at step 20
     fleet.cycle()
-    assert (fleet.store.job(job_id).attempt, fleet.store.job(job_id).state) == (2, "QUEUED")
+    assert (fleet.store.jobs.get(job_id).attempt, fleet.store.jobs.get(job_id).state) == (2, "QUEUED")
     fleet.cycle(5)  # admitted again 5 s later
     fleet.cluster.start(job_id)
     fleet.cycle()
@@ -138,8 +138,8 @@ def test_a_restart_that_redoes_steps_counts_them_as_wasted(fleet: Fleet) -> None
 
 
 def test_metrics_parse_and_count_jobs_slices_chips_cost_and_goodput(fleet: Fleet) -> None:
-    fleet.store.create_tenant("team-a", {"v4": 16})
-    fleet.store.create_tenant("team-b", {"v6e": 16})
+    fleet.store.tenants.create("team-a", {"v4": 16})
+    fleet.store.tenants.create("team-b", {"v6e": 16})
     done = fleet.submit("team-a")
     run_with_steps(fleet, done)  # 65 s on one v4-16 (8 chips)
     running = fleet.submit("team-a", num_slices=2)
@@ -171,7 +171,7 @@ def test_metrics_parse_and_count_jobs_slices_chips_cost_and_goodput(fleet: Fleet
 
 
 def test_counters_survive_a_restart_and_keep_growing(fleet: Fleet) -> None:
-    fleet.store.create_tenant("team-a", {"v4": 16})
+    fleet.store.tenants.create("team-a", {"v4": 16})
     run_with_steps(fleet, fleet.submit("team-a"))
     running = fleet.submit("team-a")
     fleet.cycle()
@@ -193,7 +193,7 @@ def test_counters_survive_a_restart_and_keep_growing(fleet: Fleet) -> None:
 
 
 def test_a_lost_host_is_counted_as_host_lost(fleet: Fleet) -> None:
-    fleet.store.create_tenant("team-a", {"v4": 16})
+    fleet.store.tenants.create("team-a", {"v4": 16})
     job_id = fleet.submit("team-a", max_retries=0)
     fleet.cycle()
     fleet.cluster.start(job_id)
@@ -206,8 +206,8 @@ def test_a_lost_host_is_counted_as_host_lost(fleet: Fleet) -> None:
 
 
 def test_metrics_need_the_admin_token_or_a_metrics_token(fleet: Fleet) -> None:
-    tenant_token = fleet.store.create_tenant("team-a", {"v4": 16})[1]
-    _, metrics_token = fleet.store.create_token("team-a", "metrics", actor="admin")
+    tenant_token = fleet.store.tenants.create("team-a", {"v4": 16})[1]
+    _, metrics_token = fleet.store.tokens.create("team-a", "metrics", actor="admin")
 
     def status(path: str, token: str | None) -> int:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -225,8 +225,8 @@ def test_metrics_need_the_admin_token_or_a_metrics_token(fleet: Fleet) -> None:
 
 
 def test_the_cost_report_per_tenant_and_job_and_who_sees_what(fleet: Fleet) -> None:
-    token_a = fleet.store.create_tenant("team-a", {"v4": 16})[1]
-    fleet.store.create_tenant("team-b", {"v6e": 16})
+    token_a = fleet.store.tenants.create("team-a", {"v4": 16})[1]
+    fleet.store.tenants.create("team-b", {"v6e": 16})
     job_a = fleet.submit("team-a")
     run_with_steps(fleet, job_a)
     job_b = fleet.submit("team-b", accelerator_type="v6e-16")
@@ -257,7 +257,7 @@ def test_an_unknown_price_leaves_dollars_unknown(store: Store, clock: FakeClock,
     no_v4 = pricing.PriceTable(tuple(p for p in pricing.shipped().rows if p.generation != "v4"))
     f = Fleet(store, clock, tmp_path)
     f.http = TestClient(create_app(store, prices=no_v4))
-    f.store.create_tenant("team-a", {"v4": 16})
+    f.store.tenants.create("team-a", {"v4": 16})
     job_id = f.submit("team-a")
     f.cycle()
     f.cycle(100)
@@ -273,7 +273,7 @@ def test_a_slice_of_a_spot_group_is_priced_spot(fleet: Fleet) -> None:
     groups = SliceGroups(fleet.store)
     groups.create("cheap", "v4-16", spot=True)
     groups.set_state("cheap", "ACTIVE", "", ["tpu-v4-16-0"])  # the provider made this slice, spot
-    fleet.store.create_tenant("team-a", {"v4": 16})
+    fleet.store.tenants.create("team-a", {"v4": 16})
     job_id = fleet.submit("team-a", num_slices=2)  # one spot slice, one Ray already had
     fleet.cycle()
     fleet.cluster.start(job_id)
@@ -288,7 +288,7 @@ def test_a_slice_of_a_spot_group_is_priced_spot(fleet: Fleet) -> None:
 
 
 def test_a_cost_report_is_fresh_after_any_change(fleet: Fleet) -> None:
-    fleet.store.create_tenant("team-a", {"v4": 16})
+    fleet.store.tenants.create("team-a", {"v4": 16})
     run_with_steps(fleet, fleet.submit("team-a"))
     first = fleet.get("/api/v1/cost")["tenants"][0]["jobs"]
     assert fleet.get("/api/v1/cost")["tenants"][0]["jobs"] == first  # the same answer, from memory
@@ -300,7 +300,7 @@ def test_lean_reads_give_the_same_cost_and_goodput(fleet: Fleet) -> None:
     from tpufleet.control.store.usage import Usage
     from tpufleet.observe import cost
 
-    fleet.store.create_tenant("team-a", {"v4": 16})
+    fleet.store.tenants.create("team-a", {"v4": 16})
     run_with_steps(fleet, fleet.submit("team-a"))
     usage = Usage(fleet.store)
     full, lean = usage.attempts(), usage.attempts(lean=True)
@@ -326,8 +326,8 @@ def test_the_kept_all_time_costs_equal_a_fresh_report_as_jobs_come_and_go(fleet:
             t for t in fresh.to_dict()["tenants"] if t["tenant"] == "team-b"
         ]
 
-    fleet.store.create_tenant("team-a", {"v4": 16})
-    fleet.store.create_tenant("team-b", {"v6e": 16})
+    fleet.store.tenants.create("team-a", {"v4": 16})
+    fleet.store.tenants.create("team-b", {"v6e": 16})
     same()  # nothing yet
     run_with_steps(fleet, fleet.submit("team-a"))
     same()
@@ -341,7 +341,7 @@ def test_the_kept_all_time_costs_equal_a_fresh_report_as_jobs_come_and_go(fleet:
     fleet.cluster.exit(retried, 1)  # fails: back to the queue for attempt 2
     fleet.cycle(10)
     same()
-    fleet.store.request_cancel(retried)  # cancelled while queued: no attempt changes
+    fleet.store.jobs.request_cancel(retried)  # cancelled while queued: no attempt changes
     fleet.cycle(10)
     same()
     assert kept.open == {running}  # what is read again next time

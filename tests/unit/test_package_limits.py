@@ -138,7 +138,7 @@ def test_a_deflated_entry_whose_crc_lies_is_refused() -> None:
 
 def _store(store: Store, quota: int) -> Store:
     store.limits = Limits(package_quota_bytes=quota)
-    store.create_tenant("team-a", {"v4": 16})
+    store.tenants.create("team-a", {"v4": 16})
     return store
 
 
@@ -146,13 +146,13 @@ def test_a_tenants_packages_share_its_quota(store: Store) -> None:
     """No quota today: three 99 MiB uploads grew the database by 300 MB."""
     one, two, three = (_stored({"f.bin": bytes([i]) * 4000}) for i in range(3))
     _store(store, quota=len(one) + len(two) + 10)
-    store.put_package("team-a", one)
-    store.put_package("team-a", two)
-    assert store.put_package("team-a", one) == packages.package_id(one)  # the same bytes again: no-op
+    store.packages.put("team-a", one)
+    store.packages.put("team-a", two)
+    assert store.packages.put("team-a", one) == packages.package_id(one)  # the same bytes again: no-op
     with pytest.raises(ConflictError, match=r"over the package quota .*serve --package-quota-mib"):
-        store.put_package("team-a", three)
-    store.create_tenant("team-b", {"v4": 16})
-    store.put_package("team-b", three)  # another tenant's quota is its own
+        store.packages.put("team-a", three)
+    store.tenants.create("team-b", {"v4": 16})
+    store.packages.put("team-b", three)  # another tenant's quota is its own
 
 
 def test_the_quota_is_a_409_on_the_api(store: Store) -> None:
@@ -173,18 +173,18 @@ def test_a_package_no_live_job_uses_is_collected_an_hour_after_its_last_use(
     """Packages were never deleted today."""
     _store(store, quota=1 << 30)
     used, unused = _stored({"train.py": b"1"}), _stored({"other.py": b"2"})
-    used_id, unused_id = store.put_package("team-a", used), store.put_package("team-a", unused)
+    used_id, unused_id = store.packages.put("team-a", used), store.packages.put("team-a", unused)
     req = r.JobRequest.build(command=["python", "train.py"], accelerator_type="v4-16", working_dir=used_id)
-    job = store.submit("team-a", req)
-    assert store.collect_packages() == 0  # both just uploaded
+    job = store.jobs.submit("team-a", req)
+    assert store.packages.collect() == 0  # both just uploaded
     clock.advance(2 * HOUR)
-    assert store.collect_packages("team-a") == 1  # the unused one; the queued job's stays
+    assert store.packages.collect("team-a") == 1  # the unused one; the queued job's stays
     with pytest.raises(NotFoundError):
-        store.package("team-a", unused_id)
-    store.request_cancel(job.id)
+        store.packages.get("team-a", unused_id)
+    store.jobs.request_cancel(job.id)
     clock.advance(HOUR / 2)
-    assert store.collect_packages() == 0 and store.package("team-a", used_id) == used  # ended 30 min ago
+    assert store.packages.collect() == 0 and store.packages.get("team-a", used_id) == used  # ended 30 min ago
     clock.advance(HOUR)
-    store.put_package("team-a", _stored({"next.py": b"3"}))  # an upload collects the tenant's unused ones
+    store.packages.put("team-a", _stored({"next.py": b"3"}))  # an upload collects the tenant's unused ones
     with pytest.raises(NotFoundError):
-        store.package("team-a", used_id)
+        store.packages.get("team-a", used_id)

@@ -43,11 +43,11 @@ class World:
             store, self.cluster, state_dir=state_dir, decide=decide, config=CONFIG, provisioner=self.prov
         )
         self.groups = SliceGroups(store)
-        store.create_tenant("a", {"v4": 64})
+        store.tenants.create("a", {"v4": 64})
 
     def submit(self, accelerator_type: str = "v4-8", **kw: object) -> str:
         request = JobRequest.build(command=("python", "t.py"), accelerator_type=accelerator_type, **kw)  # type: ignore[arg-type]
-        return self.store.submit("a", request).id
+        return self.store.jobs.submit("a", request).id
 
     def cycle(self, seconds: float = 1.0, n: int = 1) -> None:
         for _ in range(n):
@@ -55,7 +55,7 @@ class World:
             self.service.run_once()
 
     def job(self, job_id: str) -> JobRecord:
-        return self.store.job(job_id)
+        return self.store.jobs.get(job_id)
 
     def until(self, what, limit: int = 200, seconds: float = 1.0) -> None:  # type: ignore[no-untyped-def]
         for _ in range(limit):
@@ -89,7 +89,7 @@ def test_a_job_waits_provisioning_runs_and_the_slice_goes_when_idle(world: World
     assert [g.name for g in world.groups.all()] == ["v4-1"]  # idle, but not yet for 60 s
     world.until(lambda: not world.groups.all(), seconds=10)
     assert world.provider.deletes == [("v4-1", False)]
-    assert world.store.slices() == []  # the deleted slice left the table
+    assert world.store.slices.all() == []  # the deleted slice left the table
 
 
 def dead_nodes(info: SliceInfo) -> SliceInfo:
@@ -127,17 +127,17 @@ def test_a_deleted_groups_slice_leaves_and_never_comes_back_from_rays_node_table
     (info,) = world.cluster.inventory()
     world.groups.request_delete("old")
     world.until(lambda: not world.groups.all())
-    assert "old-0" not in {s.name for s in world.store.slices()}
+    assert "old-0" not in {s.name for s in world.store.slices.all()}
     seen = len(slice_events(world.store, "old-0"))
     world.cluster.add_slices([info])  # Ray lists the hosts alive a while after they went away
     job = world.submit()
     world.until(lambda: world.job(job).state in ("STARTING", "RUNNING"))
     assert world.job(job).slices == ("v4-1-0",)  # a new slice, not old-0
-    assert "old-0" not in {s.name for s in world.store.slices()}
+    assert "old-0" not in {s.name for s in world.store.slices.all()}
     world.cluster.add_slices([dead_nodes(info)])  # then dead, and Ray keeps dead nodes listed
     world.cycle(n=3)
     world.cycle(seconds=2 * 3600)  # hours later too
-    assert "old-0" not in {s.name for s in world.store.slices()}
+    assert "old-0" not in {s.name for s in world.store.slices.all()}
     assert slice_events(world.store, "old-0")[seen:] == []  # never discovered, broken or intact again
     assert slice_events(world.store, "old-0")[-1] == LEFT  # its history stays
     assert [s for _, s, _ in Usage(world.store).slice_counts()] == ["FREE"]  # tpufleet_slices: v4-1-0
@@ -162,7 +162,7 @@ def test_a_slice_whose_group_went_under_its_holder_leaves_once_the_attempt_ended
     world.cluster.add_slices([dead_nodes(info)])  # Ray lists the dead hosts
     world.until(lambda: world.job(job).state not in ("STARTING", "RUNNING"))
     world.cycle(n=3)
-    assert "old-0" not in {s.name for s in world.store.slices()}
+    assert "old-0" not in {s.name for s in world.store.slices.all()}
     assert world.groups.all(include_deleted=True)[0].state == "DELETED"
 
 
@@ -215,7 +215,7 @@ def test_a_spot_notice_mid_job_requeues_it_without_a_retry_on_a_replacement(
     w.until(lambda: w.job(job).state == "SUCCEEDED", seconds=5)
     assert w.job(job).failures == 0
     assert len(w.provider.requests) == 2
-    w.until(lambda: first not in {s.name for s in w.store.slices()})  # the preempted slice is gone
+    w.until(lambda: first not in {s.name for s in w.store.slices.all()})  # the preempted slice is gone
 
 
 def test_a_group_is_made_measured_and_deleted_after_its_holder_finished(world: World) -> None:
@@ -254,11 +254,11 @@ def test_force_delete_preempts_the_holder(world: World) -> None:
 
 
 def test_a_private_group_runs_only_its_tenants_jobs(world: World) -> None:
-    world.store.create_tenant("b", {"v4": 64})
+    world.store.tenants.create("b", {"v4": 64})
     world.prov.config = ProvisionConfig(pools=(), autoscale=False)
     world.groups.create("mine", "v4-8", 1, tenant="a")
     world.until(lambda: world.groups.get("mine").state == "ACTIVE")
-    other = world.store.submit("b", JobRequest.build(command=("x",), accelerator_type="v4-8")).id
+    other = world.store.jobs.submit("b", JobRequest.build(command=("x",), accelerator_type="v4-8")).id
     world.cycle(n=3)
     assert world.job(other).state == "QUEUED"
     own = world.submit()
@@ -275,7 +275,7 @@ def test_utilization_over_rest_carries_measured_duty_cycles(world: World) -> Non
     world.groups.create("train", "v4-8", 1)
     world.until(lambda: world.groups.get("train").state == "ACTIVE")
     app = create_app(world.store)
-    http = TestClient(app, headers={"Authorization": f"Bearer {world.store.issue_token()}"})
+    http = TestClient(app, headers={"Authorization": f"Bearer {world.store.tokens.issue()}"})
     got = http.get("/api/v1/slice-groups/train/utilization", params={"window": "1m"}).json()
     assert (got["utilization"], got["device_metrics"]) == (0.0, None)  # idle, nothing measured
     app.state.duty_cycles = lambda: {("train-0", 0): {0: 50.0, 1: 70.0}, ("other-0", 0): {0: 1.0}}
@@ -307,16 +307,16 @@ def test_a_restarted_control_plane_asks_a_fresh_provider_for_its_groups_again(
 def test_a_borrower_gets_a_slice_made_from_quota_others_leave_unused_unless_borrowing_is_off(
     world: World,
 ) -> None:
-    world.store.create_tenant("small", {"v4": 0})  # a's 64 chips lie unused: small may borrow them
+    world.store.tenants.create("small", {"v4": 0})  # a's 64 chips lie unused: small may borrow them
     request = JobRequest.build(command=("python", "t.py"), accelerator_type="v4-8")
-    job = world.store.submit("small", request).id
+    job = world.store.jobs.submit("small", request).id
     world.until(lambda: world.job(job).state in ("STARTING", "RUNNING"))
     assert world.job(job).slices == ("v4-1-0",)
     assert [r.accelerator_type for r in world.provider.requests] == ["v4-8"]
     world.until(lambda: world.job(job).state == "SUCCEEDED", seconds=2)
     world.prov.config = replace(world.prov.config, borrowing=False)
     world.until(lambda: not world.groups.all(), seconds=10)  # idle, deleted
-    second = world.store.submit("small", request).id
+    second = world.store.jobs.submit("small", request).id
     world.cycle(n=20)
     assert world.job(second).state == "QUEUED"  # a borrower no longer makes slices
     assert len(world.provider.requests) == 1

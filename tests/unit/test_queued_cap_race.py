@@ -27,8 +27,8 @@ ROUNDS = 3
 def capped(db_url: str) -> Iterator[Store]:
     store = Store.open(db_url)  # the default ids: random, safe to draw from many threads
     store.limits = replace(store.limits, max_queued_per_tenant=CAP)
-    store.create_tenant("team-a", {})
-    store.create_tenant("team-b", {})
+    store.tenants.create("team-a", {})
+    store.tenants.create("team-b", {})
     yield store
     store.close()
 
@@ -67,17 +67,17 @@ def race(submit: Callable[[], object]) -> tuple[int, int, list[BaseException]]:
 
 
 def queued(store: Store, tenant: str) -> int:
-    return len(store.jobs(tenant=tenant, states=("QUEUED",)))
+    return len(store.jobs.all(tenant=tenant, states=("QUEUED",)))
 
 
 def cancel_all(store: Store, tenant: str) -> None:
-    for job in store.jobs(tenant=tenant, states=("QUEUED",)):
-        store.request_cancel(job.id)
+    for job in store.jobs.all(tenant=tenant, states=("QUEUED",)):
+        store.jobs.request_cancel(job.id)
 
 
 def test_parallel_submits_at_the_cap_queue_exactly_the_cap(capped: Store) -> None:
     for _ in range(ROUNDS):  # each round starts from an empty queue
-        ok, refused, errors = race(lambda: capped.submit("team-a", req()))
+        ok, refused, errors = race(lambda: capped.jobs.submit("team-a", req()))
         assert errors == []
         assert (ok, refused) == (CAP, SUBMITTERS - CAP)
         assert queued(capped, "team-a") == CAP
@@ -94,7 +94,7 @@ def test_parallel_batches_of_two_tenants_stay_under_each_cap(capped: Store) -> N
         with pick:
             n = next(turn)
         owners = ["team-a", "team-b"] if n % 2 else ["team-b", "team-a"]
-        return capped.submit_many(owners, [req(), req()])
+        return capped.jobs.submit_many(owners, [req(), req()])
 
     ok, refused, errors = race(submit)
     assert errors == []

@@ -156,7 +156,7 @@ def test_rays_status_is_the_lifecycle_mapped_honestly(
 # -- the routes, in process ------------------------------------------------------------------------
 def _api(store: Store, limits: Limits = RAY) -> tuple[TestClient, dict[str, str], dict[str, str]]:
     http = TestClient(create_app(store, limits=limits))
-    admin = {"Authorization": f"Bearer {store.issue_token()}"}
+    admin = {"Authorization": f"Bearer {store.tokens.issue()}"}
     tokens = []
     for name in ("team-a", "team-b"):
         made = http.post("/api/v1/tenants", json={"name": name, "quota": {"v4": 8}}, headers=admin)
@@ -279,7 +279,7 @@ def test_a_ray_package_upload_has_the_package_cap_not_the_json_one(store: Store)
 
 def test_the_admin_submits_for_a_tenant_named_in_the_metadata_and_sees_every_submission(store: Store) -> None:
     http, a, _ = _api(store)
-    admin = {"Authorization": f"Bearer {store.issue_token()}"}
+    admin = {"Authorization": f"Bearer {store.tokens.issue()}"}
     nobody = http.post("/ray/api/jobs/", json=SUBMIT, headers=admin)
     assert nobody.status_code == 400 and '"tpufleet.tenant": "NAME"' in nobody.text
     body = {**SUBMIT, "submission_id": "for-a", "metadata": {"tpufleet.tenant": "team-a"}}

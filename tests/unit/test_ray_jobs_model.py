@@ -44,7 +44,7 @@ def test_a_bad_or_disabled_kind_is_one_line(kind: str, limits: Limits, says: str
 def test_the_api_takes_kind_ray_only_where_the_operator_allows_it(store: Store) -> None:
     for limits, status in ((RAY, 201), (DEFAULT_LIMITS, 400)):
         http = TestClient(create_app(store, limits=limits))
-        admin = store.issue_token()
+        admin = store.tokens.issue()
         name = f"t{status}"
         made = http.post("/api/v1/tenants", json={"name": name}, headers={"Authorization": f"Bearer {admin}"})
         token = made.json()["token"]
@@ -62,16 +62,18 @@ def test_the_api_takes_kind_ray_only_where_the_operator_allows_it(store: Store) 
 
 
 def test_the_store_keeps_the_kind_through_batch_and_single_submits(store: Store) -> None:
-    store.create_tenant("a", {"v4": 8})
-    one = store.submit("a", JobRequest.build(command=["x"], accelerator_type="v4-16", kind="ray", limits=RAY))
-    many = store.submit_many(
+    store.tenants.create("a", {"v4": 8})
+    one = store.jobs.submit(
+        "a", JobRequest.build(command=["x"], accelerator_type="v4-16", kind="ray", limits=RAY)
+    )
+    many = store.jobs.submit_many(
         "a",
         [
             JobRequest.build(command=["x"], accelerator_type="v4-16", kind="ray", limits=RAY),
             JobRequest.build(command=["x"], accelerator_type="v4-16"),
         ],
     )
-    assert [store.job(j).kind for j in (one.id, *many)] == ["ray", "ray", "spmd"]
+    assert [store.jobs.get(j).kind for j in (one.id, *many)] == ["ray", "ray", "spmd"]
 
 
 def _service(store: Store, tmp_path: Path, fleet: str = "v4-16:2") -> tuple[Service, MemoryCluster]:
@@ -82,9 +84,9 @@ def _service(store: Store, tmp_path: Path, fleet: str = "v4-16:2") -> tuple[Serv
 
 def test_a_ray_job_runs_once_as_a_driver_of_its_admitted_slices(store: Store, tmp_path: Path) -> None:
     service, cluster = _service(store, tmp_path)
-    store.create_tenant("a", {"v4": 8})
+    store.tenants.create("a", {"v4": 8})
     req = JobRequest.build(command=["python", "train.py"], accelerator_type="v4-16", kind="ray", limits=RAY)
-    job_id = store.submit("a", req).id
+    job_id = store.jobs.submit("a", req).id
     service.run_once()
     (spec,) = cluster.launches
     assert spec.kind == "ray" and spec.slices == ("tpu-v4-16-0",)
@@ -96,32 +98,32 @@ def test_a_ray_job_runs_once_as_a_driver_of_its_admitted_slices(store: Store, tm
     cluster.start(job_id)
     cluster.write(job_id, "epoch 1 loss 0.5\n")
     service.run_once()
-    job = store.job(job_id)
+    job = store.jobs.get(job_id)
     assert job.state == "RUNNING" and job.slices == ("tpu-v4-16-0",)
     assert any("placement groups are on tpu-v4-16-0" in e["message"] for e in store.events(job_id))
     cluster.exit(job_id, 0)
     service.run_once()
-    assert store.job(job_id).state == "SUCCEEDED"
-    hosts = store.read_logs(job_id).hosts
+    assert store.jobs.get(job_id).state == "SUCCEEDED"
+    hosts = store.jobs.read_logs(job_id).hosts
     assert [h.data for h in hosts] == ["epoch 1 loss 0.5\n", ""]  # the driver's output is host 0's
 
 
 def test_quota_borrowing_preemption_and_priority_apply_to_ray_jobs(store: Store, tmp_path: Path) -> None:
     service, cluster = _service(store, tmp_path)
-    store.create_tenant("a", {"v4": 8})  # one v4-16 slice (8 chips)
-    store.create_tenant("b", {"v4": 8})
+    store.tenants.create("a", {"v4": 8})  # one v4-16 slice (8 chips)
+    store.tenants.create("b", {"v4": 8})
     ray = JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16", kind="ray", limits=RAY)
-    first, borrower = store.submit("a", ray).id, store.submit("a", ray).id
+    first, borrower = store.jobs.submit("a", ray).id, store.jobs.submit("a", ray).id
     service.run_once()
-    assert [store.job(j).state for j in (first, borrower)] == ["STARTING", "STARTING"]
-    assert [store.job(j).borrowing for j in (first, borrower)] == [False, True]
-    low = store.submit("b", JobRequest.build(command=["x"], accelerator_type="v4-16", priority=0)).id
-    high = store.submit("b", JobRequest.build(command=["x"], accelerator_type="v4-16", priority=5)).id
+    assert [store.jobs.get(j).state for j in (first, borrower)] == ["STARTING", "STARTING"]
+    assert [store.jobs.get(j).borrowing for j in (first, borrower)] == [False, True]
+    low = store.jobs.submit("b", JobRequest.build(command=["x"], accelerator_type="v4-16", priority=0)).id
+    high = store.jobs.submit("b", JobRequest.build(command=["x"], accelerator_type="v4-16", priority=5)).id
     service.run_once()  # b is owed its quota: a's borrowing Ray job is preempted (and requeued)
     assert (borrower, 1, 30) in cluster.stops
-    assert store.job(borrower).state == "QUEUED" and store.job(borrower).attempt == 2
+    assert store.jobs.get(borrower).state == "QUEUED" and store.jobs.get(borrower).attempt == 2
     service.run_once()
-    assert store.job(high).state == "STARTING" and store.job(low).state == "QUEUED"
+    assert store.jobs.get(high).state == "STARTING" and store.jobs.get(low).state == "QUEUED"
 
 
 def test_admitted_slices_and_run_config_come_from_the_driver_env() -> None:
@@ -170,11 +172,11 @@ def test_cli_submit_ray_queues_a_ray_job_where_the_server_allows_it(
         http = TestClient(cp.app)
         args = ["submit", "--ray", "--type", "v4-16", "--tenant", "a", "--json"]
         auth = ["--token", cp.admin_token, "--server", "http://testserver"]
-        cp.store.create_tenant("a", {"v4": 8})
+        cp.store.tenants.create("a", {"v4": 8})
         result = CliRunner().invoke(command(), [*args, *auth, "--", "python", "train.py"], obj=http)
         if ok:
             assert result.exit_code == 0, result.output
-            assert cp.store.job(json.loads(result.stdout)["id"]).kind == "ray"
+            assert cp.store.jobs.get(json.loads(result.stdout)["id"]).kind == "ray"
         else:
             assert isinstance(result.exception, SpecError) and "--allow-ray-jobs" in str(result.exception)
         http.close()

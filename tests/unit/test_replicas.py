@@ -49,29 +49,31 @@ def test_only_the_leader_acts_and_a_takeover_finishes_the_job_once(db_url: str, 
         a.leadership.step()
         b.leadership.step()
         assert (a.leadership.term, b.leadership.term) == (1, None)
-        a.store.create_tenant("t", {"v4": 8})
-        job = a.store.submit("t", JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16")).id
-        assert not b.service.turn() and b.store.job(job).state == "QUEUED"  # a standby acts on nothing
-        assert a.service.turn() and a.store.job(job).state == "STARTING"
+        a.store.tenants.create("t", {"v4": 8})
+        job = a.store.jobs.submit(
+            "t", JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16")
+        ).id
+        assert not b.service.turn() and b.store.jobs.get(job).state == "QUEUED"  # a standby acts on nothing
+        assert a.service.turn() and a.store.jobs.get(job).state == "STARTING"
         cluster.start(job)
-        assert a.service.turn() and a.store.job(job).state == "RUNNING"
+        assert a.service.turn() and a.store.jobs.get(job).state == "RUNNING"
         assert a.service.leads and not b.service.leads
 
         expire(a)  # a paused past its lease; b takes over
         b.leadership.step()
         assert b.leadership.term == 2
         assert b.service.turn()  # reconcile: the running attempt is adopted, not relaunched
-        assert b.store.job(job).state == "RUNNING" and len(cluster.launches) == 1
+        assert b.store.jobs.get(job).state == "RUNNING" and len(cluster.launches) == 1
 
         cluster.exit(job, 0)
         assert not a.service.turn()  # a woke up: its cycle is refused by the fence...
-        assert a.store.job(job).state == "RUNNING"  # ...and changed nothing
+        assert a.store.jobs.get(job).state == "RUNNING"  # ...and changed nothing
         assert a.leadership.refused >= 1 and not a.service.leads and a.leadership.term is None
         assert not a.service.turn()  # it stands by from now on
 
         b.service.turn()
         b.service.turn()
-        assert b.store.job(job).state == "SUCCEEDED"
+        assert b.store.jobs.get(job).state == "SUCCEEDED"
         with b.store.tx() as s:
             assert [x.state for x in s.scalars(select(AttemptRow))] == ["SUCCEEDED"]  # run once
         said = [e.message for e in a.store.audit_events()[0] if e.kind == "leader"]
@@ -190,7 +192,7 @@ def test_a_standby_serves_the_api_and_says_who_leads(
         code, out, _ = tpufleet(
             capsys, "tenant", "create", "t", "--quota", "v4=8", "--server", url, "--token", cp.admin_token
         )
-        assert code == 0 and cp.store.tenant("t") is not None  # the standby's API writes
+        assert code == 0 and cp.store.tenants.get("t") is not None  # the standby's API writes
     finally:
         cp.close()
         other.release()
@@ -206,9 +208,11 @@ def test_a_leader_deposed_while_launching_launches_nothing_more(db_url: str, tmp
     try:
         assert a.leadership and b.leadership
         a.leadership.step()
-        a.store.create_tenant("t", {"v4": 16})
+        a.store.tenants.create("t", {"v4": 16})
         first, second = (
-            a.store.submit("t", JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16")).id
+            a.store.jobs.submit(
+                "t", JobRequest.build(command=["python", "t.py"], accelerator_type="v4-16")
+            ).id
             for _ in range(2)
         )
 
@@ -220,7 +224,7 @@ def test_a_leader_deposed_while_launching_launches_nothing_more(db_url: str, tmp
         cluster.fault("launch", taken_over, first)
         assert not a.service.turn()
         assert [s.job_id for s in cluster.launches] == [first]  # under way when it was deposed
-        assert a.store.job(second).state == "ADMITTED" and not a.service.leads
+        assert a.store.jobs.get(second).state == "ADMITTED" and not a.service.leads
         assert b.leadership.term == 2 and b.service.turn()  # b adopts the first, launches the second
         assert [s.job_id for s in cluster.launches] == [first, second]
     finally:

@@ -55,16 +55,16 @@ def test_the_policy_sees_what_a_whole_read_sees_through_a_random_workload(
         store, cluster, state_dir=tmp_path, decide=checking, config=ServiceConfig(stop_threads=0)
     )
     for name, quota in (("a", {"v4": 32}), ("b", {"v4": 8, "v6e": 16}), ("c", {})):
-        store.create_tenant(name, quota, weight=1 + len(name))
+        store.tenants.create(name, quota, weight=1 + len(name))
     for _ in range(60):
         for _ in range(rng.randrange(0, 6)):  # arrivals
             shape = {"num_slices": rng.choice((1, 1, 2)), "priority": rng.randrange(-2, 3)}
             req = JobRequest.build(command=["python", "t.py"], accelerator_type=rng.choice(TYPES), **shape)
-            store.submit(rng.choice("abc"), req)
-        jobs = store.jobs()
+            store.jobs.submit(rng.choice("abc"), req)
+        jobs = store.jobs.all()
         for job in rng.sample(jobs, k=min(2, len(jobs))):  # users cancel queued and running jobs
             if job.state not in ("SUCCEEDED", "FAILED", "CANCELLED") and rng.random() < 0.3:
-                store.request_cancel(job.id)
+                store.jobs.request_cancel(job.id)
         for job in jobs:  # hosts start, finish, fail
             if job.state == "STARTING":
                 cluster.start(job.id)
@@ -73,15 +73,15 @@ def test_the_policy_sees_what_a_whole_read_sees_through_a_random_workload(
         service.run_once()
     assert len(compared) == 60 and max(compared) > 20
     assert service.state.loads == 1  # one whole read; every later cycle read only what changed
-    states = {j.state for j in store.jobs()}
+    states = {j.state for j in store.jobs.all()}
     assert {"SUCCEEDED", "CANCELLED", "QUEUED"} <= states
 
 
 def test_a_late_event_id_is_read_again(store: Store) -> None:
     """PostgreSQL may commit event 7 after event 8: the job change behind 7 is not missed."""
-    store.create_tenant("a", {"v4": 8})
+    store.tenants.create("a", {"v4": 8})
     tr = Transitions(store)
-    job = store.submit("a", JobRequest.build(command=["x"], accelerator_type="v4-16"))
+    job = store.jobs.submit("a", JobRequest.build(command=["x"], accelerator_type="v4-16"))
     state = SchedState(tr)
     assert [v.id for v in state.snapshot()[0].jobs] == [job.id]
     last = tr.last_event()
@@ -97,9 +97,9 @@ def test_a_late_event_id_is_read_again(store: Store) -> None:
 
 
 def test_a_restart_reads_the_store_whole(store: Store, tmp_path: Path) -> None:
-    store.create_tenant("a", {"v4": 64})
+    store.tenants.create("a", {"v4": 64})
     for _ in range(5):
-        store.submit("a", JobRequest.build(command=["x"], accelerator_type="v4-16"))
+        store.jobs.submit("a", JobRequest.build(command=["x"], accelerator_type="v4-16"))
     cluster = MemoryCluster.of("v4-16:2", script=lambda spec: Script(run_after=1, exit_after=None))
     first = Service(store, cluster, state_dir=tmp_path, config=ServiceConfig(stop_threads=0))
     first.run_once()

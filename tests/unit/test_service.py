@@ -34,23 +34,23 @@ class World:
         return self.service
 
     def tenant(self, name: str, **quota: int) -> str:
-        self.store.create_tenant(name, quota)
+        self.store.tenants.create(name, quota)
         return name
 
     def submit(self, tenant: str, accelerator_type: str = "v4-16", **kw: object) -> str:
         command = kw.pop("command", ("python", "train.py"))
         request = JobRequest.build(command=command, accelerator_type=accelerator_type, **kw)  # type: ignore[arg-type]
-        return self.store.submit(tenant, request).id
+        return self.store.jobs.submit(tenant, request).id
 
     def cycle(self, n: int = 1) -> None:
         for _ in range(n):
             self.service.run_once()
 
     def job(self, job_id: str) -> JobRecord:
-        return self.store.job(job_id)
+        return self.store.jobs.get(job_id)
 
     def slices(self) -> dict[str, tuple[str, str | None]]:
-        return {s.name: (s.state, s.holder) for s in self.store.slices()}
+        return {s.name: (s.state, s.holder) for s in self.store.slices.all()}
 
 
 # A cycle here copies every host's new output, however loaded the machine (the budget bounds a
@@ -238,7 +238,7 @@ def test_an_attempt_the_cluster_says_was_interrupted_is_requeued_without_using_a
 def test_cancel_stops_every_process_and_frees_the_slices(world: World) -> None:
     job_id = world.submit(world.tenant("a", v4=16), num_slices=2)
     run_to_running(world, job_id)
-    assert world.store.request_cancel(job_id).state == "RUNNING"
+    assert world.store.jobs.request_cancel(job_id).state == "RUNNING"
     world.cycle()
     assert world.job(job_id).state == "CANCELLED"
     assert all(p.state is HostState.EXITED for p in world.cluster.processes(job_id))
@@ -369,12 +369,12 @@ def test_logs_are_complete_and_survive_the_job(world: World) -> None:
     run_to_running(world, job_id)
     world.cluster.write(job_id, "step 1 on {TPU_WORKER_ID}\n")
     world.cycle()
-    assert [h.data for h in world.store.read_logs(job_id).hosts] == ["step 1 on 0\n", "step 1 on 1\n"]
+    assert [h.data for h in world.store.jobs.read_logs(job_id).hosts] == ["step 1 on 0\n", "step 1 on 1\n"]
     world.cluster.write(job_id, "step 2 on {TPU_WORKER_ID}\n")
     world.cluster.write(job_id, "done\n", worker=1)
     world.cluster.exit(job_id, 0)
     world.cycle()
-    logs = world.store.read_logs(job_id)
+    logs = world.store.jobs.read_logs(job_id)
     assert logs.job_state == "SUCCEEDED"
     assert [(h.data, h.complete) for h in logs.hosts] == [
         ("step 1 on 0\nstep 2 on 0\n", True),
@@ -392,7 +392,7 @@ def test_a_job_that_cannot_fit_waits_with_the_policys_reason(world: World) -> No
 
 def test_a_draining_slice_gets_no_new_job(world: World) -> None:
     world.cycle()
-    world.store.set_draining("tpu-v4-16-0", True)
+    world.store.slices.set_draining("tpu-v4-16-0", True)
     job_id = world.submit(world.tenant("a", v4=8))
     world.cycle()
     assert world.job(job_id).slices == ("tpu-v4-16-1",)
@@ -469,5 +469,5 @@ def test_a_sandbox_forgets_all_but_its_last_stopped_attempts_and_no_jobs_output(
         world.cluster.poll(jobs[0], 1)  # forgotten
     assert world.cluster.poll(jobs[-1], 1).hosts  # kept
     for job_id in jobs:
-        hosts = world.store.read_logs(job_id).hosts
+        hosts = world.store.jobs.read_logs(job_id).hosts
         assert len(hosts) == 2 and all("TPUFLEET_SANDBOX_SECONDS must be" in h.data for h in hosts)

@@ -64,7 +64,7 @@ def test_a_stop_that_keeps_failing_ends_the_attempt_anyway(world: World) -> None
     job_id = world.submit(world.tenant("a", v4=8), max_retries=0)
     run_to_running(world, job_id)
     world.cluster.fault("stop", RuntimeError("runner unreachable"), job_id=job_id)
-    world.store.request_cancel(job_id)
+    world.store.jobs.request_cancel(job_id)
     world.cycle(2)
     assert world.job(job_id).state == "RUNNING"  # tried again...
     world.cycle(2)
@@ -109,7 +109,7 @@ def test_an_ended_attempts_log_is_stored_whole(world: World) -> None:
     world.cluster.exit(job_id, 0)
     world.cycle(2)
     assert world.job(job_id).state == "SUCCEEDED"
-    host0 = world.store.read_logs(job_id).hosts[0]
+    host0 = world.store.jobs.read_logs(job_id).hosts[0]
     assert len(host0.data) == 50_100 and host0.complete and not host0.truncated and host0.note is None
 
 
@@ -121,7 +121,7 @@ def test_past_the_cap_a_log_is_truncated_and_says_so(world: World, store: Store)
     world.cluster.write(job_id, "z" * 5000, worker=0)
     world.cluster.exit(job_id, 0)
     world.cycle(2)
-    host0 = store.read_logs(job_id).hosts[0]
+    host0 = store.jobs.read_logs(job_id).hosts[0]
     assert host0.data.startswith("z" * 1000) and "output truncated at 1000 characters" in host0.data
     assert host0.truncated and host0.complete and "per-host log cap" in (host0.note or "")
 
@@ -135,7 +135,7 @@ def test_a_host_whose_output_cannot_be_read_is_marked_incomplete(world: World, s
     world.cluster.fault("read_logs", ClusterError("the host is gone"), job_id=job_id)
     world.cluster.exit(job_id, 0)
     world.cycle(2)
-    for host in store.read_logs(job_id).hosts:
+    for host in store.jobs.read_logs(job_id).hosts:
         assert host.complete and not host.truncated
         assert "could not be read: the host is gone" in (host.note or "")
 

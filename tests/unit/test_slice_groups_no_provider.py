@@ -54,7 +54,7 @@ def test_slice_create_without_a_provider_is_refused_naming_serve_provider(plane:
 
 def test_the_api_answers_409_without_a_provider_and_201_with_one(store: Store) -> None:
     body = {"name": "grp1", "config": {"tpu_type": "v4-8", "num_slices": 1}}
-    headers = {"Authorization": f"Bearer {store.issue_token()}"}
+    headers = {"Authorization": f"Bearer {store.tokens.issue()}"}
     bare = TestClient(create_app(store), headers=headers).post("/api/v1/slice-groups", json=body)
     assert bare.status_code == 409 and "tpufleet serve --provider" in bare.json()["error"]
     made = TestClient(create_app(store, provider="memory"), headers=headers)
@@ -77,7 +77,7 @@ def test_with_a_provider_a_delete_still_goes_through_the_loop(store: Store) -> N
     groups.create("grp1", "v4-8", 1)
     http = TestClient(
         create_app(store, provider=MemoryProvider().kind),
-        headers={"Authorization": f"Bearer {store.issue_token()}"},
+        headers={"Authorization": f"Bearer {store.tokens.issue()}"},
     )
     gone = http.delete("/api/v1/slice-groups/grp1").json()
     assert (gone["state"], gone["deleting"]) == ("REQUESTED", True)  # the provisioner deletes it

@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import event, func, select
 
 from tpufleet.control.cluster.memory import MemoryCluster
-from tpufleet.control.store.facade import Store
+from tpufleet.control.store.facade import FenceStamp, Store
 from tpufleet.control.store.loopwrites import LEFT, Transitions
-from tpufleet.control.store.tables import JobRow, TenantRow, TokenRow
+from tpufleet.control.store.tables import EventRow, JobRow, TenantRow, TokenRow
 from tpufleet.control.store.values import JobRequest
 from tpufleet.errors import AuthError, ConflictError, NotFoundError, SpecError
 from tpufleet.scheduler.lifecycle import StopKind
@@ -34,11 +34,11 @@ def column(store: Store, column: Any, job_id: str) -> object:
 
 
 def test_tenant_token_authenticates_as_that_tenant_and_admin_token_as_admin(store: Store) -> None:
-    tenant, token = store.create_tenant("team-a", {"v4": 32, "v6e": 16}, weight=2)
-    admin = store.issue_token()
+    tenant, token = store.tenants.create("team-a", {"v4": 32, "v6e": 16}, weight=2)
+    admin = store.tokens.issue()
     assert tenant.quota == {"v4": 32, "v6e": 16} and tenant.weight == 2.0
-    assert store.authenticate(token).tenant == "team-a"
-    assert store.authenticate(admin).admin
+    assert store.tokens.authenticate(token).tenant == "team-a"
+    assert store.tokens.authenticate(admin).admin
     assert token not in {t for (t,) in _token_hashes(store)}  # only hashes are stored
 
 
@@ -50,7 +50,7 @@ def _token_hashes(store: Store) -> list[tuple[str]]:
 @pytest.mark.parametrize("token", [None, "", "tf_not-a-real-token"])
 def test_missing_or_unknown_token_is_an_auth_error(store: Store, token: str | None) -> None:
     with pytest.raises(AuthError):
-        store.authenticate(token)
+        store.tokens.authenticate(token)
 
 
 @pytest.mark.parametrize(
@@ -70,16 +70,16 @@ def test_bad_tenant_is_rejected_and_nothing_is_stored(
     store: Store, name: str, quota: dict[str, int], weight: float, message: str
 ) -> None:
     with pytest.raises(SpecError, match=message):
-        store.create_tenant(name, quota, weight)
+        store.tenants.create(name, quota, weight)
     assert count(store, TenantRow.name) == 0 and count(store, TokenRow.token_hash) == 0
 
 
 def test_generation_aliases_are_normalised_and_duplicates_conflict(store: Store) -> None:
-    tenant, _ = store.create_tenant("team-a", {"v5litepod": 16, "v7x": 8})
+    tenant, _ = store.tenants.create("team-a", {"v5litepod": 16, "v7x": 8})
     assert tenant.quota == {"v5e": 16, "tpu7x": 8}
     with pytest.raises(ConflictError, match="already exists"):
-        store.create_tenant("team-a", {"v4": 8})
-    assert [t.name for t in store.tenants()] == ["team-a"]
+        store.tenants.create("team-a", {"v4": 8})
+    assert [t.name for t in store.tenants.all()] == ["team-a"]
 
 
 @pytest.mark.parametrize(
@@ -100,18 +100,18 @@ def test_bad_job_input_names_the_field_and_value(kwargs: dict[str, object], mess
 
 
 def test_submit_stores_a_queued_job_with_a_short_id_and_canonical_type(store: Store) -> None:
-    store.create_tenant("team-a", {"v5e": 16})
-    job = store.submit("team-a", req("v5e-16", num_slices=2, env={"LR": "0.1"}, priority=5))
+    store.tenants.create("team-a", {"v5e": 16})
+    job = store.jobs.submit("team-a", req("v5e-16", num_slices=2, env={"LR": "0.1"}, priority=5))
     assert (job.id, job.state, job.attempt, job.name) == ("00000001", "QUEUED", 1, "train")
     assert job.accelerator_type == "v5litepod-16" and job.num_slices == 2
-    got = store.job(job.id)
+    got = store.jobs.get(job.id)
     assert got.env == {"LR": "0.1"} and got.command == ("python", "train.py") and got.priority == 5
-    assert [j.id for j in store.jobs()] == [job.id]
+    assert [j.id for j in store.jobs.all()] == [job.id]
 
 
 def test_submit_for_unknown_tenant_stores_nothing(store: Store) -> None:
     with pytest.raises(NotFoundError, match="tenant 'ghost' not found"):
-        store.submit("ghost", req())
+        store.jobs.submit("ghost", req())
     assert count(store, JobRow.seq) == 0
 
 
@@ -119,44 +119,44 @@ def test_job_id_collisions_draw_a_new_id(db_url: str) -> None:
     ids = iter(["aaaaaaaa", "aaaaaaaa", "bbbbbbbb"])
     store = Store.open(db_url, new_id=lambda: next(ids))
     try:
-        store.create_tenant("t", {"v4": 8})
-        assert [store.submit("t", req()).id for _ in range(2)] == ["aaaaaaaa", "bbbbbbbb"]
+        store.tenants.create("t", {"v4": 8})
+        assert [store.jobs.submit("t", req()).id for _ in range(2)] == ["aaaaaaaa", "bbbbbbbb"]
     finally:
         store.close()
 
 
 def test_a_tenant_sees_only_its_own_jobs(store: Store) -> None:
-    store.create_tenant("team-a", {"v4": 8})
-    store.create_tenant("team-b", {"v4": 8})
-    a = store.submit("team-a", req())
-    b = store.submit("team-b", req())
-    assert [j.id for j in store.jobs(tenant="team-a")] == [a.id]
-    assert store.job(a.id, tenant="team-a").id == a.id
-    for call in (store.job, store.request_cancel, store.read_logs):
+    store.tenants.create("team-a", {"v4": 8})
+    store.tenants.create("team-b", {"v4": 8})
+    a = store.jobs.submit("team-a", req())
+    b = store.jobs.submit("team-b", req())
+    assert [j.id for j in store.jobs.all(tenant="team-a")] == [a.id]
+    assert store.jobs.get(a.id, tenant="team-a").id == a.id
+    for call in (store.jobs.get, store.jobs.request_cancel, store.jobs.read_logs):
         with pytest.raises(NotFoundError, match=f"job '{b.id}' not found"):
             call(b.id, tenant="team-a")
-    assert store.job(b.id).state == "QUEUED"
+    assert store.jobs.get(b.id).state == "QUEUED"
     with pytest.raises(NotFoundError, match="job 'nope' not found"):
-        store.job("nope")
+        store.jobs.get("nope")
 
 
 def test_cancel_a_queued_job_at_once_and_again_is_harmless(store: Store) -> None:
-    store.create_tenant("t", {"v4": 8})
-    job = store.submit("t", req())
-    assert store.request_cancel(job.id).state == "CANCELLED"
-    assert store.request_cancel(job.id).state == "CANCELLED"
+    store.tenants.create("t", {"v4": 8})
+    job = store.jobs.submit("t", req())
+    assert store.jobs.request_cancel(job.id).state == "CANCELLED"
+    assert store.jobs.request_cancel(job.id).state == "CANCELLED"
 
 
 def test_admission_is_all_or_nothing_and_never_takes_a_held_slice(store: Store) -> None:
     tr = Transitions(store)
     tr.sync_slices(MemoryCluster.of("v4-16:2").inventory())
-    store.create_tenant("t", {"v4": 16})
-    first, second = store.submit("t", req()), store.submit("t", req(num_slices=2))
+    store.tenants.create("t", {"v4": 16})
+    first, second = store.jobs.submit("t", req()), store.jobs.submit("t", req(num_slices=2))
     assert tr.admit(Admit(JobId(first.id), (SliceName("tpu-v4-16-0"),), False))
     both = (SliceName("tpu-v4-16-0"), SliceName("tpu-v4-16-1"))
     assert not tr.admit(Admit(JobId(second.id), both, False))
-    assert store.job(second.id).state == "QUEUED"
-    assert {s.name: (s.state, s.holder) for s in store.slices()} == {
+    assert store.jobs.get(second.id).state == "QUEUED"
+    assert {s.name: (s.state, s.holder) for s in store.slices.all()} == {
         "tpu-v4-16-0": ("HELD", first.id),
         "tpu-v4-16-1": ("FREE", None),
     }
@@ -165,9 +165,9 @@ def test_admission_is_all_or_nothing_and_never_takes_a_held_slice(store: Store) 
 def test_a_cycles_admissions_are_one_write_that_answers_for_each(store: Store) -> None:
     tr = Transitions(store)
     tr.sync_slices(MemoryCluster.of("v4-16:3").inventory())
-    store.create_tenant("t", {"v4": 64})
-    a, b, c, d = (store.submit("t", req()).id for _ in range(4))
-    store.request_cancel(c)
+    store.tenants.create("t", {"v4": 64})
+    a, b, c, d = (store.jobs.submit("t", req()).id for _ in range(4))
+    store.jobs.request_cancel(c)
     s0, s1, s2 = (SliceName(f"tpu-v4-16-{i}") for i in range(3))
     answers = tr.admit_all(
         [
@@ -178,8 +178,8 @@ def test_a_cycles_admissions_are_one_write_that_answers_for_each(store: Store) -
         ]
     )
     assert answers == [True, False, False, True]
-    assert [store.job(j).state for j in (a, b, c, d)] == ["ADMITTED", "QUEUED", "CANCELLED", "ADMITTED"]
-    assert {s.name: (s.state, s.holder) for s in store.slices()} == {
+    assert [store.jobs.get(j).state for j in (a, b, c, d)] == ["ADMITTED", "QUEUED", "CANCELLED", "ADMITTED"]
+    assert {s.name: (s.state, s.holder) for s in store.slices.all()} == {
         "tpu-v4-16-0": ("HELD", a),
         "tpu-v4-16-1": ("HELD", d),
         "tpu-v4-16-2": ("FREE", None),
@@ -190,8 +190,8 @@ def test_a_cycles_admissions_are_one_write_that_answers_for_each(store: Store) -
 def test_a_group_of_stops_keeps_each_compare_and_set(store: Store) -> None:
     tr = Transitions(store)
     tr.sync_slices(MemoryCluster.of("v4-16:2").inventory())
-    store.create_tenant("t", {"v4": 64})
-    a, b = (store.submit("t", req()).id for _ in range(2))
+    store.tenants.create("t", {"v4": 64})
+    a, b = (store.jobs.submit("t", req()).id for _ in range(2))
     assert tr.admit_all(
         [Admit(JobId(j), (SliceName(f"tpu-v4-16-{i}"),), False) for i, j in enumerate((a, b))]
     )
@@ -204,7 +204,7 @@ def test_a_group_of_stops_keeps_each_compare_and_set(store: Store) -> None:
     assert answers == [False, True, False]  # a cancel on record wins; the first stop of b stands
     assert [column(store, JobRow.stop_kind, j) for j in (a, b)] == ["cancel", "success"]
     assert tr.finish_all([(a, 1, None), (b, 1, None)]) == ["CANCELLED", "SUCCEEDED"]
-    assert {s.state for s in store.slices()} == {"FREE"}
+    assert {s.state for s in store.slices.all()} == {"FREE"}
 
 
 def test_a_cancel_that_comes_between_a_groups_read_and_its_write_wins(db_url: str) -> None:
@@ -215,14 +215,14 @@ def test_a_cancel_that_comes_between_a_groups_read_and_its_write_wins(db_url: st
     try:
         tr = Transitions(store)
         tr.sync_slices(MemoryCluster.of("v4-16:2").inventory())
-        store.create_tenant("t", {"v4": 64})
-        a, b = (store.submit("t", req()).id for _ in range(2))
+        store.tenants.create("t", {"v4": 64})
+        a, b = (store.jobs.submit("t", req()).id for _ in range(2))
         tr.admit_all([Admit(JobId(j), (SliceName(f"tpu-v4-16-{i}"),), False) for i, j in enumerate((a, b))])
         between: list[str] = []
 
         def cancel_first(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
             if statement.startswith("UPDATE jobs") and not between:
-                between.append(api.request_cancel(a).state)  # committed before the group's write
+                between.append(api.jobs.request_cancel(a).state)  # committed before the group's write
 
         event.listen(store.engine, "before_cursor_execute", cancel_first)
         try:
@@ -245,47 +245,47 @@ def test_an_unchanged_inventory_still_shows_what_admissions_ends_and_drains_chan
     tr, fleet = Transitions(store), MemoryCluster.of("v4-16:2")
     a, b = "tpu-v4-16-0", "tpu-v4-16-1"
     tr.sync_slices(fleet.inventory())
-    store.create_tenant("t", {"v4": 64})
-    job = store.submit("t", req()).id
+    store.tenants.create("t", {"v4": 64})
+    job = store.jobs.submit("t", req()).id
     assert tr.admit(Admit(JobId(job), (SliceName(a),), False))
-    store.set_draining(b, True)
+    store.slices.set_draining(b, True)
     now = {s.name: (s.state, s.holder, s.draining) for s in tr.sync_slices(fleet.inventory())}
     assert now == {a: ("HELD", job, False), b: ("DRAINING", None, True)}
     assert tr.begin_stop(job, StopKind.CANCEL, "cancelled") and tr.finish(job, 1, None) == "CANCELLED"
-    store.set_draining(b, False)
+    store.slices.set_draining(b, False)
     now = {s.name: (s.state, s.holder, s.draining) for s in tr.sync_slices(fleet.inventory())}
     assert now == {a: ("FREE", None, False), b: ("FREE", None, False)}
-    assert tr.sync_slices(fleet.inventory()) == store.slices()
+    assert tr.sync_slices(fleet.inventory()) == store.slices.all()
 
 
 def test_a_cancelled_job_is_not_admitted(store: Store) -> None:
     tr = Transitions(store)
     tr.sync_slices(MemoryCluster.of("v4-16").inventory())
-    store.create_tenant("t", {"v4": 8})
-    job = store.submit("t", req())
-    store.request_cancel(job.id)
+    store.tenants.create("t", {"v4": 8})
+    job = store.jobs.submit("t", req())
+    store.jobs.request_cancel(job.id)
     assert not tr.admit(Admit(JobId(job.id), (SliceName("tpu-v4-16-0"),), False))
-    assert store.slices()[0].state == "FREE"
+    assert store.slices.all()[0].state == "FREE"
 
 
 def test_inventory_marks_broken_and_vanished_slices_and_drain_is_kept(store: Store) -> None:
     tr, fleet = Transitions(store), MemoryCluster.of("v4-16:2,v6e-16")
     tr.sync_slices(fleet.inventory())
-    store.set_draining("tpu-v6e-16-0", True)
+    store.slices.set_draining("tpu-v6e-16-0", True)
     fleet.kill_host("tpu-v4-16-0", 1)
     tr.sync_slices([s for s in fleet.inventory() if s.name != "tpu-v4-16-1"])
-    states = {s.name: (s.state, s.problems) for s in store.slices()}
+    states = {s.name: (s.state, s.problems) for s in store.slices.all()}
     assert states == {
         "tpu-v4-16-0": ("BROKEN", ("host 1 is dead",)),
         "tpu-v4-16-1": ("BROKEN", ("not in the cluster's inventory",)),
         "tpu-v6e-16-0": ("DRAINING", ()),
     }
     fleet.repair("tpu-v4-16-0")
-    store.set_draining("tpu-v6e-16-0", False)
+    store.slices.set_draining("tpu-v6e-16-0", False)
     tr.sync_slices(fleet.inventory())
-    assert [s.state for s in store.slices()] == ["FREE", "FREE", "FREE"]
+    assert [s.state for s in store.slices.all()] == ["FREE", "FREE", "FREE"]
     with pytest.raises(NotFoundError, match="closest: tpu-v6e-16-0"):
-        store.set_draining("tpu-v6e-16-9", True)
+        store.slices.set_draining("tpu-v6e-16-9", True)
 
 
 def test_inventory_discovers_no_slice_from_dead_nodes_alone(store: Store) -> None:
@@ -297,7 +297,7 @@ def test_inventory_discovers_no_slice_from_dead_nodes_alone(store: Store) -> Non
         fleet.kill_host(name, 0)
         fleet.kill_host(name, 1)
     tr.sync_slices(fleet.inventory())
-    assert {s.name: s.state for s in store.slices()} == {"tpu-v4-16-0": "BROKEN"}
+    assert {s.name: s.state for s in store.slices.all()} == {"tpu-v4-16-0": "BROKEN"}
     assert not [e for e in store.events() if e["slice"] == "tpu-v4-16-1"]
 
 
@@ -307,53 +307,81 @@ def test_inventory_keeps_retired_slices_out_and_lets_a_held_one_finish(store: St
     tr, fleet = Transitions(store), MemoryCluster.of("v4-16:3")
     a, b, c = (f"tpu-v4-16-{i}" for i in range(3))
     tr.sync_slices([s for s in fleet.inventory() if s.name != c])
-    store.create_tenant("t", {"v4": 64})
-    job = store.submit("t", req()).id
+    store.tenants.create("t", {"v4": 64})
+    job = store.jobs.submit("t", req()).id
     assert tr.admit(Admit(JobId(job), (SliceName(b),), False))
     retired = frozenset({a, b, c})
     tr.sync_slices(fleet.inventory(), retired)
-    assert {s.name: s.state for s in store.slices()} == {b: "HELD"}
+    assert {s.name: s.state for s in store.slices.all()} == {b: "HELD"}
     assert [e["message"] for e in store.events() if e["slice"] == a][-1] == LEFT
     assert tr.begin_stop(job, StopKind.CANCEL, "cancelled")
     tr.finish(job, 1, None)
     tr.sync_slices(fleet.inventory(), retired)
-    assert store.slices() == []
+    assert store.slices.all() == []
     tr.sync_slices(fleet.inventory())  # no longer retired (a group of that name made again)
-    assert [s.name for s in store.slices()] == [a, b, c]
+    assert [s.name for s in store.slices.all()] == [a, b, c]
 
 
 def test_logs_are_stored_per_host_and_read_from_an_offset(store: Store) -> None:
     tr = Transitions(store)
     tr.sync_slices(MemoryCluster.of("v4-16").inventory())
-    store.create_tenant("t", {"v4": 8})
-    job = store.submit("t", req())
+    store.tenants.create("t", {"v4": 8})
+    job = store.jobs.submit("t", req())
     tr.admit(Admit(JobId(job.id), (SliceName("tpu-v4-16-0"),), False))
     tr.launched(job.id, 1)
     tr.append_log(job.id, 1, 0, "step 1\n", 7, False)
     tr.append_log(job.id, 1, 0, "step 2\n", 14, True)
     tr.append_log(job.id, 1, 1, "other host\n", 11, False)
-    logs = store.read_logs(job.id)
+    logs = store.jobs.read_logs(job.id)
     assert [(h.host, h.slice, h.worker_id, h.data) for h in logs.hosts] == [
         (0, "tpu-v4-16-0", 0, "step 1\nstep 2\n"),
         (1, "tpu-v4-16-0", 1, "other host\n"),
     ]
-    tail = store.read_logs(job.id, host=0, offset=10)
+    tail = store.jobs.read_logs(job.id, host=0, offset=10)
     assert [(h.data, h.next_offset, h.complete) for h in tail.hosts] == [("p 2\n", 14, True)]
-    assert store.read_logs(job.id, host=0, offset=14).hosts[0].data == ""
+    assert store.jobs.read_logs(job.id, host=0, offset=14).hosts[0].data == ""
     with pytest.raises(NotFoundError, match="hosts 0 to 1"):
-        store.read_logs(job.id, host=2)
+        store.jobs.read_logs(job.id, host=2)
     with pytest.raises(NotFoundError, match="attempts 1 to 1, not 2"):
-        store.read_logs(job.id, attempt=2)
-    assert store.read_logs(job.id, attempt=1).attempt == 1
+        store.jobs.read_logs(job.id, attempt=2)
+    assert store.jobs.read_logs(job.id, attempt=1).attempt == 1
 
 
 def test_a_second_store_on_the_same_database_sees_everything(db_url: str) -> None:
     first = Store.open(db_url)
-    first.create_tenant("t", {"v4": 8})
-    job = first.submit("t", req())
+    first.tenants.create("t", {"v4": 8})
+    job = first.jobs.submit("t", req())
     first.close()
     second = Store.open(db_url)
     try:
-        assert second.job(job.id).state == "QUEUED" and [t.name for t in second.tenants()] == ["t"]
+        assert second.jobs.get(job.id).state == "QUEUED" and [t.name for t in second.tenants.all()] == ["t"]
     finally:
         second.close()
+
+
+def test_the_parts_of_a_fenced_store_write_through_its_fence(store: Store) -> None:
+    """``Store.fenced`` is a view of the same database whose parts (jobs, tenants, slices...) run
+    the fence first in each of their transactions: a deposed leader's write through any of them
+    rolls back having written nothing, and a passing one is stamped with the fence's term."""
+    store.tenants.create("t", {"v4": 8})
+
+    class Deposed(Exception):
+        pass
+
+    def refuse(_conn: Any) -> FenceStamp:
+        raise Deposed("another replica leads")
+
+    deposed = store.fenced(refuse)
+    with pytest.raises(Deposed):
+        deposed.jobs.submit("t", req())
+    with pytest.raises(Deposed):
+        deposed.tenants.update("t", weight=2.0)
+    assert store.jobs.all() == [] and store.tenants.get("t").weight == 1.0
+
+    leading = store.fenced(lambda _conn: FenceStamp(term=7, at=1.0))
+    job = leading.jobs.submit("t", req())
+    leading.jobs.request_cancel(job.id, actor="admin")
+    assert store.jobs.get(job.id).state == "CANCELLED"
+    with store.tx() as s:
+        terms = s.execute(select(EventRow.kind, EventRow.term).where(EventRow.job_id == job.id)).all()
+    assert ("cancel", 7) in terms

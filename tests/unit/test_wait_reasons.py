@@ -33,9 +33,10 @@ HEAD = NotFit(NotFitCode.RESERVED_FOR_HEAD_OF_LINE, "reserved for the head of li
 
 
 def _queued(store: Store, n: int) -> list[str]:
-    store.create_tenant("a", {"v4": 64})
+    store.tenants.create("a", {"v4": 64})
     return [
-        store.submit("a", JobRequest.build(command=["true"], accelerator_type="v4-16")).id for _ in range(n)
+        store.jobs.submit("a", JobRequest.build(command=["true"], accelerator_type="v4-16")).id
+        for _ in range(n)
     ]
 
 

@@ -3,7 +3,7 @@
 The admin token manages tenants, tokens and slices and sees every job; a tenant's token (scope
 ``jobs``) sees and changes only that tenant's jobs (403 otherwise); a ``metrics`` token may only
 read ``GET /metrics`` (403 everywhere else, see :func:`check_scope`); a missing, unknown or revoked
-token is 401. Tokens are stored only as SHA-256 hashes (``control/store/tenants.py``); the plain token is
+token is 401. Tokens are stored only as SHA-256 hashes (``control/store/tokens.py``); the plain token is
 shown once, when it is created.
 """
 
@@ -83,11 +83,11 @@ def ensure_admin_token(store: Store, path: Path) -> tuple[str, bool]:
     if path.exists():
         token = path.read_text().strip()
         try:
-            if store.authenticate(token).admin:
+            if store.tokens.authenticate(token).admin:
                 return token, False
         except AuthError:
             pass
-    token = store.issue_token(tenant=None)
+    token = store.tokens.issue(tenant=None)
     write_token_file(path, token)
     return token, True
 

@@ -50,7 +50,7 @@ def principal_of(request: HTTPConnection, token: Callable[[], str | None]) -> Pr
     method = request.scope.get("method", "WEBSOCKET")
     try:
         db: Store = request.app.state.store
-        who = db.authenticate(token())
+        who = db.tokens.authenticate(token())
         auth.check_scope(who, request.url.path)
     except AuthError as err:
         guard.check(address)

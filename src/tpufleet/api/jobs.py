@@ -100,7 +100,7 @@ def submit(body: JobSubmit, me: Who, store: Db, request: Request) -> dict[str, A
     things are (the fleet has no slice of its type and no pool makes them), with the fix."""
     tenant = auth.submit_tenant(me, body.tenant)
     fields = body.model_dump(exclude={"tenant"})
-    job = store.submit(tenant, JobRequest.build(**fields, limits=request.app.state.limits))
+    job = store.jobs.submit(tenant, JobRequest.build(**fields, limits=request.app.state.limits))
     changed(request)
     return {**job.to_dict(), "warnings": _warnings(request, store, job)}
 
@@ -159,7 +159,7 @@ def submit_batch(body: JobBatch, me: Who, store: Db, request: Request) -> dict[s
             raise SpecError(f"jobs[{i}]{_first_problem(err)}") from None
         except TpufleetError as err:
             raise _at_item(err, i) from None
-    ids = store.submit_many(owners, requests)
+    ids = store.jobs.submit_many(owners, requests)
     changed(request)
     return {"ids": ids, "warnings": _batch_warnings(request, store, requests)}
 
@@ -216,13 +216,13 @@ def list_jobs(
 def get_job(job_id: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """The whole job, its attempts and goodput, and ``warnings`` as ``POST /api/v1/jobs`` gives
     them while it is queued."""
-    job = store.job(job_id, tenant=auth.job_scope(me))
+    job = store.jobs.get(job_id, tenant=auth.job_scope(me))
     return {**job_with_goodput(job, store.clock()), "warnings": _warnings(request, store, job)}
 
 
 @router.get("/jobs/{job_id}/events", tags=["jobs"], responses=responses(404, 422))
 def job_events(job_id: str, me: Who, store: Db) -> list[dict[str, Any]]:
-    store.job(job_id, tenant=auth.job_scope(me))
+    store.jobs.get(job_id, tenant=auth.job_scope(me))
     return store.events(job_id)
 
 
@@ -242,12 +242,12 @@ def job_logs(
     """A job's stored output, every host or one, from ``offset``: streamed, read from the store a
     piece at a time (a 64 MiB log is never held whole)."""
     scope = auth.job_scope(me)
-    read, spans = store.plan_logs(job_id, tenant=scope, attempt=attempt, host=host, offset=offset)
+    read, spans = store.jobs.plan_logs(job_id, tenant=scope, attempt=attempt, host=host, offset=offset)
     return logstream.response(store, read, spans)
 
 
 @router.post("/jobs/{job_id}/cancel", tags=["jobs"], responses=responses(404, 409, 422))
 def cancel(job_id: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
-    job = store.request_cancel(job_id, tenant=auth.job_scope(me), actor=me.actor)
+    job = store.jobs.request_cancel(job_id, tenant=auth.job_scope(me), actor=me.actor)
     changed(request)
     return job.to_dict()

@@ -60,5 +60,5 @@ async def upload_package(
     if kind != "application/zip":
         raise UnsupportedMediaType(f"Content-Type must be application/zip, got {kind[:60]!r}")
     data = await request.body()
-    package_id = await run_in_threadpool(store.put_package, owner, data)
+    package_id = await run_in_threadpool(store.packages.put, owner, data)
     return {"id": package_id, "size": len(data)}

@@ -5,7 +5,7 @@ The routes are Ray 2.60's job head's (dashboard/modules/job/job_head.py), with i
 answer shapes, under ``/ray``: the version check, the package check and upload that
 ``--working-dir`` uses, submit, list, status, stop, delete, logs, and the log tail (a WebSocket)
 that ``ray job submit`` and ``ray job logs -f`` follow. Each calls the path the rest of the API
-takes: ``JobRequest.build`` and ``Store.submit_ray`` (the tenant's caps and package), the store's
+takes: ``JobRequest.build`` and ``store.ray.submit`` (the tenant's caps and package), the store's
 packages, ``request_cancel``, the stored logs. What Ray's words mean here is ``raysubmit.py``.
 
 **Who.** The caller's tpufleet token, where Ray's clients send one: ``Authorization: Bearer`` (set
@@ -134,7 +134,7 @@ def _package_uri(protocol: str, name: str) -> str:
 def package_exists(protocol: str, package_name: str, me: RayWho, request: Request) -> Response:
     """200 when the caller uploaded this package (and it is still stored), else 404: the client uploads it."""
     uri = _package_uri(protocol, package_name)
-    if me.tenant is None or _store(request).ray_package(me.tenant, uri) is None:
+    if me.tenant is None or _store(request).ray.package(me.tenant, uri) is None:
         return PlainTextResponse(f"Package {uri} does not exist", status_code=404)
     return Response()
 
@@ -146,13 +146,13 @@ async def upload_package(protocol: str, package_name: str, me: RayWho, request: 
     if me.tenant is None:
         raise SpecError("upload packages with the tenant's token: a package belongs to a tenant")
     data = await request.body()
-    await run_in_threadpool(_store(request).put_ray_package, me.tenant, uri, data)
+    await run_in_threadpool(_store(request).ray.put_package, me.tenant, uri, data)
     return Response()
 
 
 def _example(store: Store) -> str:
     """A slice type the fleet has, for a refusal's example (v4-16 when it has none)."""
-    return next((s.accelerator_type for s in store.slices()), "v4-16")
+    return next((s.accelerator_type for s in store.slices.all()), "v4-16")
 
 
 @router.post("/api/jobs/")
@@ -170,10 +170,10 @@ def submit(body: raysubmit.JobSubmitBody, me: RayWho, request: Request) -> dict[
         )
     owner = auth.submit_tenant(me, named)
     got = raysubmit.translate(
-        body, package_of=lambda uri: store.ray_package(owner, uri), example=lambda: _example(store)
+        body, package_of=lambda uri: store.ray.package(owner, uri), example=lambda: _example(store)
     )
     limits = request.app.state.limits
-    sub = store.submit_ray(
+    sub = store.ray.submit(
         owner,
         got.submission_id,
         JobRequest.build(**got.fields, limits=limits),
@@ -188,11 +188,11 @@ def submit(body: raysubmit.JobSubmitBody, me: RayWho, request: Request) -> dict[
 @router.get("/api/jobs/")
 def list_jobs(me: RayWho, request: Request) -> list[dict[str, Any]]:
     """The caller's submissions (the admin: everyone's), the newest 1,000, oldest first."""
-    return [raysubmit.details(s) for s in _store(request).ray_submissions(auth.job_scope(me))]
+    return [raysubmit.details(s) for s in _store(request).ray.all(auth.job_scope(me))]
 
 
 def _find(request: HTTPConnection, me: Principal, submission_id: str) -> RaySubmission:
-    return _store(request).ray_submission(submission_id, auth.job_scope(me))
+    return _store(request).ray.get(submission_id, auth.job_scope(me))
 
 
 @router.get("/api/jobs/{submission_id}")
@@ -208,7 +208,7 @@ def stop(submission_id: str, me: RayWho, request: Request) -> dict[str, bool]:
     if sub.job.state in TERMINAL:
         return {"stopped": False}
     try:
-        _store(request).request_cancel(sub.job.id, tenant=auth.job_scope(me), actor=me.actor)
+        _store(request).jobs.request_cancel(sub.job.id, tenant=auth.job_scope(me), actor=me.actor)
     except ConflictError:  # it ended meanwhile
         return {"stopped": False}
     request.app.state.on_change()
@@ -218,7 +218,7 @@ def stop(submission_id: str, me: RayWho, request: Request) -> dict[str, bool]:
 @router.delete("/api/jobs/{submission_id}")
 def delete(submission_id: str, me: RayWho, request: Request) -> dict[str, bool]:
     """Forget an ended submission (Ray refuses a running one); the tpufleet job stays listed."""
-    _store(request).delete_ray_submission(submission_id, auth.job_scope(me))
+    _store(request).ray.delete(submission_id, auth.job_scope(me))
     return {"deleted": True}
 
 
@@ -226,7 +226,7 @@ def _driver_log(
     store: Store, job_id: str, scope: str | None, attempt: int | None, offset: int
 ) -> tuple[LogRead, logs.Span | None]:
     """The driver's log (host 0 of the attempt, by default the latest that ran) from ``offset``."""
-    read, spans = store.plan_logs(job_id, tenant=scope, attempt=attempt, host=0, offset=offset)
+    read, spans = store.jobs.plan_logs(job_id, tenant=scope, attempt=attempt, host=0, offset=offset)
     return read, (spans[0] if spans else None)
 
 
@@ -321,7 +321,7 @@ async def _follow(ws: WebSocket, store: Store, job_id: str, scope: str | None) -
             if latest.attempt != attempt:  # a later attempt ran: follow its log from its start
                 attempt, offset = latest.attempt, 0
                 continue
-        job = await run_in_threadpool(store.job, job_id, scope)
+        job = await run_in_threadpool(store.jobs.get, job_id, scope)
         if job.state in TERMINAL:
             if host is None or host.complete or settle <= 0:
                 return

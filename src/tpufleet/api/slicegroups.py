@@ -53,7 +53,7 @@ router = APIRouter(prefix=API, tags=["slice groups"], dependencies=[AdminOnly])
 
 def group_view(store: Store, group: GroupRecord) -> dict[str, Any]:
     """The group with each physical slice's scheduler state and holder."""
-    rows = {s.name: s for s in store.slices()}
+    rows = {s.name: s for s in store.slices.all()}
     out = group.to_dict()
     for s in out["slices"]:
         row = rows.get(s["name"])

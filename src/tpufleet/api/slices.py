@@ -22,10 +22,10 @@ router = APIRouter(prefix=API)
 def list_slices(me: Who, store: Db) -> list[dict[str, Any]]:
     """Every slice and its state; a tenant's token sees the holder only of its own jobs (another
     tenant's job id shows as null, the slice still HELD)."""
-    rows = [s.to_dict() for s in store.slices()]
+    rows = [s.to_dict() for s in store.slices.all()]
     scope = auth.job_scope(me)
     if scope is not None:
-        own = {j.id for j in store.jobs(tenant=scope, states=ACTIVE)}
+        own = {j.id for j in store.jobs.all(tenant=scope, states=ACTIVE)}
         for row in rows:
             row["holder"] = row["holder"] if row["holder"] in own else None
     return rows
@@ -48,7 +48,7 @@ def fleet(me: Who, store: Db, request: Request) -> dict[str, Any]:
 def drain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     """Place no new job on the slice (admin); its current holder runs to the end."""
     auth.require_admin(me)
-    out = store.set_draining(name, True, actor=me.actor).to_dict()
+    out = store.slices.set_draining(name, True, actor=me.actor).to_dict()
     changed(request)
     return out
 
@@ -56,6 +56,6 @@ def drain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
 @router.post("/slices/{name}/undrain", tags=["slices"], responses=responses(403, 404, 422))
 def undrain(name: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     auth.require_admin(me)
-    out = store.set_draining(name, False, actor=me.actor).to_dict()
+    out = store.slices.set_draining(name, False, actor=me.actor).to_dict()
     changed(request)
     return out

@@ -45,7 +45,7 @@ def create_tenant(body: TenantCreate, me: Who, store: Db, request: Request) -> d
     """Create a tenant (admin). Its token is in the answer, and only there. The name of a deleted
     tenant stays taken (409)."""
     auth.require_admin(me)
-    tenant, token = store.create_tenant(body.name, body.quota, body.weight, body.preemption, actor=me.actor)
+    tenant, token = store.tenants.create(body.name, body.quota, body.weight, body.preemption, actor=me.actor)
     changed(request)
     return {**tenant.to_dict(), "token": token}
 
@@ -61,7 +61,7 @@ def list_tenants(
     """Live tenants by name (admin), each with its ``checkpoints`` usage and quota;
     ``include_deleted=true`` adds the deleted ones."""
     auth.require_admin(me)
-    return [t.to_dict() for t in store.tenants(include_deleted=include_deleted)]
+    return [t.to_dict() for t in store.tenants.all(include_deleted=include_deleted)]
 
 
 @router.get("/tenants/{name}", tags=["tenants"], responses=responses(403, 404, 422))
@@ -71,7 +71,7 @@ def get_tenant(name: str, me: Who, store: Db) -> dict[str, Any]:
     (``used_bytes``, ``measured_at``, ``complete``) and the quota (``quota_bytes``, null: none)."""
     if me.admin or me.tenant != name:
         auth.require_admin(me)
-    return store.tenant(name).to_dict()
+    return store.tenants.get(name).to_dict()
 
 
 @router.patch("/tenants/{name}", tags=["tenants"], responses=responses(400, 403, 404, 409, 422))
@@ -80,7 +80,7 @@ def update_tenant(name: str, body: TenantUpdate, me: Who, store: Db, request: Re
     setting (admin). Used from the scheduling loop's next cycle; lowering a quota below what the
     tenant holds stops nothing: the excess counts as borrowed, reclaimable by other tenants."""
     auth.require_admin(me)
-    out = store.update_tenant(
+    out = store.tenants.update(
         name, quota=body.quota, weight=body.weight, preemption=body.preemption, actor=me.actor
     ).to_dict()
     changed(request)
@@ -102,6 +102,6 @@ def delete_tenant(
     name stays taken. ``state`` is ``deleting`` while cancelled jobs still stop, then ``deleted``;
     ``cancelled``: the jobs this call cancelled."""
     auth.require_admin(me)
-    tenant, cancelled = store.delete_tenant(name, force=force, actor=me.actor)
+    tenant, cancelled = store.tenants.delete(name, force=force, actor=me.actor)
     changed(request)
     return {**tenant.to_dict(), "cancelled": cancelled}

@@ -29,7 +29,7 @@ def create_token(body: TokenCreate, me: Who, store: Db) -> dict[str, Any]:
     """A new token for a tenant (admin): scope ``jobs`` or ``metrics``. The secret is in the
     answer (``token``), and only there."""
     auth.require_admin(me)
-    record, token = store.create_token(body.tenant, body.scope, actor=me.actor)
+    record, token = store.tokens.create(body.tenant, body.scope, actor=me.actor)
     return {**record.to_dict(), "token": token}
 
 
@@ -42,7 +42,7 @@ def list_tokens(
     """Tokens that work (admin): id, tenant, scope, created and last-used times; never a secret.
     Last use is recorded at most once a minute per token."""
     auth.require_admin(me)
-    return [t.to_dict() for t in store.tokens(tenant)]
+    return [t.to_dict() for t in store.tokens.all(tenant)]
 
 
 @router.post("/tokens/rotate-admin", tags=["tokens"], responses=responses(403))
@@ -50,7 +50,7 @@ def rotate_admin(me: Who, store: Db, request: Request) -> dict[str, Any]:
     """A new admin token; every other admin token is revoked at once (admin). The server writes it
     to its ``<state-dir>/admin-token`` (mode 0600, ``path``); the answer has it too (``token``)."""
     auth.require_admin(me)
-    record, token, revoked = store.rotate_admin(actor=me.actor)
+    record, token, revoked = store.tokens.rotate_admin(actor=me.actor)
     path: Path | None = request.app.state.admin_token_path
     if path is not None:
         auth.write_token_file(path, token)
@@ -62,4 +62,4 @@ def revoke_token(token_id: str, me: Who, store: Db) -> dict[str, Any]:
     """Revoke a token by id (admin): every request with it is a 401 from now on. The last admin
     token is not revoked (409: rotate it instead)."""
     auth.require_admin(me)
-    return store.revoke_token(token_id, actor=me.actor).to_dict()
+    return store.tokens.revoke(token_id, actor=me.actor).to_dict()

@@ -280,12 +280,12 @@ def _tenants(cp: Any, spec: Any) -> None:
     """The fleet spec's tenants that the store lacks, each token in ``<state-dir>/tenant-tokens``."""
     import os
 
-    have = {t.name for t in cp.store.tenants()}
+    have = {t.name for t in cp.store.tenants.all()}
     folder = cp.state_dir / "tenant-tokens"
     for t in spec.tenants:
         if t.name in have:
             continue
-        _, token = cp.store.create_tenant(t.name, dict(t.quota), t.weight)
+        _, token = cp.store.tenants.create(t.name, dict(t.quota), t.weight)
         folder.mkdir(mode=0o700, exist_ok=True)
         path = folder / t.name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

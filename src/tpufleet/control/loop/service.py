@@ -459,7 +459,7 @@ class Service:
     def _do_launch(self, job: ActiveJob) -> None:
         self.store.check_fence()  # a deposed leader launches nothing (its admission was written)
         wd = job.working_dir
-        package = self.store.package(job.tenant, wd) if wd and r.PACKAGE_ID.fullmatch(wd) else None
+        package = self.store.packages.get(job.tenant, wd) if wd and r.PACKAGE_ID.fullmatch(wd) else None
         paths = jobfiles.run_paths(self.job_root, job.tenant, job.id, job.attempt, "-")
         self.cluster.launch(
             AttemptSpec(

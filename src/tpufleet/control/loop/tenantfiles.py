@@ -79,9 +79,9 @@ class TenantFiles:
                 )
 
     def _tidy(self) -> None:
-        """Delete every tenant's packages no live job uses (``Store.collect_packages``; an upload
+        """Delete every tenant's packages no live job uses (``PackageStore.collect``; an upload
         collects its own tenant's too), then, with a retention, finished jobs' checkpoint files."""
-        if (gone := self.store.collect_packages()) > 0:
+        if (gone := self.store.packages.collect()) > 0:
             log.info("deleted %d package(s) no queued or running job uses", gone)
         if self.retention_s is not None:
             self._remove_expired(self.retention_s)

@@ -10,12 +10,12 @@ from sqlalchemy import select, update
 
 from tpufleet.control.store import values as r
 from tpufleet.control.store.checkpoints import RETENTION_NOTE, put
-from tpufleet.control.store.facade import Store
+from tpufleet.control.store.database import Database
 from tpufleet.control.store.tables import JobRow
 from tpufleet.host.jobfiles import DiskUsage, size_text
 
 
-def record_usage(store: Store, usage: dict[str, DiskUsage]) -> None:
+def record_usage(store: Database, usage: dict[str, DiskUsage]) -> None:
     """Keep each tenant's newest measurement (an older one than stored is ignored)."""
     if not usage:
         return
@@ -24,7 +24,7 @@ def record_usage(store: Store, usage: dict[str, DiskUsage]) -> None:
             put(s, tenant, disk)
 
 
-def expired_jobs(store: Store, retention_s: float, limit: int = 200) -> dict[str, list[str]]:
+def expired_jobs(store: Database, retention_s: float, limit: int = 200) -> dict[str, list[str]]:
     """Finished jobs whose files the retention rule removes now, by tenant (at most ``limit``, the
     longest finished first)."""
     cutoff = store.clock() - retention_s
@@ -46,7 +46,7 @@ def expired_jobs(store: Store, retention_s: float, limit: int = 200) -> dict[str
     return out
 
 
-def files_removed(store: Store, tenant: str, removed: dict[str, int], disk: DiskUsage | None) -> None:
+def files_removed(store: Database, tenant: str, removed: dict[str, int], disk: DiskUsage | None) -> None:
     """Record what a host removed: each job's ``files_removed_at``, an event for each job that had
     files, and the tenant's usage as measured after."""
     now = store.clock()

@@ -36,8 +36,9 @@ from sqlalchemy import func, select
 
 from tpufleet import catalog
 from tpufleet.control.store import values as r
-from tpufleet.control.store.facade import Store, slice_record
+from tpufleet.control.store.database import Database
 from tpufleet.control.store.listing import job_item, lean
+from tpufleet.control.store.slices import slice_record
 from tpufleet.control.store.tables import JobRow, SliceRow, TenantRow
 
 QUEUE_LIMIT = 50
@@ -61,7 +62,7 @@ def duty_cycles(readings: Mapping[tuple[str, int], Iterable[Any]]) -> dict[tuple
 
 
 def fleet_view(
-    store: Store,
+    store: Database,
     who: r.Principal,
     *,
     duty: Duty | None = None,

@@ -38,7 +38,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
-from tpufleet.control.store.facade import FenceStamp, Store
+from tpufleet.control.store.database import Database, FenceStamp
 
 __all__ = ["LEASE_S", "RENEW_S", "FencedError", "Lease", "LeaseState", "replica_id"]
 
@@ -97,7 +97,12 @@ class Lease:
     """One replica's side of the lease on ``store``'s database (no I/O in the constructor)."""
 
     def __init__(
-        self, store: Store, replica: str | None = None, *, lease_s: float = LEASE_S, renew_s: float = RENEW_S
+        self,
+        store: Database,
+        replica: str | None = None,
+        *,
+        lease_s: float = LEASE_S,
+        renew_s: float = RENEW_S,
     ) -> None:
         if not 0 < renew_s < lease_s:
             raise ValueError(f"renew_s ({renew_s}) must be above 0 and below lease_s ({lease_s})")

@@ -21,7 +21,7 @@ from sqlalchemy.orm import defer
 from sqlalchemy.sql import Select
 
 from tpufleet.control.store import values as r
-from tpufleet.control.store.facade import Store
+from tpufleet.control.store.database import Database
 from tpufleet.control.store.tables import JobRow
 
 LIST_MAX_BYTES = 1 * r.MiB  # a page of GET /api/v1/jobs stops before its items pass this
@@ -75,7 +75,7 @@ def item_bytes(item: dict[str, Any]) -> int:
 
 
 def jobs_page(
-    store: Store,
+    store: Database,
     tenant: str | None = None,
     states: tuple[str, ...] = (),
     *,

@@ -260,7 +260,7 @@ class Transactions(Protocol):
 
 
 def stored_text(store: Transactions, span: Span, size: int = PIECE_CHARS) -> Iterator[str]:
-    """The stored text of ``span`` (from ``Store.plan_logs``) read from ``store`` by :func:`pieces`:
+    """The stored text of ``span`` (from ``JobStore.plan_logs``) read from ``store`` by :func:`pieces`:
     ``size`` characters per query, each in a short transaction of its own, opened as it is read."""
     return pieces(store.tx, span, size)
 

@@ -45,7 +45,9 @@ from sqlalchemy.orm import Session
 from tpufleet.control.cluster.protocol import AttemptStatus, SliceInfo
 from tpufleet.control.store import logs
 from tpufleet.control.store import values as r
-from tpufleet.control.store.facade import Store, columns, life_of, state_of, term_of
+from tpufleet.control.store.database import Database, term_of
+from tpufleet.control.store.jobs import columns, life_of
+from tpufleet.control.store.slices import state_of
 from tpufleet.control.store.tables import AttemptRow, EventRow, JobRow, LogCursorRow, SliceRow, TenantRow
 from tpufleet.errors import NotFoundError
 from tpufleet.runtime import StepProgress
@@ -126,7 +128,7 @@ class FinalOutput:
 
 
 class Transitions:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Database) -> None:
         self.store = store
         self.clock = store.clock
         self._wording_turn = 0

@@ -10,7 +10,7 @@ plain file (``jobfiles.entry_problem``, the rule the hosts apply again when they
 entry read in full, so one whose header lies about its size or CRC-32 is refused here, not on the
 hosts. A tenant's packages count against its package quota (``Limits.package_quota_bytes``); one
 that no live job uses is deleted ``UNUSED_KEEP_S`` after its upload or its last job's end
-(``Store.collect_packages``). :func:`pack` is the client's side (``tpufleet submit --working-dir DIR``).
+(``PackageStore.collect``). :func:`pack` is the client's side (``tpufleet submit --working-dir DIR``).
 """
 
 from __future__ import annotations

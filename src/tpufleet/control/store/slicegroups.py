@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from tpufleet import catalog
-from tpufleet.control.store.facade import Store
+from tpufleet.control.store.database import Database
 from tpufleet.control.store.loopwrites import LEFT
 from tpufleet.control.store.tables import AttemptRow, JobRow, SliceGroupRow, SliceRow, TenantRow
 from tpufleet.errors import ConflictError, NotFoundError, SpecError, closest, suggest, unknown_field
@@ -145,7 +145,7 @@ def check_name(name: str) -> str:
 
 
 class SliceGroups:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Database) -> None:
         self.store = store
 
     def create(

@@ -17,7 +17,7 @@ from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import aliased
 
 from tpufleet.control.store import values as r
-from tpufleet.control.store.facade import Store
+from tpufleet.control.store.database import Database
 from tpufleet.control.store.tables import AttemptRow, EventRow, JobRow, SliceGroupRow, SliceRow, TenantRow
 
 __all__ = ["Usage", "UsageAttempt"]
@@ -121,7 +121,7 @@ def _attempt(row: Any) -> UsageAttempt:
 class Usage:
     """Reads over a :class:`Store` (thread-safe: one transaction per call)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Database) -> None:
         self.store = store
         self.clock = store.clock
 

@@ -236,7 +236,7 @@ class JobRecord:
     admitted_at: float | None
     started_at: float | None
     finished_at: float | None
-    attempts: tuple[AttemptRecord, ...] = ()  # filled in by Store.job(), not by listings
+    attempts: tuple[AttemptRecord, ...] = ()  # filled in by store.jobs.get(), not by listings
     kind: JobKind = JobKind.SPMD
     # its current attempt is being ended (a failure, a preemption, a cancel): the job keeps its
     # active state until every process has ended; ``reason`` says why and what comes next

@@ -1,0 +1,407 @@
+"""Jobs: queue (one or a batch), read, cancel, read their logs; composed into
+:class:`~tpufleet.control.store.facade.Store` as ``store.jobs``.
+
+A submit is one transaction: the tenant is checked live and locked against a concurrent submit of
+its own (:func:`check_live`), its caps on queued jobs and queued bytes are counted, the package a
+job names must be the tenant's, and the job and its ``submit`` event are inserted. A cancel is a
+compare-and-set on the job's state (``lifecycle.request_cancel``). What the scheduling loop does
+to a job after that is in ``loopwrites.py``; :func:`life_of` and :func:`columns` are the two
+directions between a stored job and the lifecycle's view of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from tpufleet.control.store import logs
+from tpufleet.control.store import values as r
+from tpufleet.control.store.database import Database
+from tpufleet.control.store.lookup import job_row, tenant_row
+from tpufleet.control.store.packagestore import check_named
+from tpufleet.control.store.tables import AttemptRow, EventRow, JobRow, TenantRow
+from tpufleet.errors import ConflictError
+from tpufleet.scheduler import lifecycle as lc
+
+__all__ = ["JobStore", "check_live", "columns", "job_record", "life_of"]
+
+
+class JobStore:
+    """The jobs in the database ``db``."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def submit(self, tenant: str, request: r.JobRequest) -> r.JobRecord:
+        """Queue one job: one transaction (the tenant checked live and its caps counted in it)."""
+        for _ in range(5):
+            try:
+                return self._insert_job(tenant, request)
+            except IntegrityError:  # an id collision with a concurrent submit; draw again
+                continue
+        raise ConflictError("could not allocate a unique job id; try again")
+
+    def _insert_job(self, tenant: str, req: r.JobRequest) -> r.JobRecord:
+        with self._db.tx() as s:
+            return self.add(s, tenant, req)
+
+    def add(self, s: Session, tenant: str, req: r.JobRequest) -> r.JobRecord:
+        """Queue one job in ``s`` (the caller's transaction): the tenant's caps, its id, its event
+        (Core inserts, as :meth:`submit_many` makes them: a submit is on the API's hot path)."""
+        now = self._db.clock()
+        check_live(s, tenant)
+        self._check_can_queue(s, tenant, req)
+        job_id = self._fresh_ids(s, 1)[0]
+        values = {**_job_values(req), "id": job_id, "tenant": tenant, "submitted_at": now, "updated_at": now}
+        key = s.connection().execute(insert(JobRow).values(values)).inserted_primary_key
+        values["seq"] = key[0] if key else None
+        message = f"submitted by {tenant}: {r.command_line(req.command)}"
+        s.execute(
+            insert(EventRow),
+            [{"job_id": job_id, "at": now, "kind": "submit", "message": message, "tenant": tenant}],
+        )
+        return job_record(JobRow(**values))
+
+    def submit_many(self, tenant: str | Sequence[str], requests: Sequence[r.JobRequest]) -> list[str]:
+        """Queue ``requests`` all or none, in ONE transaction with bulk inserts (jobs and events);
+        returns their ids in order. ``tenant``: one tenant for all, or one per request. The queued
+        cap applies to each tenant's part of the batch as a whole. Ids are drawn together and
+        checked in one query; a collision with a concurrent submit retries the whole batch."""
+        owners = [tenant] * len(requests) if isinstance(tenant, str) else list(tenant)
+        if len(owners) != len(requests):
+            raise ValueError(f"{len(owners)} tenants for {len(requests)} requests")
+        with self._db.tx() as s:
+            for name in dict.fromkeys(owners):
+                tenant_row(s, name)
+        for _ in range(5):
+            try:
+                return self._insert_jobs(owners, requests) if requests else []
+            except IntegrityError:  # an id taken by a concurrent submit; draw the batch again
+                continue
+        raise ConflictError("could not allocate unique job ids; try again")
+
+    def _insert_jobs(self, owners: list[str], requests: Sequence[r.JobRequest]) -> list[str]:
+        now = self._db.clock()
+        with self._db.tx() as s:
+            for owner in sorted(set(owners)):  # one order: two batches never wait for each other
+                check_live(s, owner)
+            self._check_batch(s, owners, requests)
+            ids = self._fresh_ids(s, len(requests))
+            rows = [
+                {
+                    **_job_values(req),
+                    "id": job_id,
+                    "tenant": owner,
+                    "submitted_at": now,
+                    "updated_at": now,
+                }
+                for job_id, owner, req in zip(ids, owners, requests, strict=True)
+            ]
+            s.execute(insert(JobRow), rows)
+            events = [
+                {
+                    "job_id": job_id,
+                    "slice": None,
+                    "at": now,
+                    "kind": "submit",
+                    "message": f"submitted by {owner}: {r.command_line(req.command)}",
+                    "tenant": owner,
+                    "actor": None,
+                }
+                for job_id, owner, req in zip(ids, owners, requests, strict=True)
+            ]
+            s.execute(insert(EventRow), events)
+        return ids
+
+    def _fresh_ids(self, s: Session, n: int) -> list[str]:
+        """``n`` distinct new ids, none of them stored: drawn together, checked a chunk per query."""
+        ids: list[str] = []
+        seen: set[str] = set()
+        while len(ids) < n:
+            drawn = [i for i in (self._db.new_id() for _ in range(n - len(ids))) if i not in seen]
+            drawn = list(dict.fromkeys(drawn))
+            taken: set[str] = set()
+            for at in range(0, len(drawn), 5000):
+                chunk = drawn[at : at + 5000]
+                taken.update(s.scalars(select(JobRow.id).where(JobRow.id.in_(chunk))))
+            for job_id in drawn:
+                seen.add(job_id)
+                if job_id not in taken:
+                    ids.append(job_id)
+        return ids
+
+    def _check_batch(self, s: Session, owners: list[str], requests: Sequence[r.JobRequest]) -> None:
+        """The queued caps (jobs, bytes) per tenant for the batch as a whole, and every package it names."""
+        cap = self._db.limits.max_queued_per_tenant
+        adding: dict[str, int] = {}
+        adding_bytes: dict[str, int] = {}
+        for owner, req in zip(owners, requests, strict=True):
+            adding[owner] = adding.get(owner, 0) + 1
+            adding_bytes[owner] = adding_bytes.get(owner, 0) + req.body_bytes
+        for owner, n in adding.items():
+            have, have_bytes = self._queued(s, owner)
+            if have + n > cap:
+                raise ConflictError(
+                    f"tenant {owner} has {have:,} queued jobs and the batch adds {n:,}: over the cap "
+                    f"(serve --max-queued-per-tenant {cap}); submit fewer, or wait for some to start"
+                )
+            self._check_queued_bytes(owner, have_bytes, adding_bytes[owner], "the batch adds")
+        named = {(o, q.working_dir) for o, q in zip(owners, requests, strict=True) if q.working_dir}
+        for owner, wd in sorted(named):
+            check_named(s, owner, wd)
+
+    def _check_can_queue(self, s: Session, tenant: str, req: r.JobRequest) -> None:
+        """The per-tenant cap on queued jobs, and a working_dir package this tenant uploaded."""
+        cap = self._db.limits.max_queued_per_tenant
+        queued, queued_bytes = self._queued(s, tenant)
+        if queued >= cap:
+            raise ConflictError(
+                f"tenant {tenant} already has {queued:,} queued jobs, the cap (serve --max-queued-per-tenant "
+                f"{cap}); wait for some to start or cancel some"
+            )
+        self._check_queued_bytes(tenant, queued_bytes, req.body_bytes, "this job adds")
+        if req.working_dir is not None:
+            check_named(s, tenant, req.working_dir)
+
+    def _queued(self, s: Session, tenant: str) -> tuple[int, int]:
+        """The tenant's queued jobs and their body bytes: one read of ``ix_jobs_tenant_state_bytes``
+        alone (SQLite: a covering index; never a row, whose command and env come first)."""
+        n, size = s.execute(
+            select(func.count(), func.coalesce(func.sum(JobRow.body_bytes), 0))
+            .select_from(JobRow)
+            .where(JobRow.tenant == tenant, JobRow.state == r.QUEUED)
+        ).one()
+        return int(n or 0), int(size or 0)
+
+    def _check_queued_bytes(self, tenant: str, have: int, adding: int, what: str) -> None:
+        """The per-tenant cap on the bytes of queued job bodies (``Limits.max_queued_bytes_per_tenant``)."""
+        cap = self._db.limits.max_queued_bytes_per_tenant
+        if have + adding > cap:
+            raise ConflictError(
+                f"tenant {tenant} has {_mib(have)} of queued job bodies (commands, env, names) and {what} "
+                f"{_mib(adding)}: over the cap of {_mib(cap)} (serve --max-queued-mib-per-tenant); "
+                "wait for some to start, cancel some, or ship data in a package (--working-dir) instead"
+            )
+
+    def get(self, job_id: str, tenant: str | None = None) -> r.JobRecord:
+        """One job with its attempts; ``tenant`` set means a tenant's token asks (another tenant's
+        job is "not found", exactly like a job that does not exist)."""
+        with self._db.tx() as s:
+            row = job_row(s, job_id, tenant)
+            attempts = s.scalars(
+                select(AttemptRow).where(AttemptRow.job_id == row.id).order_by(AttemptRow.attempt)
+            ).all()
+            return job_record(row, tuple(_attempt(a) for a in attempts))
+
+    def all(self, tenant: str | None = None, states: tuple[str, ...] = ()) -> list[r.JobRecord]:
+        query = select(JobRow).order_by(JobRow.seq)
+        if tenant is not None:
+            query = query.where(JobRow.tenant == tenant)
+        if states:
+            query = query.where(JobRow.state.in_(states))
+        with self._db.tx() as s:
+            return [job_record(j) for j in s.scalars(query)]
+
+    def request_cancel(
+        self, job_id: str, tenant: str | None = None, *, actor: str | None = None
+    ) -> r.JobRecord:
+        """Cancel a job (``lifecycle.request_cancel``): a queued one at once; an active one is marked
+        and the loop stops every process and frees its slices (the decision is written before it is
+        acted on). A compare-and-set on the state: a change the loop made meanwhile is read again.
+        ``actor`` (who asked: ``admin`` or a token id) puts the cancel in the audit log."""
+        for _ in range(10):
+            now = self._db.clock()
+            with self._db.tx() as s:
+                row = job_row(s, job_id, tenant)
+                before = life_of(row)
+                try:
+                    after = lc.request_cancel(before)
+                except lc.IllegalTransition as err:
+                    raise ConflictError(f"job {job_id}: {err}") from err
+                if after == before:
+                    return job_record(row)
+                done = {"finished_at": now} if after.terminal else {}
+                changed = s.execute(
+                    update(JobRow)
+                    .where(JobRow.seq == row.seq, JobRow.state == row.state)
+                    .values(**columns(after), **done, updated_at=now)
+                    .execution_options(synchronize_session=False)
+                )
+                if getattr(changed, "rowcount", 0):
+                    self._db.add_event(
+                        s, "cancel requested", job_id=job_id, kind="cancel", tenant=row.tenant, actor=actor
+                    )
+                    s.refresh(row)
+                    return job_record(row)
+        raise ConflictError(f"job {job_id} kept changing state; try the cancel again")
+
+    def read_logs(
+        self,
+        job_id: str,
+        *,
+        tenant: str | None = None,
+        attempt: int | None = None,
+        host: int | None = None,
+        offset: int = 0,
+    ) -> r.LogRead:
+        """Stored output of an attempt (default: the latest that ran), per host, from ``offset``
+        characters (``offset`` applies to each host read; pass ``host`` to follow one)."""
+        with self._db.tx() as s:
+            job = job_row(s, job_id, tenant)
+            return logs.read(s, job, attempt=attempt, host=host, offset=offset)
+
+    def plan_logs(
+        self,
+        job_id: str,
+        *,
+        tenant: str | None = None,
+        attempt: int | None = None,
+        host: int | None = None,
+        offset: int = 0,
+    ) -> tuple[r.LogRead, tuple[logs.Span, ...]]:
+        """:meth:`read_logs` to stream: the answer without the text, and where each host's text is
+        (``logs.pieces(store.tx, span)`` reads it a piece per query)."""
+        with self._db.tx() as s:
+            job = job_row(s, job_id, tenant)
+            return logs.plan(s, job, attempt=attempt, host=host, offset=offset)
+
+
+def check_live(s: Session, name: str) -> None:
+    """Inside a submit's transaction, before its queued caps are counted: the tenant is not
+    deleted, and no other submit of this tenant counts until this transaction ends, so a cap's
+    check and the insert are one step. PostgreSQL: the tenant's row locked ``FOR NO KEY
+    UPDATE`` (its jobs' foreign keys are not blocked; a concurrent delete either sees this job
+    and cancels it, or refuses it); SQLite: the database's write lock (``BEGIN IMMEDIATE``)."""
+    _write_lock(s)
+    deleted = s.execute(
+        select(TenantRow.deleted_at).where(TenantRow.name == name).with_for_update(key_share=True)
+    ).first()
+    if deleted is None:
+        tenant_row(s, name)  # raises: no such tenant (with the nearest names)
+    if deleted is None or deleted[0] is not None:
+        raise ConflictError(f"tenant {name!r} was deleted; it takes no jobs")
+
+
+def _write_lock(s: Session) -> None:
+    """SQLite: take the write lock now, unless this transaction holds it already. Python's sqlite3
+    begins a transaction only at the first write, so a count read before it is not isolated from
+    another connection's insert. PostgreSQL: nothing (row locks do it there)."""
+    conn = s.connection()
+    if conn.dialect.name != "sqlite":
+        return
+    raw: Any = conn.connection.dbapi_connection  # sqlite3.Connection
+    if not raw.in_transaction:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _mib(n: int) -> str:
+    return f"{n / r.MiB:,.1f} MiB"
+
+
+def life_of(job: JobRow) -> lc.Life:
+    """The lifecycle's view of a stored job."""
+    return lc.Life(
+        state=lc.JobState(job.state),
+        attempt=job.attempt,
+        failures=job.failures,
+        max_retries=job.max_retries,
+        stop_kind=lc.StopKind(job.stop_kind) if job.stop_kind else None,
+        stop_message=job.stop_message,
+        cancel_requested=job.cancel_requested,
+        preempting=job.preempting,
+        reason_code=job.reason_code,
+        reason_message=job.reason_message,
+    )
+
+
+def columns(life: lc.Life) -> dict[str, Any]:
+    """The job columns a ``Life`` stands for (what the store writes for a transition)."""
+    return {
+        "state": str(life.state),
+        "attempt": life.attempt,
+        "failures": life.failures,
+        "stop_kind": str(life.stop_kind) if life.stop_kind else None,
+        "stop_message": life.stop_message,
+        "cancel_requested": life.cancel_requested,
+        "preempting": life.preempting,
+        "reason_code": life.reason_code,
+        "reason_message": life.reason_message,
+    }
+
+
+def _job_values(req: r.JobRequest) -> dict[str, Any]:
+    """The columns of a newly queued job from its request (bulk inserts)."""
+    return {
+        "name": req.name,
+        "command": list(req.command),
+        "accelerator_type": req.accelerator_type,
+        "num_slices": req.num_slices,
+        "priority": req.priority,
+        "max_retries": req.max_retries,
+        "env": dict(req.env),
+        "working_dir": req.working_dir,
+        "kind": req.kind,
+        "body_bytes": req.body_bytes,
+        "state": r.QUEUED,
+        "attempt": 1,
+        "failures": 0,
+        "slices": [],
+        "borrowing": False,
+        "preempting": False,
+        "head_of_line": False,
+        "cancel_requested": False,
+    }
+
+
+def job_record(j: JobRow, attempts: tuple[r.AttemptRecord, ...] = ()) -> r.JobRecord:
+    return r.JobRecord(
+        id=j.id,
+        name=j.name,
+        tenant=j.tenant,
+        state=j.state,
+        attempt=j.attempt,
+        slices=tuple(j.slices or ()),
+        reason=j.reason_message,
+        reason_code=j.reason_code,
+        accelerator_type=j.accelerator_type,
+        num_slices=j.num_slices,
+        priority=j.priority,
+        max_retries=j.max_retries,
+        failures=j.failures,
+        command=tuple(j.command),
+        env=dict(j.env or {}),
+        working_dir=j.working_dir,
+        borrowing=j.borrowing,
+        preempting=j.preempting,
+        cancel_requested=j.cancel_requested,
+        exit_code=j.exit_code,
+        seq=j.seq,
+        submitted_at=j.submitted_at,
+        admitted_at=j.admitted_at,
+        started_at=j.started_at,
+        finished_at=j.finished_at,
+        attempts=attempts,
+        kind=lc.JobKind(j.kind or lc.JobKind.SPMD),
+        stopping=j.stop_kind is not None,
+    )
+
+
+def _attempt(a: AttemptRow) -> r.AttemptRecord:
+    return r.AttemptRecord(
+        attempt=a.attempt,
+        slices=tuple(a.slices),
+        state=a.state,
+        message=a.message,
+        exit_codes=tuple(a.exit_codes or ()),
+        admitted_at=a.admitted_at,
+        started_at=a.started_at,
+        ended_at=a.ended_at,
+        first_step=a.first_step,
+        first_step_at=a.first_step_at,
+        last_step=a.last_step,
+        last_step_at=a.last_step_at,
+    )
