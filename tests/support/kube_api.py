@@ -51,7 +51,8 @@ class FakeKubeApi(ThreadingHTTPServer):
         self.schema = schema
         self.pods: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str, dict[str, list[str]], str | None, Any]] = []
-        self.after_get: list[Any] = []  # per GET of the RayCluster: a change made right after answering
+        # per GET of the RayCluster: a change made as it answers (the answer shows the object before it)
+        self.after_get: list[Any] = []
 
     @property
     def host(self) -> str:
@@ -172,10 +173,13 @@ class _Handler(BaseHTTPRequestHandler):
         srv = self.server
         srv.requests.append((method, url.path, query, self.headers.get("Content-Type"), body))
         if url.path == RC and method == "GET":
-            self._reply(200, srv.cluster)
+            # the change lands before the answer (showing the object before it) is sent: the
+            # client's next request can never overtake it (it is answered on another thread)
+            answer = copy.deepcopy(srv.cluster)
             change = srv.after_get.pop(0) if srv.after_get else None
             if change is not None:
                 change()
+            self._reply(200, answer)
         elif url.path == RC and method == "PATCH":
             if self.headers.get("Content-Type") != "application/merge-patch+json":
                 self._status(415, "UnsupportedMediaType", "want a merge patch")
