@@ -239,6 +239,7 @@ def serve_cmd(
     from tpufleet.api.server import ControlPlane
     from tpufleet.api.serving import default_state_dir, listen, lock_database, lock_state_dir, url_of
     from tpufleet.cli import context
+    from tpufleet.control.loop import failpoints
     from tpufleet.control.loop.service import ServiceConfig
     from tpufleet.control.plane import Replicas
     from tpufleet.pricing import load_file as load_prices
@@ -287,6 +288,7 @@ def serve_cmd(
         job_open_files_limit=job_open_files_limit,
         start_timeout_s=start_timeout,
         checkpoint_retention_s=retention_s,
+        failpoints=failpoints.parse(os.environ.get(failpoints.ENV)),
     )
     sandboxed = None
     if sandbox is not None:

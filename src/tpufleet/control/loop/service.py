@@ -66,6 +66,7 @@ from tpufleet.control.cluster.protocol import (
     Notifying,
     WarmPool,
 )
+from tpufleet.control.loop import failpoints
 from tpufleet.control.loop.leader import FencedError, Leadership
 from tpufleet.control.loop.provisioner import Provisioner
 from tpufleet.control.loop.schedstate import SchedState
@@ -119,6 +120,9 @@ class ServiceConfig:
     # --checkpoint-retention-days); None: kept until someone removes it
     checkpoint_retention_s: float | None = None
     retention_check_s: float = 600.0  # how often the loop looks for finished jobs' files to remove
+    # where this process kills itself as kill -9 would, for crash tests (serve reads TPUFLEET_FAILPOINTS;
+    # control/loop/failpoints.py); none by default
+    failpoints: frozenset[str] = frozenset()
 
 
 class Service:
@@ -426,6 +430,8 @@ class Service:
         """A group of ``kind`` is in the store; nothing of it has been acted on yet."""
         if job_ids and self.after_write is not None:
             self.after_write(kind, job_ids)
+        if job_ids:
+            failpoints.reach(self.config.failpoints, f"after-write:{kind}")
 
     def _starting_hosts(self, job: ActiveJob) -> tuple[str, ...]:
         """The hosts the last poll saw still starting (a start timeout names them)."""
@@ -483,6 +489,7 @@ class Service:
                 checkpoint_check_s=self.config.checkpoint_check_s,
             )
         )
+        failpoints.reach(self.config.failpoints, "after-launch")
 
     def _poll(self, job: ActiveJob, writes: Writes) -> None:
         key = (job.id, job.attempt)
@@ -581,6 +588,7 @@ class Service:
         ``hold``: the output read last is returned, to be stored with the attempt's end (one
         transaction for a cycle's endings), not in a transaction of its own."""
         self.cluster.stop(key[0], key[1], grace_s)
+        failpoints.reach(self.config.failpoints, "after-stop")
         try:
             status: AttemptStatus | None = self.cluster.poll(*key)
         except Exception as err:  # the final state is a record, not a reason to keep the slices

@@ -1,0 +1,27 @@
+"""A failpoint reached kills its process as kill -9 does: SIGKILL, nothing after it runs (not even
+a ``finally``). ``tests/integration/test_replicas_ray.py`` kills replicas of ``serve`` this way."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+PROGRAM = """
+from tpufleet.control.loop import failpoints
+points = failpoints.parse("after-stop")
+failpoints.reach(points, "after-launch")
+print("passed after-launch", flush=True)
+try:
+    failpoints.reach(points, "after-stop")
+    print("lived past after-stop", flush=True)
+finally:
+    print("finally ran", flush=True)
+"""
+
+
+def test_reaching_a_listed_point_kills_the_process_at_once() -> None:
+    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done
+    assert done.stdout == "passed after-launch\n", done
+    assert "failpoint after-stop reached: this process kills itself (SIGKILL)" in done.stderr, done
