@@ -178,8 +178,10 @@ class ClusterClient(Protocol):
         ...
 
     def adopt(self) -> list[tuple[str, int]]:
-        """After a control-plane restart: take over the attempts the cluster still runs (so that
-        ``poll``, ``stop`` and ``read_logs`` reach them) and return them. Only ``reconcile`` calls it."""
+        """After a control-plane restart, and when a replica begins a term as leader: forget what
+        this client remembers of attempts (another leader may have ended them since) and take over
+        the attempts the cluster still runs (so that ``poll``, ``stop`` and ``read_logs`` reach
+        them); return them. Only ``reconcile`` calls it."""
         ...
 
     def remove_job_files(self, job_root: str, tenant: str, job_ids: Sequence[str]) -> FilesRemoved:

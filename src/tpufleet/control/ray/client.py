@@ -555,8 +555,18 @@ class RayExecutor:
             return []
 
     def adopt(self) -> list[tuple[str, int]]:
-        """Take over the attempts this cluster's runners still run (after a control-plane restart)."""
+        """Take over the attempts this cluster's runners still run: after a control-plane restart,
+        or when this replica leads again after another's term. What this client remembers from
+        before is stale then (the other leader ended attempts, freed their slices, reserved and
+        drained slices), so it is all forgotten first and read from Ray again, as a process that
+        just started reads it: attempts, the slices they hold, Ray jobs, the pool's reservations
+        (adopted again by name) and which slices the loop had given back (it tells again)."""
         with self._lock:
+            self._pool = SlicePool(self._pool.log_root)
+            self._attempts.clear()
+            self._held.clear()
+            self._cold.clear()
+            self._ray = RayJobs(self._pool)
             return self._adopt_all()
 
     def _adopt_all(self) -> list[tuple[str, int]]:
