@@ -12,7 +12,9 @@
 #   (--dist loadfile: a file's tests keep their order and share their fixtures), so the shared fleet
 #   is two fleets, one per worker;
 # - own: beside them, the tests that start a fleet or a control plane of their own (SOLO below:
-#   the demo, the chaos soak, the README tour, ...), also two workers a file at a time.
+#   the demo, the chaos soaks, the README tour, ...), also two workers a file at a time. The
+#   replicas' soak (tests/host) is one of them: a minute and a half that mostly waits, which took
+#   one of the fast stream's three workers (the longest stream) for that long.
 #
 # The fleet streams mostly wait (on grace periods, a soak's minute, a slice being made, a Ray Train
 # start-up) and leave about a fifth of the two cores idle; the fast stream fills those gaps instead
@@ -29,15 +31,18 @@ shift
 
 SOLO=(
   tests/e2e
+  tests/host/test_chaos_replicas.py
   tests/integration/test_tour.py
   tests/integration/test_chaos.py
   tests/integration/test_autoscale_emulator.py
   tests/integration/test_serve_process.py
   tests/integration/test_tenancy_sandbox.py
 )
-ignore=()
+ignore=()       # what the shared stream leaves to the own one
+fast_ignore=()  # what the fast stream leaves to the own one
 for path in "${SOLO[@]}"; do
   if [[ $path == tests/integration/* ]]; then ignore+=("--ignore=$path"); fi
+  if [[ $path == tests/host/* ]]; then fast_ignore+=("--ignore=$path"); fi
 done
 
 fast_log=$(mktemp "${TMPDIR:-/tmp}/tpufleet-fast-tests.XXXXXX")
@@ -50,7 +55,7 @@ pids=()
 # An interrupted run (Ctrl-C, a CI timeout) stops the background processes too, by their PIDs.
 trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$fast_log" "$own_log" "$TPUFLEET_EMULATOR_JAX_CACHE"' EXIT
 
-nice -n 10 "$py" -m pytest tests/host tests/unit tests/conformance -m "not integration" \
+nice -n 10 "$py" -m pytest tests/host tests/unit tests/conformance -m "not integration" "${fast_ignore[@]}" \
   -n 3 --dist worksteal --durations=10 "$@" >"$fast_log" 2>&1 &
 fast=$!
 pids+=("$fast")
