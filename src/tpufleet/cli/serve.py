@@ -361,6 +361,12 @@ def serve_cmd(
             f"(lease {lease_seconds:g} s; docs/replicas.md)",
             highlight=False,
         )
+    if config.failpoints:  # for crash tests only: said loudly, so nobody runs with one by mistake
+        console_err.print(
+            f"{failpoints.ENV} is set: this process kills itself (SIGKILL) at "
+            f"{', '.join(sorted(config.failpoints))}; unset it for a real fleet",
+            highlight=False,
+        )
     if (
         sandbox is None and started is None and ray_address
     ):  # a Ray cluster someone else runs: follow its head
