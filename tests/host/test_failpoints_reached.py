@@ -25,3 +25,23 @@ def test_reaching_a_listed_point_kills_the_process_at_once() -> None:
     assert done.returncode == -signal.SIGKILL, done
     assert done.stdout == "passed after-launch\n", done
     assert "failpoint after-stop reached: this process kills itself (SIGKILL)" in done.stderr, done
+
+
+WAITS = """
+from tpufleet.control.loop import failpoints
+asked = []
+def ready():
+    asked.append(1)
+    print("asked", len(asked), flush=True)
+    if len(asked) == 2:
+        raise RuntimeError("the cluster cannot answer yet")
+    return len(asked) >= 3
+failpoints.reach(failpoints.parse("after-launch"), "after-launch", ready=ready)
+print("lived past after-launch", flush=True)
+"""
+
+
+def test_a_point_that_stands_for_a_later_instant_waits_for_it_then_kills() -> None:
+    done = subprocess.run([sys.executable, "-c", WAITS], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done
+    assert done.stdout == "asked 1\nasked 2\nasked 3\n", done  # an error is asked again; killed at True

@@ -157,6 +157,8 @@ def test_leaders_die_mid_launch_and_mid_stop_pause_and_hand_over_and_every_job_r
 ) -> None:
     a = replicas.start("a", failpoints="after-launch")
     wait("a leads", a.leads)
+    said = "TPUFLEET_FAILPOINTS is set: this process kills itself (SIGKILL) at after-launch"
+    assert said in a.serve.output()  # loudly: nobody runs a fleet with one by mistake
     b = replicas.start("b", failpoints="after-stop")
     assert not b.leads() and b.get("/api/v1/status")["leader_since"] is None
     assert b.get("/healthz")["leader_replica"] == a.me()

@@ -7,8 +7,9 @@ instant.
 
 - ``after-write:KIND``: right after the loop's grouped write of KIND (``admit``, ``preempt``,
   ``stop``, ``launched``, ``running``, ``finish``) committed, before any of it is acted on;
-- ``after-launch``: right after an attempt's launch on the cluster returned (its hosts started),
-  before the loop records it: a launch begun and never recorded, which the next leader adopts;
+- ``after-launch``: once an attempt's launch on the cluster returned and the cluster reports every
+  host of it started (a launch returns with its start calls still on their way), before the loop
+  records it: a launch that reached its hosts and was never recorded, which the next leader adopts;
 - ``after-stop``: right after an attempt's stop on the cluster returned (every process ended),
   before its end is written: a stop on record, which the next leader issues again.
 
@@ -21,11 +22,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 
 from tpufleet.errors import SpecError
 
-__all__ = ["ENV", "WRITE_KINDS", "parse", "reach"]
+__all__ = ["ENV", "READY_S", "WRITE_KINDS", "parse", "reach"]
 
 ENV = "TPUFLEET_FAILPOINTS"
 WRITE_KINDS = ("admit", "preempt", "stop", "launched", "running", "finish")
@@ -47,8 +49,21 @@ def parse(text: str | None) -> frozenset[str]:
     return points
 
 
-def reach(points: Collection[str], point: str) -> None:
-    """At ``point``: if it is one of ``points``, die now (SIGKILL to this process)."""
-    if point in points:
-        log.critical("failpoint %s reached: this process kills itself (SIGKILL)", point)
-        os.kill(os.getpid(), signal.SIGKILL)
+READY_S = 60.0  # the longest a failpoint waits for the instant it stands for (then it kills anyway)
+
+
+def reach(points: Collection[str], point: str, ready: Callable[[], bool] | None = None) -> None:
+    """At ``point``: if it is one of ``points``, die (SIGKILL to this process): at once, or once
+    ``ready()`` says the instant the point stands for has come (at most ``READY_S`` later)."""
+    if point not in points:
+        return
+    deadline = time.monotonic() + READY_S
+    while ready is not None and time.monotonic() < deadline:
+        try:
+            if ready():
+                break
+        except Exception:  # a question the cluster cannot answer yet: ask again
+            log.debug("failpoint %s: not ready", point, exc_info=True)
+        time.sleep(0.05)
+    log.critical("failpoint %s reached: this process kills itself (SIGKILL)", point)
+    os.kill(os.getpid(), signal.SIGKILL)

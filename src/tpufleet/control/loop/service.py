@@ -489,7 +489,12 @@ class Service:
                 checkpoint_check_s=self.config.checkpoint_check_s,
             )
         )
-        failpoints.reach(self.config.failpoints, "after-launch")
+        failpoints.reach(self.config.failpoints, "after-launch", ready=lambda: self._all_started(job))
+
+    def _all_started(self, job: ActiveJob) -> bool:
+        """Whether the cluster reports every host of ``job``'s attempt past STARTING."""
+        status = self.cluster.poll(job.id, job.attempt)
+        return bool(status.hosts) and all(h.state is not HostState.STARTING for h in status.hosts)
 
     def _poll(self, job: ActiveJob, writes: Writes) -> None:
         key = (job.id, job.attempt)
