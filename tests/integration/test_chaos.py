@@ -46,7 +46,7 @@ def test_a_short_seeded_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
     assert result["leaked_placement_groups"] == [] and result["leaked_processes"] == []
     faults = result["faults"]
     # a minute has four faults, one of each kind, and the Ray head's loss; a host fault finding no
-    # whole slice (or coming while the head is down) is skipped
+    # whole slice is skipped (one due while the head is down waits for it to be back)
     assert sum(faults.get(k, 0) for k in DAMAGE) + faults.get("skipped", 0) == 5, faults
     assert faults["ray_head_kill"] == faults["ray_head_restart"] == 1, faults
     assert result["ray_reconnects"] == 1  # the control plane started afresh on its own, once
