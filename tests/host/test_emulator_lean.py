@@ -272,10 +272,8 @@ def test_hosts_start_in_waves_each_once_the_last_has_joined(tmp_path: Path) -> N
     def wait(st: FleetState, launchers: Any, keys: list[Any]) -> None:
         events.append(("await", (len(launchers), sorted(keys))))
 
-    fleet._launch_hosts = launch  # type: ignore[method-assign]
-    fleet._await = wait  # type: ignore[method-assign]
     head: Any = ("head proc", tmp_path / "head.log")
-    fleet._start_in_waves(st, head)
+    fleet._start_in_waves(st, head, launch=launch, wait=wait)
 
     assert [kind for kind, _ in events] == ["launch", "await"] * 3
     launched = [what for kind, what in events if kind == "launch"]

@@ -8,10 +8,9 @@ stored reason equals the policy's within a few calls.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import event
 
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.loopwrites import Stored, Transitions
@@ -89,16 +88,18 @@ def test_reasons_are_committed_unsynced_and_the_connection_gets_its_setting_back
     with store.engine.connect() as conn:
         before = conn.exec_driver_sql(setting).scalar()
     seen: list[object] = []
-    real = store.tx_unsynced
 
-    @contextmanager
-    def watched() -> Iterator[Connection]:
-        with real() as conn:
-            seen.append(conn.exec_driver_sql(setting).scalar())
-            yield conn
+    def watch(conn: object, cursor: Any, statement: str, *args: object) -> None:
+        """The setting of the connection at the moment it writes a reason, asked on that connection."""
+        if statement.startswith("UPDATE jobs SET reason_code"):
+            probe = cursor.connection.cursor()
+            probe.execute(setting)
+            seen.append(probe.fetchone()[0])
+            probe.close()
 
-    store.tx_unsynced = watched  # type: ignore[method-assign]
+    event.listen(store.engine, "before_cursor_execute", watch)
     assert len(tr.wait_reasons([Wait(JobId(j), FREE) for j in ids], _stored(tr))) == 3
+    event.remove(store.engine, "before_cursor_execute", watch)
     assert seen == [1 if sqlite else "off"]  # NORMAL: a WAL commit without fsync
     assert all(v[0] == FREE.code.value for v in _stored(tr).values())  # committed
     with store.engine.connect() as conn:

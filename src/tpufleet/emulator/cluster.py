@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
@@ -69,6 +69,10 @@ HEAD_ENV = {
 }
 
 Key = tuple[str, int]  # (slice name, worker id)
+Launcher = tuple[Popen[bytes], Path]  # a process that starts hosts, and its log
+# Start a wave of hosts (returns their launchers); wait for launchers to exit 0 and hosts to join.
+LaunchHosts = Callable[[FleetState, Sequence[tuple[EmulatedSlice, int]]], list[Launcher]]
+AwaitHosts = Callable[[FleetState, Sequence[Launcher], list[Key]], None]
 
 
 def _ray_bin() -> str:
@@ -329,23 +333,34 @@ class EmulatedFleet:
                 raise
         return self
 
-    def _start_in_waves(self, st: FleetState, head: tuple[Popen[bytes], Path]) -> None:
+    def _start_in_waves(
+        self,
+        st: FleetState,
+        head: tuple[Popen[bytes], Path],
+        *,
+        launch: LaunchHosts | None = None,
+        wait: AwaitHosts | None = None,
+    ) -> None:
         """Start every host of ``st``, ``wave_size`` at a time, each wave once the last has joined.
 
         Ray gives a starting node 30 s to register with the GCS (``ray._private.node``, fixed), and
         on a small machine dozens of hosts starting at once starve each other past it ("The current
         node timed out during startup"); waves bound the contention, so any fleet size comes up.
+        ``launch`` and ``wait`` start a wave and wait for it (``_launch_hosts`` and ``_await``
+        unless given: a test gives its own to see the waves without starting a process).
         """
+        launch = launch or self._launch_hosts
+        wait = wait or self._await
         hosts = [(rec, h.worker_id) for rec in st.slices for h in rec.hosts]
         launchers = [head]
         for i in range(0, len(hosts), self.wave_size):
             wave = hosts[i : i + self.wave_size]
-            launchers += self._launch_hosts(st, wave)
+            launchers += launch(st, wave)
             store.save(self.state_dir, st)
-            self._await(st, launchers, [(rec.name, worker) for rec, worker in wave])
-            launchers = []  # those of earlier waves exited 0 (checked by _await)
+            wait(st, launchers, [(rec.name, worker) for rec, worker in wave])
+            launchers = []  # those of earlier waves exited 0 (checked by wait)
         if launchers:  # a fleet without hosts: the head alone
-            self._await(st, launchers, [])
+            wait(st, launchers, [])
 
     @staticmethod
     def _token_for_new_fleet() -> str:
