@@ -6,11 +6,15 @@ Each run: a fresh store, one tenant, ``--jobs`` job bodies of mixed shapes sent 
 (``--via inprocess``). The figure is jobs / wall seconds of the requests (validation, one
 transaction of bulk inserts per batch, the JSON answer), after one warm-up batch that is not
 counted. For comparison the single-job route (``POST /api/v1/jobs``) is timed over ``--single``
-jobs. Databases: SQLite (a file in a temp dir) always; PostgreSQL with ``--pg-url URL``, or a
-throwaway server started the way ``tests/unit/conftest.py`` does when PostgreSQL is installed
-(``--no-pg`` to skip). No scheduling loop runs: this measures accepting work, nothing else.
+jobs sent one after another, and over ``--single`` jobs sent by ``--concurrent`` clients at once
+(each a thread with its own connection, as Kueue's generators or many users submit; their submits
+are committed in groups, see ``JobStore.submit``). Databases: SQLite (a file in a temp dir)
+always; PostgreSQL with ``--pg-url URL``, or a throwaway server started the way
+``tests/unit/conftest.py`` does when PostgreSQL is installed (``--no-pg`` to skip). No
+scheduling loop runs: this measures accepting work, nothing else.
 
-    .venv/bin/python bench/submit.py [--jobs 20000] [--batch 10000] [--via http|inprocess] [--pg-url URL]
+    .venv/bin/python bench/submit.py [--jobs 20000] [--batch 10000] [--single 500] [--concurrent 40]
+                                     [--via http|inprocess] [--pg-url URL]
 """
 
 from __future__ import annotations
@@ -90,10 +94,49 @@ def run(url: str, args: argparse.Namespace) -> dict[str, float]:
                 body["command"], body["accelerator_type"], num_slices=body["num_slices"], env=body["env"]
             )
         single_s = time.perf_counter() - started
+        concurrent_s = concurrently(server, token, http, work[: args.single], args.concurrent)
     queued = store.counts()["queued"]
     store.close()
-    assert queued == 100 + args.jobs + args.single, queued
-    return {"batch_jobs_s": args.jobs / batch_s, "single_jobs_s": args.single / single_s}
+    assert queued == 100 + args.jobs + 2 * args.single, queued
+    return {
+        "batch_jobs_s": args.jobs / batch_s,
+        "single_jobs_s": args.single / single_s,
+        "concurrent_jobs_s": args.single / concurrent_s,
+    }
+
+
+def concurrently(
+    server: str, token: str, http: httpx.Client | None, work: list[dict[str, Any]], n: int
+) -> float:
+    """Seconds for ``n`` clients, each in its own thread, to submit ``work`` one job per request
+    (every client takes the next job until none is left); an error in any is raised."""
+    todo = iter(work)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        mine = Client(server, token, http=http, timeout_s=300)
+        try:
+            while True:
+                with lock:
+                    body = next(todo, None)
+                if body is None:
+                    return
+                mine.submit(
+                    body["command"], body["accelerator_type"], num_slices=body["num_slices"], env=body["env"]
+                )
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=client) for _ in range(n)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - started
 
 
 @contextlib.contextmanager
@@ -110,18 +153,23 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--single", type=int, default=500, help="jobs sent one by one, for comparison")
+    parser.add_argument("--concurrent", type=int, default=40, help="clients sending --single jobs at once")
     parser.add_argument("--via", choices=("http", "inprocess"), default="http")
     parser.add_argument("--pg-url", default=None)
     parser.add_argument("--no-pg", action="store_true")
     args = parser.parse_args()
-    print(f"{args.jobs:,} jobs in batches of {args.batch:,} via {args.via}; {args.single} single submits")
+    print(
+        f"{args.jobs:,} jobs in batches of {args.batch:,} via {args.via}; {args.single} single submits, "
+        f"one at a time and from {args.concurrent} clients at once"
+    )
     with tempfile.TemporaryDirectory() as tmp, postgres(args) as pg:
         urls = {"sqlite": f"sqlite:///{tmp}/bench.db"} | ({"postgresql": pg} if pg else {})
         for name, url in urls.items():
             got = run(url, args)
             print(
                 f"{name:>10}: batch {got['batch_jobs_s']:8,.0f} jobs/s   "
-                f"single {got['single_jobs_s']:6,.0f} jobs/s"
+                f"single {got['single_jobs_s']:6,.0f} jobs/s   "
+                f"{args.concurrent} clients {got['concurrent_jobs_s']:6,.0f} jobs/s"
             )
 
 

@@ -1,9 +1,11 @@
 """Jobs: queue (one or a batch), read, cancel, read their logs; composed into
 :class:`~tpufleet.control.store.facade.Store` as ``store.jobs``.
 
-A submit is one transaction: the tenant is checked live and locked against a concurrent submit of
-its own (:func:`check_live`), its caps on queued jobs and queued bytes are counted, the package a
-job names must be the tenant's, and the job and its ``submit`` event are inserted. A cancel is a
+A submit is checked and inserted in one transaction: the tenant is checked live and locked against
+a concurrent submit of its own (:func:`check_live`), its caps on queued jobs and queued bytes are
+counted, the package a job names must be the tenant's, and the job and its ``submit`` event are
+inserted. Submits that arrive while another's transaction commits share the next one (group
+commit, :meth:`JobStore.submit`): one write lock and one synced commit for all of them. A cancel is a
 compare-and-set on the job's state (``lifecycle.request_cancel``). What the scheduling loop does
 to a job after that is in ``loopwrites.py``; :func:`life_of` and :func:`columns` are the two
 directions between a stored job and the lifecycle's view of it.
@@ -11,6 +13,7 @@ directions between a stored job and the lifecycle's view of it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,10 +27,72 @@ from tpufleet.control.store.database import Database
 from tpufleet.control.store.lookup import job_row, tenant_row
 from tpufleet.control.store.packagestore import check_named
 from tpufleet.control.store.tables import AttemptRow, EventRow, JobRow, TenantRow
-from tpufleet.errors import ConflictError
+from tpufleet.errors import ConflictError, TpufleetError
 from tpufleet.scheduler import lifecycle as lc
 
 __all__ = ["JobStore", "check_live", "columns", "job_record", "life_of"]
+
+GROUP_MAX = 256  # submits committed together at most: a bound on a transaction's time and size
+
+
+class _Submit:
+    """One submit waiting to be committed: what was asked, and once ``done`` its answer."""
+
+    __slots__ = ("done", "error", "record", "request", "tenant", "wake")
+
+    def __init__(self, tenant: str, request: r.JobRequest) -> None:
+        self.tenant, self.request = tenant, request
+        self.wake = threading.Event()  # set when done, or when this submit leads the next group
+        self.done = False
+        self.record: r.JobRecord | None = None
+        self.error: BaseException | None = None
+
+    def answer(self, answer: r.JobRecord | BaseException) -> None:
+        if isinstance(answer, BaseException):
+            self.error = answer
+        else:
+            self.record = answer
+        self.done = True
+
+
+class _SubmitGroup:
+    """The submits waiting for a transaction, and whether one is under way. The submit that
+    leads a group commits it; as it ends, the first submit that arrived meanwhile leads the next
+    group (woken with ``done`` still False), and the group's own submits are woken done."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: list[_Submit] = []
+        self._busy = False  # a group is being committed
+
+    def join(self, item: _Submit) -> bool:
+        """Queue ``item``; True when it leads (no group was under way), else it waits to be woken."""
+        with self._lock:
+            self._waiting.append(item)
+            if self._busy:
+                return False
+            self._busy = True
+            return True
+
+    def take(self) -> list[_Submit]:
+        """The group to commit now: the leader, first in line, and up to ``GROUP_MAX`` in all."""
+        with self._lock:
+            batch, self._waiting = self._waiting[:GROUP_MAX], self._waiting[GROUP_MAX:]
+            return batch
+
+    def hand_over(self, batch: list[_Submit]) -> None:
+        """After ``batch``: its submits woken (answered; or, should its leader have died
+        before answering, with its error), the next group's leader woken, or none busy."""
+        for item in batch:
+            if not item.done:
+                item.answer(ConflictError("the submit was not committed; try again"))
+        with self._lock:
+            if self._waiting:
+                self._waiting[0].wake.set()  # leads the next group (not done)
+            else:
+                self._busy = False
+        for item in batch:
+            item.wake.set()
 
 
 class JobStore:
@@ -35,19 +100,55 @@ class JobStore:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._group = _SubmitGroup()
 
     def submit(self, tenant: str, request: r.JobRequest) -> r.JobRecord:
-        """Queue one job: one transaction (the tenant checked live and its caps counted in it)."""
-        for _ in range(5):
+        """Queue one job, with the submits that arrive while another commits (group commit).
+
+        A submit that finds no transaction of submits under way commits its own at once; those
+        that arrive meanwhile wait, and the first of them then commits all of them in ONE
+        transaction (one write lock, one commit and its fsync, instead of one each; at most
+        ``GROUP_MAX``). Each is checked in that transaction in arrival order as if alone (its
+        tenant live, its caps counted with those before it, its package), and each gets its own
+        answer: its record once the transaction has committed, or its own error, which writes
+        nothing and leaves the others' jobs in. A failure of the transaction itself (the fence of
+        a deposed leader, the database gone) is every one's error."""
+        item = _Submit(tenant, request)
+        if not self._group.join(item):
+            item.wake.wait()  # done by another's transaction, or this one leads the next
+        if not item.done:
+            batch = self._group.take()
             try:
-                return self._insert_job(tenant, request)
+                self._commit(batch)
+            finally:
+                self._group.hand_over(batch)
+        if item.error is not None:
+            raise item.error
+        assert item.record is not None
+        return item.record
+
+    def _commit(self, batch: list[_Submit]) -> None:
+        """``batch`` in one transaction; every item's answer set (done) when this returns."""
+        for _ in range(5):
+            answers: list[r.JobRecord | TpufleetError] = []
+            try:
+                with self._db.tx() as s:
+                    for item in batch:
+                        try:
+                            answers.append(self.add(s, item.tenant, item.request))
+                        except TpufleetError as err:  # raised by a check, before its inserts
+                            answers.append(err)
             except IntegrityError:  # an id collision with a concurrent submit; draw again
                 continue
-        raise ConflictError("could not allocate a unique job id; try again")
-
-    def _insert_job(self, tenant: str, req: r.JobRequest) -> r.JobRecord:
-        with self._db.tx() as s:
-            return self.add(s, tenant, req)
+            except BaseException as err:  # the transaction's own failure is every item's
+                for item in batch:
+                    item.answer(err)
+                raise
+            for item, answer in zip(batch, answers, strict=True):
+                item.answer(answer)
+            return
+        for item in batch:
+            item.answer(ConflictError("could not allocate a unique job id; try again"))
 
     def add(self, s: Session, tenant: str, req: r.JobRequest) -> r.JobRecord:
         """Queue one job in ``s`` (the caller's transaction): the tenant's caps, its id, its event
