@@ -146,6 +146,26 @@ def test_a_submit_refused_in_a_group_writes_nothing_and_the_others_are_queued(st
     assert queued == ["--step=0", "--step=0", "--step=1", "--step=5"]
 
 
+def test_a_group_locks_its_tenants_once_each_in_one_order(store: Store) -> None:
+    """As a batch does: sorted, so two groups (two replicas serving submits) never wait for each
+    other's tenants, and once each, however many of the group's submits are a tenant's."""
+    locked: list[str] = []
+
+    def watch(conn: Any, cursor: Any, statement: str, parameters: Any, *args: object) -> None:
+        if statement.startswith("SELECT tenants.deleted_at"):
+            values = parameters.values() if isinstance(parameters, dict) else parameters
+            locked.append(next(v for v in values if isinstance(v, str)))
+
+    event.listen(store.engine, "before_cursor_execute", watch)
+    try:
+        others = [lambda t=t: store.jobs.submit(t, req()) for t in ("team-b", "team-a", "team-b")]
+        answers, commits = submit_together(store, lambda: store.jobs.submit("team-a", req()), others)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", watch)
+    assert commits == 2 and all(isinstance(a, JobRecord) for a in answers), answers
+    assert locked == ["team-a", "team-a", "team-b"]  # the held submit's, then the group's
+
+
 def test_a_failed_group_transaction_is_every_submits_error_and_the_next_group_runs(store: Store) -> None:
     """The transaction's own failure (here: a deposed leader's fence, the first thing a
     transaction of a fenced store does) is each member's error, nothing of the group is stored,

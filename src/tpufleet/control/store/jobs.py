@@ -133,9 +133,20 @@ class JobStore:
             answers: list[r.JobRecord | TpufleetError] = []
             try:
                 with self._db.tx() as s:
-                    for item in batch:
+                    # Every tenant of the group locked first, in one order, as a batch does: two
+                    # groups (two replicas serving submits) never wait for each other's tenants.
+                    refused: dict[str, TpufleetError] = {}
+                    for name in sorted({item.tenant for item in batch}):
                         try:
-                            answers.append(self.add(s, item.tenant, item.request))
+                            check_live(s, name)
+                        except TpufleetError as err:  # no such tenant, or deleted
+                            refused[name] = err
+                    for item in batch:
+                        if item.tenant in refused:
+                            answers.append(refused[item.tenant])
+                            continue
+                        try:
+                            answers.append(self._add_live(s, item.tenant, item.request))
                         except TpufleetError as err:  # raised by a check, before its inserts
                             answers.append(err)
             except IntegrityError:  # an id collision with a concurrent submit; draw again
@@ -153,8 +164,12 @@ class JobStore:
     def add(self, s: Session, tenant: str, req: r.JobRequest) -> r.JobRecord:
         """Queue one job in ``s`` (the caller's transaction): the tenant's caps, its id, its event
         (Core inserts, as :meth:`submit_many` makes them: a submit is on the API's hot path)."""
-        now = self._db.clock()
         check_live(s, tenant)
+        return self._add_live(s, tenant, req)
+
+    def _add_live(self, s: Session, tenant: str, req: r.JobRequest) -> r.JobRecord:
+        """:meth:`add` for a tenant :func:`check_live` has passed in ``s`` already."""
+        now = self._db.clock()
         self._check_can_queue(s, tenant, req)
         job_id = self._fresh_ids(s, 1)[0]
         values = {**_job_values(req), "id": job_id, "tenant": tenant, "submitted_at": now, "updated_at": now}
