@@ -336,7 +336,7 @@ class EmulatedFleet:
     def _start_in_waves(
         self,
         st: FleetState,
-        head: tuple[Popen[bytes], Path],
+        head: Launcher,
         *,
         launch: LaunchHosts | None = None,
         wait: AwaitHosts | None = None,
