@@ -130,7 +130,7 @@ class JobStore:
     def _commit(self, batch: list[_Submit]) -> None:
         """``batch`` in one transaction; every item's answer set (done) when this returns."""
         for _ in range(5):
-            answers: list[r.JobRecord | TpufleetError] = []
+            answers: list[r.JobRecord | TpufleetError | None] = []
             try:
                 with self._db.tx() as s:
                     # Every tenant of the group locked first, in one order, as a batch does: two
@@ -141,14 +141,24 @@ class JobStore:
                             check_live(s, name)
                         except TpufleetError as err:  # no such tenant, or deleted
                             refused[name] = err
+                    # Each submit checked as if alone, in arrival order, its tenant's caps
+                    # counting the group's earlier submits; then the accepted ones inserted
+                    # together: one statement per table, not one per submit.
+                    queued: dict[str, tuple[int, int]] = {}
+                    accepted: list[tuple[str, r.JobRequest]] = []
                     for item in batch:
                         if item.tenant in refused:
                             answers.append(refused[item.tenant])
                             continue
                         try:
-                            answers.append(self._add_live(s, item.tenant, item.request))
-                        except TpufleetError as err:  # raised by a check, before its inserts
+                            queued[item.tenant] = self._count_in(s, item.tenant, item.request, queued)
+                        except TpufleetError as err:  # raised by a check, before any insert
                             answers.append(err)
+                            continue
+                        accepted.append((item.tenant, item.request))
+                        answers.append(None)
+                    records = iter(self._insert(s, accepted))
+                    answers = [a if a is not None else next(records) for a in answers]
             except IntegrityError:  # an id collision with a concurrent submit; draw again
                 continue
             except BaseException as err:  # the transaction's own failure is every item's
@@ -156,6 +166,7 @@ class JobStore:
                     item.answer(err)
                 raise
             for item, answer in zip(batch, answers, strict=True):
+                assert answer is not None
                 item.answer(answer)
             return
         for item in batch:
@@ -169,18 +180,44 @@ class JobStore:
 
     def _add_live(self, s: Session, tenant: str, req: r.JobRequest) -> r.JobRecord:
         """:meth:`add` for a tenant :func:`check_live` has passed in ``s`` already."""
+        self._count_in(s, tenant, req, {})
+        return self._insert(s, [(tenant, req)])[0]
+
+    def _count_in(
+        self, s: Session, tenant: str, req: r.JobRequest, queued: dict[str, tuple[int, int]]
+    ) -> tuple[int, int]:
+        """``req`` checked against ``tenant``'s caps with ``queued[tenant]`` (its queued jobs and
+        their bytes; read from ``s`` when missing) and its package: those counts with ``req``."""
+        have, have_bytes = queued[tenant] if tenant in queued else self._queued(s, tenant)
+        self._check_can_queue(tenant, req, have, have_bytes)
+        if req.working_dir is not None:
+            check_named(s, tenant, req.working_dir)
+        return have + 1, have_bytes + req.body_bytes
+
+    def _insert(self, s: Session, jobs: list[tuple[str, r.JobRequest]]) -> list[r.JobRecord]:
+        """``jobs`` (tenant, request), checked already, inserted with their ``submit`` events: one
+        statement per table, each compiled once for every call (the values are parameters)."""
+        if not jobs:
+            return []
         now = self._db.clock()
-        self._check_can_queue(s, tenant, req)
-        job_id = self._fresh_ids(s, 1)[0]
-        values = {**_job_values(req), "id": job_id, "tenant": tenant, "submitted_at": now, "updated_at": now}
-        key = s.connection().execute(insert(JobRow).values(values)).inserted_primary_key
-        values["seq"] = key[0] if key else None
-        message = f"submitted by {tenant}: {r.command_line(req.command)}"
-        s.execute(
-            insert(EventRow),
-            [{"job_id": job_id, "at": now, "kind": "submit", "message": message, "tenant": tenant}],
-        )
-        return job_record(JobRow(**values))
+        ids = self._fresh_ids(s, len(jobs))
+        rows = [
+            {**_job_values(req), "id": job_id, "tenant": tenant, "submitted_at": now, "updated_at": now}
+            for job_id, (tenant, req) in zip(ids, jobs, strict=True)
+        ]
+        seqs = s.scalars(insert(JobRow).returning(JobRow.seq, sort_by_parameter_order=True), rows).all()
+        events = [
+            {
+                "job_id": row["id"],
+                "at": now,
+                "kind": "submit",
+                "message": f"submitted by {row['tenant']}: {r.command_line(req.command)}",
+                "tenant": row["tenant"],
+            }
+            for row, (_tenant, req) in zip(rows, jobs, strict=True)
+        ]
+        s.execute(insert(EventRow), events)
+        return [job_record(JobRow(**row, seq=seq)) for row, seq in zip(rows, seqs, strict=True)]
 
     def submit_many(self, tenant: str | Sequence[str], requests: Sequence[r.JobRequest]) -> list[str]:
         """Queue ``requests`` all or none, in ONE transaction with bulk inserts (jobs and events);
@@ -270,18 +307,15 @@ class JobStore:
         for owner, wd in sorted(named):
             check_named(s, owner, wd)
 
-    def _check_can_queue(self, s: Session, tenant: str, req: r.JobRequest) -> None:
-        """The per-tenant cap on queued jobs, and a working_dir package this tenant uploaded."""
+    def _check_can_queue(self, tenant: str, req: r.JobRequest, queued: int, queued_bytes: int) -> None:
+        """The per-tenant caps on queued jobs and their bytes, for ``req`` on top of ``queued``."""
         cap = self._db.limits.max_queued_per_tenant
-        queued, queued_bytes = self._queued(s, tenant)
         if queued >= cap:
             raise ConflictError(
                 f"tenant {tenant} already has {queued:,} queued jobs, the cap (serve --max-queued-per-tenant "
                 f"{cap}); wait for some to start or cancel some"
             )
         self._check_queued_bytes(tenant, queued_bytes, req.body_bytes, "this job adds")
-        if req.working_dir is not None:
-            check_named(s, tenant, req.working_dir)
 
     def _queued(self, s: Session, tenant: str) -> tuple[int, int]:
         """The tenant's queued jobs and their body bytes: one read of ``ix_jobs_tenant_state_bytes``
