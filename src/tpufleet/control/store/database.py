@@ -92,6 +92,7 @@ def make_engine(url: str) -> Engine:
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
             poolclass=StaticPool if memory else None,
+            **({} if memory else {"pool_size": 48, "max_overflow": 16}),
         )
 
         @event.listens_for(engine, "do_connect")
