@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,7 +12,7 @@ from _executor_helpers import wait_for
 
 from tpufleet.control.cluster.memory import SIGTERM_EXIT, FakeClock, MemoryCluster
 from tpufleet.control.cluster.protocol import AttemptSpec, HostState
-from tpufleet.control.loop.service import AfterWrite, Service, ServiceConfig
+from tpufleet.control.loop.service import AfterWrite, RateBudget, Service, ServiceConfig
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import JobRecord, JobRequest
 from tpufleet.errors import NotFoundError
@@ -451,6 +453,41 @@ def test_a_notifying_cluster_wakes_the_loop_between_its_cycles(store: Store, tmp
         service.close()
 
 
+def test_the_sandbox_wakes_the_loop_when_its_jobs_hosts_end(world: World) -> None:
+    """A sandbox job's hosts end at a time the cluster knows: it wakes the loop then, so a job of
+    0.2 s is SUCCEEDED while the loop's idle interval is an hour. Without the wake its end waited
+    for the next cycle (half a second in ``serve``), which left half a busy sandbox's slices idle."""
+    world.cluster = MemoryCluster.sandbox("v4-16:1", job_seconds=0.2)
+    hour = ServiceConfig(stop_threads=0, interval_s=3600, busy_interval_s=3600, log_budget_s=60)
+    service = Service(world.store, world.cluster, state_dir=world.state_dir, config=hour)
+    job = world.submit(world.tenant("a", v4=64))
+    service.start()
+    try:
+        service.wake()  # the submit's wake, as the API gives it
+        wait_for("the job's end", lambda: world.job(job).state == "SUCCEEDED", 60)
+    finally:
+        service.close()
+
+
+def test_the_sandbox_alarm_rings_once_for_ends_due_together_and_then_leaves_no_thread() -> None:
+    """Hosts that end at about the same time wake the loop once or a few times, never before they
+    end; an alarm with nothing pending keeps no thread (a sandbox of 100,000 jobs must not hold one
+    per job, nor one for ever)."""
+    cluster = MemoryCluster.sandbox("v4-16:3", job_seconds=0.3)
+    rings: list[float] = []
+    cluster.notify(lambda: rings.append(time.monotonic()))
+    started = time.monotonic()
+    for n, name in enumerate(("tpu-v4-16-0", "tpu-v4-16-1", "tpu-v4-16-2")):
+        cluster.launch(AttemptSpec(f"j{n}", 1, (name,), "v4-16", ("true",)))
+
+    def alarm_gone() -> bool:
+        return bool(rings) and not any(t.name == "tpufleet-sandbox-alarm" for t in threading.enumerate())
+
+    wait_for("the alarm to ring and its thread to end", alarm_gone, 60)
+    assert 1 <= len(rings) <= 3 and rings[0] - started >= 0.3
+    assert all(cluster.poll(f"j{n}", 1).hosts[0].state == HostState.EXITED for n in range(3))
+
+
 def test_a_sandbox_forgets_all_but_its_last_stopped_attempts_and_no_jobs_output(world: World) -> None:
     """``serve --sandbox`` runs for days: its cluster keeps the last ``history`` stopped attempts
     (and records), not every one, and each job's output is in the store before it is forgotten."""
@@ -471,3 +508,17 @@ def test_a_sandbox_forgets_all_but_its_last_stopped_attempts_and_no_jobs_output(
     for job_id in jobs:
         hosts = world.store.jobs.read_logs(job_id).hosts
         assert len(hosts) == 2 and all("TPUFLEET_SANDBOX_SECONDS must be" in h.data for h in hosts)
+
+
+def test_the_wait_reasons_budget_is_per_second_not_per_cycle() -> None:
+    """``reason_rewrites_per_s``: a second's worth at first, then the rate times the time since the
+    last cycle (fractions carried), never more than a second's worth however long the pause."""
+    budget = RateBudget(4000.0, now=100.0)
+    assert budget.take(100.0) == 4000  # the first cycle: a second's worth
+    assert budget.take(100.0) == 0
+    busy = [budget.take(100.0 + i / 16) for i in range(1, 5)]  # a cycle every 62.5 ms
+    assert busy == [250, 250, 250, 250]
+    assert budget.take(100.75) == 2000  # idle: 0.5 s
+    slow = RateBudget(3.0, now=0.0)
+    assert [slow.take(t / 4) for t in range(1, 5)] == [3, 0, 1, 1]  # 0.75 a take: fractions carried
+    assert budget.take(500.0) == 4000  # a long pause is still a second's worth

@@ -29,6 +29,10 @@ with the runner's reason, as on real hosts; a sandbox keeps no files (``keeps_fi
 ran, so it measures nothing). Logs are handed out in chunks of at most ``log_chunk`` characters, as
 the runner does.
 
+It is :class:`~tpufleet.control.cluster.protocol.Notifying`: the loop it serves is woken when a
+Timed attempt's hosts exit (``_Alarm``), so a sandbox job's end is acted on at once, not at the
+loop's next cycle.
+
 Every call is O(hosts of the attempt) (each slice's holder is kept), so a sandbox of thousands of
 slices and 100,000 finished attempts stays fast. Thread-safe. Imports no Ray. It keeps no warm pool
 (it is not a :class:`~tpufleet.control.cluster.protocol.WarmPool`).
@@ -36,6 +40,7 @@ slices and 100,000 finished attempts stays fast. Thread-safe. Imports no Ray. It
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
@@ -97,6 +102,41 @@ class Timed:
 
 
 Plan = Script | Timed
+
+
+class _Alarm:
+    """Calls ``ring`` once each time some of the delays it was given (:meth:`after`) have passed,
+    from a daemon thread that runs only while one is pending (times due together ring once)."""
+
+    def __init__(self, ring: Callable[[], None]) -> None:
+        self._ring = ring
+        self._due: list[float] = []  # a heap of time.monotonic() deadlines
+        self._cond = threading.Condition()
+        self._running = False
+
+    def after(self, delay_s: float) -> None:
+        with self._cond:
+            heapq.heappush(self._due, time.monotonic() + delay_s)
+            if self._running:
+                self._cond.notify()
+                return
+            self._running = True
+        threading.Thread(target=self._run, name="tpufleet-sandbox-alarm", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._due:
+                    self._running = False
+                    return
+                wait = self._due[0] - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                now = time.monotonic()
+                while self._due and self._due[0] <= now:
+                    heapq.heappop(self._due)
+            self._ring()
 
 
 def sandbox_plan(job_seconds: float) -> Callable[[AttemptSpec], Timed]:
@@ -221,6 +261,7 @@ class MemoryCluster:
         # attempts this cluster reports as cut short by tpufleet (``AttemptStatus.interrupted``), as
         # the Ray client does for a trainer placed on a slice that came back during its window
         self.interruptions: dict[tuple[str, int], str] = {}
+        self._alarm: _Alarm | None = None  # notify(): the loop, woken when Timed hosts exit
 
     @classmethod
     def of(cls, spec: str, script: Callable[[AttemptSpec], Plan | None] | None = None) -> MemoryCluster:
@@ -301,6 +342,8 @@ class MemoryCluster:
             att = MemoryAttempt(spec, procs, plan)
             if isinstance(plan, Timed):
                 att.ends_at = self.clock() + plan.seconds
+                if self._alarm is not None:
+                    self._alarm.after(plan.seconds)
                 for p in procs:
                     p.state = HostState.RUNNING
                     start = plan.problem or f"sandbox: {p.slice}/{p.worker_id} running {plan.seconds:g} s\n"
@@ -309,6 +352,12 @@ class MemoryCluster:
             for name in spec.slices:
                 self._holder[name] = key
             self.launches.append(spec)
+
+    def notify(self, wake: Callable[[], None]) -> None:
+        """``Notifying``: ``wake`` is called when a Timed attempt's hosts have run their seconds
+        (a clock other than the real one, a test's, gets an extra wake at worst: its poll decides).
+        A launched attempt's hosts start at once here, so nothing wakes for a start."""
+        self._alarm = _Alarm(wake)
 
     def _usable(self, name: str, job_id: str) -> SliceInfo:
         info = self._slices.get(name)

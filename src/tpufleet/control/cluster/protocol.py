@@ -212,11 +212,14 @@ class WarmPool(Protocol):
 
 @runtime_checkable
 class Notifying(Protocol):
-    """A cluster that says when an attempt's hosts have changed (every host of a launch started),
-    so the loop acts at once instead of at its next cycle. Optional: the service subscribes only
-    when its cluster is one (``isinstance(cluster, Notifying)``); without it the loop polls."""
+    """A cluster that says when an attempt's hosts have changed (every host of a launch started;
+    the sandbox's hosts ended), so the loop acts at once instead of at its next cycle. Optional:
+    the service subscribes only when its cluster is one (``isinstance(cluster, Notifying)``);
+    without it the loop polls."""
 
     def notify(self, wake: Callable[[], None]) -> None:
         """Call ``wake`` (from any thread) whenever a launched attempt's hosts have all started or
-        failed to start. ``wake`` only wakes the loop: it must be cheap and never raise."""
+        failed to start, and when they end where the cluster knows when (the sandbox's timed runs).
+        ``wake`` only wakes the loop: it must be cheap and never raise. Waking when nothing
+        changed costs a cycle, nothing else."""
         ...

@@ -111,7 +111,9 @@ class ServiceConfig:
     checkpoint_root: str | None = None  # job files on the hosts; default <state-dir>/checkpoints
     hide: tuple[str, ...] = field(default_factory=tuple)  # more paths a jailed job must not see
     incremental: bool = True  # keep the policy's view in memory (SchedState); False: read it whole
-    reason_rewrites_per_cycle: int = 2000  # wait messages whose wording alone changed, written per cycle
+    # wait reasons rewritten (a code or wording that changed; not a job's first, nor a head-of-line
+    # flip, which are written at once) per second of cycles, at most a second's worth in one cycle
+    reason_rewrites_per_s: float = 4000.0
     progress_write_s: float = 5.0  # a running attempt's reported steps are stored at most this often
     job_process_limit: int = runlimits.DEFAULT_PROCESSES  # tasks (processes, threads) per host run
     job_open_files_limit: int = runlimits.DEFAULT_OPEN_FILES  # open files per host run, all processes
@@ -123,6 +125,24 @@ class ServiceConfig:
     # where this process kills itself as kill -9 would, for crash tests (serve reads TPUFLEET_FAILPOINTS;
     # control/loop/failpoints.py); none by default
     failpoints: frozenset[str] = frozenset()
+
+
+class RateBudget:
+    """So many a second, carried over up to a second's worth: the wait reasons a cycle may rewrite.
+    A budget per cycle would cost ten times as much while the loop is busy (a cycle every 50 ms, or
+    at each sandbox job's end) as while idle (every 0.5 s), for messages nobody reads faster; in a
+    long queue those rewrites were most of a busy loop's time."""
+
+    def __init__(self, per_s: float, now: float) -> None:
+        self.per_s, self._at, self._credit = per_s, now, per_s
+
+    def take(self, now: float) -> int:
+        """What may be spent now (monotonic seconds): all of it, as whole units."""
+        self._credit = min(self.per_s, self._credit + self.per_s * max(0.0, now - self._at))
+        self._at = now
+        spent = int(self._credit)
+        self._credit -= spent
+        return spent
 
 
 class Service:
@@ -165,7 +185,7 @@ class Service:
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
-        if isinstance(cluster, Notifying):  # the Ray client says when a launch's hosts started
+        if isinstance(cluster, Notifying):  # hosts started (Ray), hosts ended (the sandbox)
             cluster.notify(self.wake)
 
     def _fresh(self) -> None:
@@ -194,6 +214,7 @@ class Service:
         self._progress: dict[Key, tuple[StepProgress, float]] = {}  # stored report, when (monotonic)
         self._progress_due: dict[Key, StepProgress] = {}
         self._last_cycle = time.monotonic()
+        self._reasons = RateBudget(self.config.reason_rewrites_per_s, self._last_cycle)
         self._pool = ThreadPoolExecutor(self.config.stop_threads) if self.config.stop_threads else None
         self.files = TenantFiles(
             self.store,
@@ -314,7 +335,7 @@ class Service:
         preempts = [d for d in rest if isinstance(d, Preempt)]
         won = self.tr.preempt_all(preempts)  # one transaction; each stop is issued at its job's turn
         self._written("preempt", [d.job for d, ok in zip(preempts, won, strict=True) if ok])
-        refresh = self.config.reason_rewrites_per_cycle if self.config.incremental else None
+        refresh = self._reasons.take(time.monotonic()) if self.config.incremental else None
         self.state.reasons_written(self.tr.wait_reasons(decisions, reasons, refresh=refresh))
 
     def _provision(self, snapshot: Snapshot) -> None:
