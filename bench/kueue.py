@@ -51,7 +51,11 @@ times the monitoring time. ``rangespec.yaml`` publishes the baseline's averages 
 Driven like Kueue's generator: one asyncio task per workload set per tenant, each sleeping its
 creation interval then ``POST /api/v1/jobs`` (admin token, ``tenant`` in the body) to a real
 ``tpufleet serve --sandbox`` subprocess on 127.0.0.1 (its own process, as minimalkueue is Kueue's,
-so the control plane and the generator have a core each on 2 cores).
+so the control plane and the generator have a core each on 2 cores). The generators' client is
+aiohttp (a dependency of Ray's): about 0.25 ms of CPU a request, where httpx's AsyncClient took
+about 4.9 ms on the same cores the control plane needs (Kueue's generator is Go), and its pool's
+hand-out is linear in the requests waiting, so 6,000 generators at once (the large-scale shape)
+kept a core busy without sending a request.
 
     .venv/bin/python bench/kueue.py [--config baseline|large-scale] [--db sqlite|postgresql]
                                     [--mapping slices|chips] [--scale 0.1]
@@ -76,6 +80,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 from tpufleet import catalog
@@ -253,24 +258,25 @@ def served(fleet: str, db_url: str | None, tmp: str) -> Iterator[tuple[str, str]
 
 
 async def generate(
-    http: httpx.AsyncClient, plan: Plan, tenant: str, s: WorkloadSet, errors: list[str]
+    http: aiohttp.ClientSession, plan: Plan, tenant: str, s: WorkloadSet, errors: list[str]
 ) -> None:
     """One workload set of one tenant: wait the creation interval, create, again (Kueue's order)."""
     for i in range(s.count):
         await asyncio.sleep(s.interval_ms / 1000)
-        resp = await http.post(f"{API}/jobs", json=job_body(plan, tenant, s, i))
-        if resp.status_code != 201:
-            errors.append(f"{tenant} {s.name}-{i}: {resp.status_code} {resp.text[:200]}")
+        async with http.post(f"{API}/jobs", json=job_body(plan, tenant, s, i)) as resp:
+            if resp.status != 201:
+                errors.append(f"{tenant} {s.name}-{i}: {resp.status} {(await resp.text())[:200]}")
 
 
 async def drive(url: str, token: str, plan: Plan, timeout_s: float) -> tuple[float, float]:
     """Every generator at once, then wait until no job is queued or active: (start, generation end)
     as wall-clock times."""
     # idle connections are dropped before uvicorn's 5 s keep-alive ends, so a request never goes out
-    # on a connection the server is closing (an httpx.ReadError)
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2)
+    # on a connection the server is closing (a ServerDisconnectedError)
+    connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=2)
     auth = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=url, headers=auth, limits=limits, timeout=120) as http:
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(url, headers=auth, connector=connector, timeout=timeout) as http:
         errors: list[str] = []
         started = time.time()
         await asyncio.gather(*(generate(http, plan, t, s, errors) for t in plan.tenants for s in plan.sets))
@@ -278,7 +284,8 @@ async def drive(url: str, token: str, plan: Plan, timeout_s: float) -> tuple[flo
         if errors:
             raise SystemExit(f"{len(errors)} submits failed, e.g. {errors[:3]}")
         while True:
-            counts = (await http.get(f"{API}/status")).json()
+            async with http.get(f"{API}/status") as resp:
+                counts = await resp.json()
             if not counts["queued"] and not counts["running"]:
                 return started, generated
             if time.time() - started > timeout_s:
