@@ -54,10 +54,11 @@ def fleet_warnings(
     state) and nothing would make more: no autoscaler pool of the type (``pool_types``) and no slice
     group of it that is not being deleted. Empty otherwise, and while the store knows no slice at
     all and the loop has not looked at the fleet yet (``fleet_seen`` False: before its first cycle)."""
-    if accelerator_type in pool_types:
-        return []
+    usage = Usage(store)
+    if accelerator_type in pool_types or usage.has_slices(accelerator_type, num_slices):
+        return []  # the usual answer, from at most num_slices rows; the counts only to say what is short
     have: dict[str, int] = defaultdict(int)
-    for key, _state, n in Usage(store).slice_counts():
+    for key, _state, n in usage.slice_counts():
         have[key] += n
     if have.get(accelerator_type, 0) >= num_slices or (not have and not fleet_seen):
         return []

@@ -195,6 +195,13 @@ class Usage:
         with self.store.tx() as s:
             return [(a, st, int(n)) for a, st, n in s.execute(query)]
 
+    def has_slices(self, accelerator_type: str, n: int) -> bool:
+        """Whether the fleet has at least ``n`` slices of ``accelerator_type``, in any state: reads
+        at most ``n`` of them (every submit asks; a fleet has thousands)."""
+        query = select(SliceRow.name).where(SliceRow.accelerator_type == accelerator_type).limit(n)
+        with self.store.tx() as s:
+            return len(s.scalars(query).all()) >= n
+
     def quotas(self) -> dict[str, dict[str, int]]:
         """Every tenant's nominal quota, chips per generation."""
         with self.store.tx() as s:
