@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -480,10 +479,7 @@ def test_the_sandbox_alarm_rings_once_for_ends_due_together_and_then_leaves_no_t
     for n, name in enumerate(("tpu-v4-16-0", "tpu-v4-16-1", "tpu-v4-16-2")):
         cluster.launch(AttemptSpec(f"j{n}", 1, (name,), "v4-16", ("true",)))
 
-    def alarm_gone() -> bool:
-        return bool(rings) and not any(t.name == "tpufleet-sandbox-alarm" for t in threading.enumerate())
-
-    wait_for("the alarm to ring and its thread to end", alarm_gone, 60)
+    wait_for("the alarm to ring and its thread to end", lambda: bool(rings) and not cluster.alarm_pending, 60)
     assert 1 <= len(rings) <= 3 and rings[0] - started >= 0.3
     assert all(cluster.poll(f"j{n}", 1).hosts[0].state == HostState.EXITED for n in range(3))
 

@@ -114,6 +114,12 @@ class _Alarm:
         self._cond = threading.Condition()
         self._running = False
 
+    @property
+    def pending(self) -> bool:
+        """Whether a thread is waiting to ring (something is due)."""
+        with self._cond:
+            return self._running
+
     def after(self, delay_s: float) -> None:
         with self._cond:
             heapq.heappush(self._due, time.monotonic() + delay_s)
@@ -358,6 +364,11 @@ class MemoryCluster:
         (a clock other than the real one, a test's, gets an extra wake at worst: its poll decides).
         A launched attempt's hosts start at once here, so nothing wakes for a start."""
         self._alarm = _Alarm(wake)
+
+    @property
+    def alarm_pending(self) -> bool:
+        """Whether this cluster keeps a thread to wake the loop at a Timed end still to come."""
+        return self._alarm is not None and self._alarm.pending
 
     def _usable(self, name: str, job_id: str) -> SliceInfo:
         info = self._slices.get(name)
