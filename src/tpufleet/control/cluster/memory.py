@@ -105,8 +105,12 @@ Plan = Script | Timed
 
 
 class _Alarm:
-    """Calls ``ring`` once each time some of the delays it was given (:meth:`after`) have passed,
-    from a daemon thread that runs only while one is pending (times due together ring once)."""
+    """Calls ``ring`` once each time some of the delays it was given (:meth:`after`) have passed
+    (times due together ring once; a delay of 0 rings at once, in the caller's thread), from a
+    daemon thread that runs while one is pending and ``LINGER_S`` after, not for ever and not one
+    per delay (a sandbox ends thousands of jobs a second)."""
+
+    LINGER_S = 1.0
 
     def __init__(self, ring: Callable[[], None]) -> None:
         self._ring = ring
@@ -116,11 +120,14 @@ class _Alarm:
 
     @property
     def pending(self) -> bool:
-        """Whether a thread is waiting to ring (something is due)."""
+        """Whether its thread is still there (something is due, or was within ``LINGER_S``)."""
         with self._cond:
             return self._running
 
     def after(self, delay_s: float) -> None:
+        if delay_s <= 0:
+            self._ring()
+            return
         with self._cond:
             heapq.heappush(self._due, time.monotonic() + delay_s)
             if self._running:
@@ -130,16 +137,21 @@ class _Alarm:
         threading.Thread(target=self._run, name="tpufleet-sandbox-alarm", daemon=True).start()
 
     def _run(self) -> None:
+        idle_since: float | None = None
         while True:
             with self._cond:
-                if not self._due:
-                    self._running = False
-                    return
-                wait = self._due[0] - time.monotonic()
-                if wait > 0:
-                    self._cond.wait(wait)
-                    continue
                 now = time.monotonic()
+                if not self._due:
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= self.LINGER_S:
+                        self._running = False
+                        return
+                    self._cond.wait(self.LINGER_S - (now - idle_since))
+                    continue
+                idle_since = None
+                if self._due[0] > now:
+                    self._cond.wait(self._due[0] - now)
+                    continue
                 while self._due and self._due[0] <= now:
                     heapq.heappop(self._due)
             self._ring()
