@@ -199,23 +199,8 @@ class JobStore:
         statement per table, each compiled once for every call (the values are parameters)."""
         if not jobs:
             return []
-        now = self._db.clock()
-        ids = self._fresh_ids(s, len(jobs))
-        rows = [
-            {**_job_values(req), "id": job_id, "tenant": tenant, "submitted_at": now, "updated_at": now}
-            for job_id, (tenant, req) in zip(ids, jobs, strict=True)
-        ]
+        rows, events = _new_rows(self._fresh_ids(s, len(jobs)), jobs, self._db.clock())
         seqs = s.scalars(insert(JobRow).returning(JobRow.seq, sort_by_parameter_order=True), rows).all()
-        events = [
-            {
-                "job_id": row["id"],
-                "at": now,
-                "kind": "submit",
-                "message": f"submitted by {row['tenant']}: {r.command_line(req.command)}",
-                "tenant": row["tenant"],
-            }
-            for row, (_tenant, req) in zip(rows, jobs, strict=True)
-        ]
         s.execute(insert(EventRow), events)
         return [job_record(JobRow(**row, seq=seq)) for row, seq in zip(rows, seqs, strict=True)]
 
@@ -244,29 +229,8 @@ class JobStore:
                 check_live(s, owner)
             self._check_batch(s, owners, requests)
             ids = self._fresh_ids(s, len(requests))
-            rows = [
-                {
-                    **_job_values(req),
-                    "id": job_id,
-                    "tenant": owner,
-                    "submitted_at": now,
-                    "updated_at": now,
-                }
-                for job_id, owner, req in zip(ids, owners, requests, strict=True)
-            ]
+            rows, events = _new_rows(ids, list(zip(owners, requests, strict=True)), now)
             s.execute(insert(JobRow), rows)
-            events = [
-                {
-                    "job_id": job_id,
-                    "slice": None,
-                    "at": now,
-                    "kind": "submit",
-                    "message": f"submitted by {owner}: {r.command_line(req.command)}",
-                    "tenant": owner,
-                    "actor": None,
-                }
-                for job_id, owner, req in zip(ids, owners, requests, strict=True)
-            ]
             s.execute(insert(EventRow), events)
         return ids
 
@@ -481,6 +445,30 @@ def columns(life: lc.Life) -> dict[str, Any]:
         "reason_code": life.reason_code,
         "reason_message": life.reason_message,
     }
+
+
+def _new_rows(
+    ids: Sequence[str], jobs: Sequence[tuple[str, r.JobRequest]], now: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows of newly queued ``jobs`` ((tenant, request), given ``ids``) and of their ``submit``
+    events, for bulk inserts."""
+    rows = [
+        {**_job_values(req), "id": job_id, "tenant": tenant, "submitted_at": now, "updated_at": now}
+        for job_id, (tenant, req) in zip(ids, jobs, strict=True)
+    ]
+    events = [
+        {
+            "job_id": job_id,
+            "slice": None,
+            "at": now,
+            "kind": "submit",
+            "message": f"submitted by {tenant}: {r.command_line(req.command)}",
+            "tenant": tenant,
+            "actor": None,
+        }
+        for job_id, (tenant, req) in zip(ids, jobs, strict=True)
+    ]
+    return rows, events
 
 
 def _job_values(req: r.JobRequest) -> dict[str, Any]:
