@@ -401,6 +401,42 @@ def test_the_log_monitor_is_a_fork_made_before_the_node_that_becomes_ray_s_comma
     assert got["fds"][:3] == [0, 1, 2] and len(got["fds"]) <= 4  # stdio (+ listdir's own): no pipe
 
 
+CHOOSING = """
+import json, sys
+from types import SimpleNamespace
+from tpufleet.emulator import rayhost
+services = SimpleNamespace(
+    start_ray_process=lambda command, kind, *a, **k: "ray's own", ProcessInfo=lambda **kw: "the fork"
+)
+rayhost._log_monitor_from_a_fork(services, SimpleNamespace(PROCESS_TYPE_LOG_MONITOR="log_monitor"))
+got = services.start_ray_process([sys.executable, "-u", sys.argv[1]], "log_monitor", stdout_file=None)
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "handed_to"),
+    [(plan.NODE_ENV, "the fork"), ({"RAY_LOG_MONITOR_GDB": "1"}, "ray's own"), ({}, "the fork")],
+)
+def test_only_a_debugging_variable_keeps_the_log_monitor_from_the_fork(
+    tmp_path: Path, env: dict[str, str], handed_to: str
+) -> None:
+    """Ray runs a process under gdb, valgrind or tmux for RAY_<TYPE>_<TOOL>; the fleet's own
+    RAY_LOG_MONITOR_MANY_FILES_THRESHOLD (plan.NODE_ENV) is a setting and must not count as one."""
+    script = tmp_path / "log_monitor.py"
+    script.write_text("pass\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_LOG_MONITOR_")}
+    run = subprocess.run(
+        [sys.executable, "-c", CHOOSING, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=base | env,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == handed_to
+
+
 def test_a_log_monitor_fork_never_handed_a_command_exits_with_its_launcher(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-c", FORKING, "none"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr

@@ -253,6 +253,13 @@ class _Forked:
             os.kill(self.pid, sig)
 
 
+# The variables that make Ray's start_ray_process run a process under a tool (``RAY_<TYPE>_<TOOL>``),
+# which a forked log monitor would not honour. Only these: ``RAY_LOG_MONITOR_MANY_FILES_THRESHOLD``
+# (``plan.NODE_ENV``) is a setting, and matching every ``RAY_LOG_MONITOR_*`` made each log monitor a
+# fresh interpreter again without anyone noticing.
+DEBUGGERS = ("VALGRIND", "VALGRIND_PROFILER", "PERFTOOLS_PROFILER", "TMUX", "GDB")
+
+
 def _log_monitor_from_a_fork(services: Any, constants: Any) -> int:
     """Make the node's log monitor a fork of this process, made now, before the node connects to
     anything (see the module docstring). The fork waits on a pipe for the command Ray would have
@@ -272,7 +279,7 @@ def _log_monitor_from_a_fork(services: Any, constants: Any) -> int:
 
     def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
         nonlocal handed
-        debugging = any(k.startswith(f"RAY_{process_type.upper()}_") for k in os.environ)
+        debugging = any(f"RAY_{process_type.upper()}_{tool}" in os.environ for tool in DEBUGGERS)
         if (
             handed
             or process_type != constants.PROCESS_TYPE_LOG_MONITOR
