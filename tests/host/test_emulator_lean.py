@@ -124,6 +124,85 @@ def test_the_raylet_gets_the_stand_in_and_every_other_process_its_own_command() 
     assert got[3] == "--dashboard_agent_command=" + rayhost.standin_command("abc", "/s")
 
 
+def test_a_lean_host_can_use_the_heads_runtime_env_agent_and_the_head_forward_its_output() -> None:
+    """What a lean fleet runs (docs/emulator.md): a host starts no runtime env agent (its raylet is
+    given the head agent's port) and no log monitor (the head's forwards its workers' output)."""
+    host = ("10.1.2.3", "10.1.2.3:6379", catalog.slice_type("v4-16"), 2, "/tmp/t/h0", 1, False)
+    ports = plan.AgentPorts(runtime_env=7001)
+    argv = plan.lean_host_argv("/venv/bin/python", *host, ports=ports, heads_runtime_env=True)
+    assert argv[3:-2] == plan.host_argv("ray", *host, ports=ports)[2:] and argv[-2:] == [
+        "--runtime-env-agent",
+        "head",
+    ]
+    args = rayhost.parse(argv[3:])
+    assert args.runtime_env_agent == "head" and not args.include_log_monitor
+    assert rayhost.params_of(args, ray_parameter).runtime_env_agent_port == 7001  # the head's
+    assert rayhost.parse(plan.lean_host_argv("/venv/bin/python", *host)[3:]).runtime_env_agent == "own"
+
+    head = plan.lean_head_argv("/venv/bin/python", "10.1.2.3", 6000, 6001, "/tmp/t", 1, host_logs=True)
+    assert head[-1] == "--host-logs" and rayhost.parse(head[3:]).host_logs
+    assert not rayhost.parse(
+        plan.lean_head_argv("/venv/bin/python", "10.1.2.3", 6000, 6001, "/tmp/t", 1)[3:]
+    ).host_logs
+
+    no_port = plan.lean_host_argv("/venv/bin/python", *host, heads_runtime_env=True)
+    for wrong in (
+        no_port[3:],  # the head's agent, but where?
+        [
+            *head[3:],
+            "--runtime-env-agent",
+            "head",
+            "--runtime-env-agent-port",
+            "7001",
+        ],  # the head is the head
+        [*argv[3:], "--host-logs"],  # a host forwards no one's output
+        [*head[3:], "--include-log-monitor", "false"],  # forwarded by a log monitor the head would not run
+    ):
+        with pytest.raises(SystemExit) as exc:
+            rayhost.parse(wrong)
+        assert exc.value.code == 2, wrong
+
+
+def test_the_raylet_gets_a_runtime_env_stand_in_when_the_host_uses_the_heads_agent() -> None:
+    calls: list[tuple[list[str], str]] = []
+    fake = SimpleNamespace(start_ray_process=lambda command, kind, *a, **k: calls.append((command, kind)))
+    rayhost._with_the_heads_runtime_env_agent(fake, SimpleNamespace(PROCESS_TYPE_RAYLET="raylet"))
+    raylet = [
+        "raylet",
+        "--runtime_env_agent_port=7001",
+        "--runtime_env_agent_command=python main.py",
+        "--x=1",
+    ]
+    fake.start_ray_process(raylet, "raylet")
+    fake.start_ray_process(["python", "main.py"], "runtime_env_agent")
+    (got, _), (other, _) = calls
+    assert other == ["python", "main.py"] and got[:2] == raylet[:2] and got[3:] == raylet[3:]
+    standin = got[2].removeprefix("--runtime_env_agent_command=")
+    assert subprocess.list2cmdline(["/bin/sh", "-c", rayhost._UNTIL_THE_RAYLET_EXITS]) in standin
+    assert standin.endswith(rayhost.RUNTIME_ENV_STANDIN_NAME)
+
+
+def test_the_runtime_env_stand_in_writes_nothing_and_ends_with_its_raylet(tmp_path: Path) -> None:
+    argv = ["/bin/sh", "-c", rayhost._UNTIL_THE_RAYLET_EXITS, rayhost.RUNTIME_ENV_STANDIN_NAME, "--x=1"]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, *argv], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        assert parent.stdout is not None
+        standin = int(parent.stdout.readline())
+        time.sleep(0.5)
+        assert not _gone(standin) and list(tmp_path.iterdir()) == []
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while not _gone(standin) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(standin)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def test_the_heads_raylet_is_told_its_agents_listen_port_which_ray_passes_only_to_the_agent() -> None:
     calls: list[tuple[list[str], str]] = []
     fake = SimpleNamespace(start_ray_process=lambda command, kind, *a, **k: calls.append((command, kind)))
@@ -224,7 +303,11 @@ def test_components_are_named_from_command_lines() -> None:
         "/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --x": "gcs server",
         "ray::DashboardAgent": "dashboard agent",
         "ray::RuntimeEnvAgent": "runtime env agent",
-        "tail --pid=12 -f /dev/null": "dashboard agent stand-in",
+        "tail --pid=12 -f /dev/null": "agent stand-in",
+        f"/bin/sh -c {rayhost.AGENT_STANDIN} {rayhost.STANDIN_NAME} --node-id=a": "dashboard agent stand-in",
+        f"/bin/sh -c {rayhost._UNTIL_THE_RAYLET_EXITS} {rayhost.RUNTIME_ENV_STANDIN_NAME}": (
+            "runtime env agent stand-in"
+        ),
         "/venv/bin/python -u /venv/lib/ray/_private/log_monitor.py --x": "log monitor",
         "ray::IDLE": "worker",
         "ray::train_fn": "worker",
@@ -284,6 +367,41 @@ def test_hosts_start_in_waves_each_once_the_last_has_joined(tmp_path: Path) -> N
     assert awaited[2][1] == [("tpu-v6e-4-0", 0)]
     assert sorted(h for hosts in launched for h in hosts) == sorted(
         (rec.name, h.worker_id) for rec in st.slices for h in rec.hosts
+    )
+
+
+def test_a_lean_fleets_hosts_use_the_heads_agent_and_log_monitor_and_an_older_fleets_their_own(
+    tmp_path: Path,
+) -> None:
+    from tpufleet.emulator import EmulatedFleet
+    from tpufleet.emulator.state import FleetState
+
+    fleet = EmulatedFleet("v4-16", state_dir=tmp_path)
+    st = FleetState("f", "127.0.0.1", 1, 2, "/tmp/t", 1, 1, True, lean=True)  # a host binds a port here
+    st.runtime_env_port, st.host_logs_on_head = 7001, True  # what _launch_head records
+    rec = fleet._new_slice(st, catalog.slice_type("v4-16"), "tpu-v4-16-0")
+    _, argv, _, _ = fleet._host_start(st, rec, 0, 7999)
+    args = rayhost.parse(argv[3:])
+    assert (args.runtime_env_agent, args.runtime_env_agent_port, args.include_log_monitor) == (
+        "head",
+        7001,
+        False,
+    )
+
+    # a fleet saved before these fields (its head runs neither for the hosts): each host its own
+    data = st.to_dict()
+    assert (
+        FleetState.from_dict(data).runtime_env_port == 7001 and FleetState.from_dict(data).host_logs_on_head
+    )
+    old = FleetState.from_dict(
+        {k: v for k, v in data.items() if k not in ("runtime_env_port", "host_logs_on_head")}
+    )
+    _, argv, _, _ = fleet._host_start(old, old.slices[0], 1, 7999)
+    args = rayhost.parse(argv[3:])
+    assert (args.runtime_env_agent, args.runtime_env_agent_port, args.include_log_monitor) == (
+        "own",
+        7999,
+        True,
     )
 
 

@@ -2,11 +2,12 @@
 
 A regression guard, not the goal (bench/emulator_start.py measures a fresh fleet, workers
 included). An emulated host used to run ~250 MiB PSS before any task (a full dashboard agent,
-prestarted workers); a lean one runs ~80 MiB of its own (raylet, runtime-env agent, log monitor,
-the agent's stand-in) plus the workers its tasks left. Those are bounded apart from the host: on
-the session's shared fleet they are what earlier tests ran (a worker that ran a JAX program holds
-~150 MiB, and with it a host's total once went past a bound on the total, 309 MiB against 300,
-with its own processes at 113 MiB).
+prestarted workers), then ~80 MiB of its own (raylet, runtime-env agent, log monitor, the agent's
+stand-in); a lean one now runs ~15 MiB of its own (its raylet and two stand-ins: the head's
+runtime env agent and log monitor serve every host) plus the workers its tasks left. Those are
+bounded apart from the host: on the session's shared fleet they are what earlier tests ran (a
+worker that ran a JAX program holds ~150 MiB, and with it a host's total once went past a bound on
+the total, 309 MiB against 300, with its own processes at 113 MiB).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tpufleet.emulator.procs import Session
 
 pytestmark = pytest.mark.integration
 
-HOST_OWN_PSS_BOUND = 160 << 20  # the host's own processes: everything but Ray's workers
+HOST_OWN_PSS_BOUND = 64 << 20  # the host's own processes: everything but Ray's workers
 
 
 def _commands(session: Session) -> list[tuple[int, str]]:
@@ -37,7 +38,7 @@ def _commands(session: Session) -> list[tuple[int, str]]:
     return found
 
 
-def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_agent(
+def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_agent_or_log_monitor(
     fleet: EmulatedFleet, ray_client: object
 ) -> None:
     @ray.remote(num_cpus=0)
@@ -80,10 +81,14 @@ def test_every_emulated_host_stays_under_the_memory_bound_and_runs_no_dashboard_
     assert modules == ["ray-dashboard-JobHead-0", "ray-dashboard-NodeHead-0", "ray-dashboard-StateHead-0"], (
         titles
     )
+    # the head runs the one runtime env agent and the one log monitor of the fleet
+    head_parts = {procs.component(command) for _, command in _commands(st.head)}
+    assert {"runtime env agent", "log monitor", "dashboard agent"} <= head_parts, head_parts
     for host, parts in measured.items():
-        assert parts.get("raylet", 0) > 0 and parts.get("runtime env agent", 0) > 0, (host, parts)
-        assert parts.get("worker", 0) > 0, (host, parts)  # the task above ran there
-        assert "dashboard agent" not in parts and parts.get("dashboard agent stand-in", 0) > 0, (host, parts)
+        assert parts.get("raylet", 0) > 0 and parts.get("worker", 0) > 0, (host, parts)  # the task ran there
+        for agent in ("dashboard agent", "runtime env agent"):
+            assert agent not in parts and parts.get(f"{agent} stand-in", 0) > 0, (host, agent, parts)
+        assert "log monitor" not in parts, (host, parts)
         assert sum(v for k, v in parts.items() if k != "worker") < HOST_OWN_PSS_BOUND, (
             host,
             {k: f"{v / 2**20:.0f} MiB" for k, v in parts.items()},

@@ -256,18 +256,17 @@ class EmulatedFleet:
         host = next(h for h in rec.hosts if h.worker_id == worker)
         host.temp_dir = f"{st.temp_dir}/h{st.next_host_seq}"
         st.next_host_seq += 1
-        host_argv = plan.lean_host_argv if st.lean else plan.host_argv
-        argv = host_argv(
-            sys.executable if st.lean else _ray_bin(),
-            st.address,
-            st.ray_address,
-            stype,
-            st.cpus_per_host,
-            host.temp_dir,
-            st.object_store_bytes,
-            st.log_monitor,
-            ports=plan.AgentPorts(runtime_env=runtime_env_port),
-        )
+        where = (st.address, st.ray_address, stype, st.cpus_per_host, host.temp_dir)
+        what = (*where, st.object_store_bytes, st.log_monitor and not st.host_logs_on_head)
+        if st.lean and st.runtime_env_port:  # the head's agent serves this host (docs/emulator.md)
+            ports = plan.AgentPorts(runtime_env=st.runtime_env_port)
+            argv = plan.lean_host_argv(sys.executable, *what, ports=ports, heads_runtime_env=True)
+        elif st.lean:
+            argv = plan.lean_host_argv(
+                sys.executable, *what, ports=plan.AgentPorts(runtime_env=runtime_env_port)
+            )
+        else:
+            argv = plan.host_argv(_ray_bin(), *what, ports=plan.AgentPorts(runtime_env=runtime_env_port))
         return host, argv, env, self.state_dir / "logs" / f"{rec.name}-w{worker}.log"
 
     def _launch_hosts(
@@ -400,7 +399,9 @@ class EmulatedFleet:
         ports = plan.AgentPorts(*agents)  # the raylet waits for no agent's port file
         if st.lean:
             lean = (sys.executable, *where, st.temp_dir, st.object_store_bytes)
-            argv = plan.lean_head_argv(*lean, ports=ports)
+            argv = plan.lean_head_argv(*lean, ports=ports, host_logs=st.log_monitor)
+            st.runtime_env_port = ports.runtime_env  # every lean host's runtime env agent
+            st.host_logs_on_head = st.log_monitor  # and its log monitor every lean host's
         else:
             head = (_ray_bin(), *where, client_port, st.temp_dir, st.object_store_bytes)
             argv = plan.head_argv(*head, ports=ports)

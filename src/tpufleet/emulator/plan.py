@@ -264,12 +264,16 @@ LEAN_HOST_ENV = {
 RAYHOST_SCRIPT = str(Path(__file__).with_name("rayhost.py"))
 
 
-def lean_host_argv(python: str, *args: Any, ports: AgentPorts | None = None) -> list[str]:
+def lean_host_argv(
+    python: str, *args: Any, ports: AgentPorts | None = None, heads_runtime_env: bool = False
+) -> list[str]:
     """:func:`host_argv` (same arguments after ``python``) started by ``rayhost.py``, which takes
     ``ray start``'s flags and starts Ray's worker node without the ``ray start`` CLI, with a
     stand-in for the dashboard agent. ``-P``: the script's folder (this package) must not shadow
-    top-level modules."""
-    return [python, "-P", RAYHOST_SCRIPT, *host_argv("ray", *args, ports=ports)[2:]]
+    top-level modules. ``heads_runtime_env``: the host starts no runtime env agent and its raylet
+    uses the head's, whose port ``ports.runtime_env`` then is (``rayhost.py --runtime-env-agent``)."""
+    shared = ["--runtime-env-agent", "head"] if heads_runtime_env else []
+    return [python, "-P", RAYHOST_SCRIPT, *host_argv("ray", *args, ports=ports)[2:], *shared]
 
 
 def lean_head_argv(
@@ -281,13 +285,17 @@ def lean_head_argv(
     object_store_bytes: int,
     *,
     ports: AgentPorts | None = None,
+    host_logs: bool = False,
 ) -> list[str]:
     """:func:`head_argv` started by ``rayhost.py``: Ray's head node, the processes ``ray start
     --head`` starts, without the CLI's imports and without the two an emulated fleet never uses:
-    the Ray Client server and the autoscaler monitor (~1.2 s of CPU and ~150 MiB together)."""
+    the Ray Client server and the autoscaler monitor (~1.2 s of CPU and ~150 MiB together).
+    ``host_logs``: its log monitor forwards the hosts' worker output too (``fleetlogs``), and the
+    hosts start none."""
     where = (address, gcs_port, dashboard_port, None, temp_dir, object_store_bytes)
     argv = head_argv("ray", *where, monitor=False, ports=ports)
-    return [python, "-P", RAYHOST_SCRIPT, *argv[2:], "--dashboard-modules", ",".join(DASHBOARD_MODULES)]
+    modules = ["--dashboard-modules", ",".join(DASHBOARD_MODULES)]
+    return [python, "-P", RAYHOST_SCRIPT, *argv[2:], *modules, *(["--host-logs"] if host_logs else [])]
 
 
 # The lean head's dashboard loads only the modules of Ray's APIs that a fleet's users and tpufleet

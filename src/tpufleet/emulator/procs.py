@@ -255,8 +255,9 @@ _COMPONENTS = (
     ("dashboard/agent.py", "dashboard agent"),
     ("ray::RuntimeEnvAgent", "runtime env agent"),
     ("runtime_env/agent/main.py", "runtime env agent"),
-    ("tail --pid", "dashboard agent stand-in"),
+    ("tpufleet-runtime-env-standin", "runtime env agent stand-in"),  # its shell: the script names tail
     ("tpufleet-agent-standin", "dashboard agent stand-in"),
+    ("tail --pid", "agent stand-in"),  # what either shell waits with
     ("log_monitor.py", "log monitor"),
     ("autoscaler/_private/monitor.py", "autoscaler monitor"),
     ("dashboard/dashboard.py", "dashboard"),

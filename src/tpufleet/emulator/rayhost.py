@@ -27,6 +27,13 @@ head asks for neither, see ``plan.lean_head_argv``). Two differences:
   Ray's ``log_monitor.py`` as ``__main__`` under that command line's title (what ``ps`` and
   ``ray stop`` look for), in the host's session, with stdout and stderr as Ray would set them.
 
+- **A host's runtime env agent can be the head's** (``--runtime-env-agent head``, what a lean fleet
+  does): the raylet is given the head agent's port (all nodes of a fleet share this machine's IP and
+  file system) and, as the agent it launches and fate-shares with, a shell that only waits for it.
+- **The head's log monitor can forward every host's output** (``--host-logs``, what a lean fleet
+  does; the hosts then start none): its fork runs ``fleetlogs.main``, Ray's ``LogMonitor`` for the
+  head and for each host found under the head's ``--temp-dir``.
+
 Prestarted workers are off through the environment (``plan.LEAN_HOST_ENV``), not here.
 
 A host starting up waits until the head node is registered (Ray reads the head's session and temp
@@ -71,13 +78,18 @@ from typing import Any, NoReturn
 # its agent command itself). The raylet appends nothing we rely on; the node id and session dir
 # come as arguments. Port files are written whole (temp file, then rename): the raylet polls them.
 # It then waits for its parent, the raylet, to exit: GNU tail's --pid, else a kill -0 loop.
+_UNTIL_THE_RAYLET_EXITS = (
+    "tail --pid=$PPID -f /dev/null 2>/dev/null || while kill -0 $PPID 2>/dev/null; do sleep 1; done"
+)
 AGENT_STANDIN = (
     "for a; do case $a in --node-id=*) n=${a#*=};; --session-dir=*) d=${a#*=};; esac; done; "
     "for p in metrics_agent_port metrics_export_port dashboard_agent_listen_port; "
-    "do echo -1 > $d/.${p}_$n && mv $d/.${p}_$n $d/${p}_$n; done; "
-    "tail --pid=$PPID -f /dev/null 2>/dev/null || while kill -0 $PPID 2>/dev/null; do sleep 1; done"
+    "do echo -1 > $d/.${p}_$n && mv $d/.${p}_$n $d/${p}_$n; done; " + _UNTIL_THE_RAYLET_EXITS
 )
 STANDIN_NAME = "tpufleet-agent-standin"
+# A host's runtime env agent when it uses the head's (``--runtime-env-agent head``): the raylet is
+# given the head's agent port and only needs a child to fate-share with, which writes nothing.
+RUNTIME_ENV_STANDIN_NAME = "tpufleet-runtime-env-standin"
 
 
 def _flag(command: list[str], name: str) -> str:
@@ -107,6 +119,26 @@ def _without_dashboard_agent(services: Any, constants: Any) -> None:
             standin = standin_command(_flag(command, "node_id"), _flag(command, "session_dir"))
             command = [
                 f"--dashboard_agent_command={standin}" if a.startswith("--dashboard_agent_command=") else a
+                for a in command
+            ]
+        return original(command, process_type, *args, **kwargs)
+
+    services.start_ray_process = start_ray_process
+
+
+def _with_the_heads_runtime_env_agent(services: Any, constants: Any) -> None:
+    """Make ``services.start_ray_process`` give every raylet a stand-in as its runtime env agent
+    (see the module docstring): the raylet's ``--runtime_env_agent_port`` is then the head's agent,
+    which serves this host's worker starts as the host's own would have."""
+    original = services.start_ray_process
+    standin = subprocess.list2cmdline(["/bin/sh", "-c", _UNTIL_THE_RAYLET_EXITS, RUNTIME_ENV_STANDIN_NAME])
+
+    def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        if process_type == constants.PROCESS_TYPE_RAYLET:
+            command = [
+                f"--runtime_env_agent_command={standin}"
+                if a.startswith("--runtime_env_agent_command=")
+                else a
                 for a in command
             ]
         return original(command, process_type, *args, **kwargs)
@@ -260,11 +292,13 @@ class _Forked:
 DEBUGGERS = ("VALGRIND", "VALGRIND_PROFILER", "PERFTOOLS_PROFILER", "TMUX", "GDB")
 
 
-def _log_monitor_from_a_fork(services: Any, constants: Any) -> int:
+def _log_monitor_from_a_fork(services: Any, constants: Any, hosts_under: str | None = None) -> int:
     """Make the node's log monitor a fork of this process, made now, before the node connects to
     anything (see the module docstring). The fork waits on a pipe for the command Ray would have
     run; given one, it becomes that process (its environment, output, title and script, run as
     ``__main__``); given none (no log monitor, or the start failed: the pipe closes), it exits.
+    ``hosts_under`` (the head's ``--host-logs``): the fork runs ``fleetlogs.main`` with Ray's
+    command line instead, which also forwards the output of every host under that temp dir.
     Returns the fork's pid."""
     reader, writer = os.pipe()
     sys.stdout.flush()
@@ -292,9 +326,9 @@ def _log_monitor_from_a_fork(services: Any, constants: Any) -> int:
             return original(command, process_type, *args, **kwargs)
         handed = True
         quiet = [kwargs.get(k) == subprocess.DEVNULL for k in ("stdout_file", "stderr_file")]
-        order = json.dumps({"argv": command, "env": dict(os.environ), "quiet": quiet}).encode()
+        order = {"argv": command, "env": dict(os.environ), "quiet": quiet, "hosts_under": hosts_under}
         with os.fdopen(writer, "wb") as pipe:
-            pipe.write(order)
+            pipe.write(json.dumps(order).encode())
         return services.ProcessInfo(
             process=_Forked(pid),
             stdout_file=kwargs.get("stdout_file"),
@@ -337,7 +371,12 @@ def _become_the_log_monitor(reader: int) -> NoReturn:
             for stream in (sys.stdout, sys.stderr):
                 if isinstance(stream, io.TextIOWrapper):
                     stream.reconfigure(write_through=True)
-        runpy.run_path(script, run_name="__main__")
+        if order.get("hosts_under"):
+            from tpufleet.emulator import fleetlogs
+
+            fleetlogs.main(sys.argv[1:], order["hosts_under"])
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except BaseException:
@@ -389,7 +428,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
         choices=["real", "standin"],
         help="not a ray start flag: the head's default is Ray's agent, a host's the stand-in",
     )
+    p.add_argument(
+        "--host-logs",
+        action="store_true",
+        help="not a ray start flag: the head's log monitor also forwards every host's under --temp-dir",
+    )
+    p.add_argument(
+        "--runtime-env-agent",
+        choices=["own", "head"],
+        default="own",
+        help="not a ray start flag: 'head' starts none; --runtime-env-agent-port is then the head's agent",
+    )
     args = p.parse_args(argv)
+    if args.host_logs and not (args.head and args.include_log_monitor):
+        p.error("--host-logs is for a head that runs a log monitor")
+    if args.runtime_env_agent == "head" and (args.head or not args.runtime_env_agent_port):
+        p.error("--runtime-env-agent head is for a host, with the head agent's --runtime-env-agent-port")
     if args.head == (args.address is not None):
         p.error("give either --head (with --port) or --address")
     if args.head and args.port is None:
@@ -448,10 +502,12 @@ def start(args: argparse.Namespace) -> int:
         _without_dashboard_agent(services, ray_constants)
     elif args.dashboard_agent_listen_port:
         _raylet_told_the_agent_listen_port(services, ray_constants, args.dashboard_agent_listen_port)
+    if args.runtime_env_agent == "head":
+        _with_the_heads_runtime_env_agent(services, ray_constants)
     if args.dashboard_modules:
         _dashboard_with_modules(services, ray_constants, args.dashboard_modules)
     if args.include_log_monitor:
-        _log_monitor_from_a_fork(services, ray_constants)
+        _log_monitor_from_a_fork(services, ray_constants, args.temp_dir if args.host_logs else None)
     _paced_node_lookup(services)
     if args.head:
         _dashboard_after_raylet(ray_node.Node)

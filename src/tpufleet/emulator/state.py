@@ -51,6 +51,12 @@ class FleetState:
     slices: list[EmulatedSlice] = field(default_factory=list)
     next_host_seq: int = 0
     lean: bool = False  # hosts started by rayhost.py (see plan.lean_host_argv); False: plain `ray start`
+    # The head's runtime env agent's port, which lean hosts use instead of one of their own (0: each
+    # host runs its own, as a fleet saved before this field did).
+    runtime_env_port: int = 0
+    # Whether the head's log monitor forwards the hosts' output (``emulator.fleetlogs``), so that lean
+    # hosts start none of their own.
+    host_logs_on_head: bool = False
 
     @property
     def ray_address(self) -> str:
