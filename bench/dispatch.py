@@ -43,7 +43,7 @@ from ray.util.tpu import get_num_ready_tpu_slices, run_on_slice, slice_placement
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.client.http import Client
-from tpufleet.control.cluster.protocol import AttemptSpec
+from tpufleet.control.cluster.protocol import AttemptSpec, HostState
 from tpufleet.control.ray.client import RayExecutor
 
 COMMAND = ("sleep", "60")
@@ -69,17 +69,21 @@ def fleet_address(address: str | None, slices: str) -> Iterator[str]:
 class ExecutorPath:
     """tpufleet's dispatch: the admitted job is handed a slice the warm pool already holds."""
 
-    def __init__(self, cluster: RayExecutor, slice_name: str) -> None:
+    def __init__(self, cluster: RayExecutor, slice_name: str, job_root: str) -> None:
         self.cluster = cluster
         self.slice_name = slice_name
+        self.job_root = job_root  # absolute, as the control plane gives it: a host refuses a run without
         self.n = 0
 
     def once(self) -> float:
         self.n += 1
-        spec = AttemptSpec(f"bench-{self.n}", 1, (self.slice_name,), "v4-16", COMMAND)
+        spec = AttemptSpec(f"bench-{self.n}", 1, (self.slice_name,), "v4-16", COMMAND, job_root=self.job_root)
         t0 = time.perf_counter()
         self.cluster.launch(spec)
-        while not self.cluster.poll(spec.job_id, 1).all_running:
+        while not (status := self.cluster.poll(spec.job_id, 1)).all_running:
+            ended = [h for h in status.hosts if h.state in (HostState.EXITED, HostState.LOST)]
+            if ended:  # it will never run: say why instead of polling for ever
+                raise RuntimeError(f"bench attempt {spec.job_id} ended on a host: {ended[0]}")
             time.sleep(0.002)
         elapsed = time.perf_counter() - t0
         self.cluster.stop(spec.job_id, 1, grace_s=5)
@@ -175,7 +179,8 @@ def run(address: str, runs: int, warmup: int, via: str) -> dict[str, Any]:
         if via in ("all", "service"):
             paths["service"] = _service_path(stack, cluster, v4).once
         if via in ("all", "executor"):
-            paths["executor"] = ExecutorPath(cluster, v4[0]).once
+            job_root = stack.enter_context(tempfile.TemporaryDirectory(prefix="tpufleet-bench-jobs-"))
+            paths["executor"] = ExecutorPath(cluster, v4[0], job_root).once
         paths["raw_ray"] = RawRayPath().once
         for _ in range(warmup):
             for once in paths.values():
