@@ -192,12 +192,7 @@ def test_the_runtime_env_stand_in_writes_nothing_and_ends_with_its_raylet(tmp_pa
         standin = int(parent.stdout.readline())
         time.sleep(0.5)
         assert not _gone(standin) and list(tmp_path.iterdir()) == []
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        deadline = time.monotonic() + 10
-        while not _gone(standin) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(standin)
+        _ends_with_its_raylet(parent, standin)
     finally:
         parent.kill()
         parent.wait()
@@ -246,6 +241,16 @@ time.sleep(120)
 """
 
 
+def _ends_with_its_raylet(parent: subprocess.Popen[str], standin: int) -> None:
+    """Kill the stand-in's parent (its raylet) as a crash would; the stand-in must end within 10 s."""
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while not _gone(standin) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(standin)
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -286,12 +291,7 @@ def test_the_stand_in_reports_no_agent_services_and_ends_with_its_raylet(
         assert sorted(p.name for p in session.iterdir()) == sorted(f"{n}_{node}" for n in names)
         time.sleep(0.5)
         assert not _gone(standin)  # it stays while its raylet lives (Ray ends a raylet whose agent exits)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        deadline = time.monotonic() + 10
-        while not _gone(standin) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(standin)
+        _ends_with_its_raylet(parent, standin)
     finally:
         parent.kill()
         parent.wait()
