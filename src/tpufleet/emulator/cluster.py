@@ -246,7 +246,8 @@ class EmulatedFleet:
         self, st: FleetState, rec: EmulatedSlice, worker: int, runtime_env_port: int
     ) -> tuple[HostRecord, list[str], dict[str, str], Path]:
         """One host's launch: its record (given a new temp dir), command line, whole environment, log.
-        ``runtime_env_port``: where its runtime env agent listens (no port file to wait for)."""
+        ``runtime_env_port``: where its own runtime env agent listens (no port file to wait for);
+        0 when it uses the head's."""
         stype = catalog.slice_type(rec.accelerator_type)
         env = (
             self._hosts_env(st)
@@ -258,15 +259,12 @@ class EmulatedFleet:
         st.next_host_seq += 1
         where = (st.address, st.ray_address, stype, st.cpus_per_host, host.temp_dir)
         what = (*where, st.object_store_bytes, st.log_monitor and not st.host_logs_on_head)
-        if st.lean and st.runtime_env_port:  # the head's agent serves this host (docs/emulator.md)
-            ports = plan.AgentPorts(runtime_env=st.runtime_env_port)
-            argv = plan.lean_host_argv(sys.executable, *what, ports=ports, heads_runtime_env=True)
-        elif st.lean:
-            argv = plan.lean_host_argv(
-                sys.executable, *what, ports=plan.AgentPorts(runtime_env=runtime_env_port)
-            )
+        shared = st.heads_runtime_env  # the head's agent serves this host (docs/emulator.md)
+        ports = plan.AgentPorts(runtime_env=st.runtime_env_port if shared else runtime_env_port)
+        if st.lean:
+            argv = plan.lean_host_argv(sys.executable, *what, ports=ports, heads_runtime_env=shared)
         else:
-            argv = plan.host_argv(_ray_bin(), *what, ports=plan.AgentPorts(runtime_env=runtime_env_port))
+            argv = plan.host_argv(_ray_bin(), *what, ports=ports)
         return host, argv, env, self.state_dir / "logs" / f"{rec.name}-w{worker}.log"
 
     def _launch_hosts(
@@ -277,7 +275,8 @@ class EmulatedFleet:
         Lean hosts start from one launcher (``rayhost.py --group``: Ray's modules imported once,
         a forked child per host, each its own session); a plain ``ray start`` host, or a lone
         host, from a launcher of its own. Returns once every host's session is known."""
-        ports = procs.free_ports(len(hosts))  # drawn together: no two hosts of a wave get the same
+        # drawn together: no two hosts of a wave get the same; none for hosts that use the head's agent
+        ports = [0] * len(hosts) if st.heads_runtime_env else procs.free_ports(len(hosts))
         starts = [self._host_start(st, rec, w, port) for (rec, w), port in zip(hosts, ports, strict=True)]
         if not st.lean or len(hosts) < 2:
             launched = []

@@ -71,6 +71,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -110,40 +111,39 @@ def standin_command(node_id: str, session_dir: str) -> str:
     return subprocess.list2cmdline(argv)
 
 
-def _without_dashboard_agent(services: Any, constants: Any) -> None:
-    """Make ``services.start_ray_process`` give every raylet the stand-in as its dashboard agent."""
+def _raylet_agent_as(
+    services: Any, constants: Any, agent: str, command_for: Callable[[list[str]], str]
+) -> None:
+    """Make ``services.start_ray_process`` give every raylet ``command_for(raylet's command)`` as
+    its ``--<agent>_agent_command`` (the process it launches as that agent and fate-shares with)."""
     original = services.start_ray_process
+    prefix = f"--{agent}_agent_command="
 
     def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
         if process_type == constants.PROCESS_TYPE_RAYLET:
-            standin = standin_command(_flag(command, "node_id"), _flag(command, "session_dir"))
-            command = [
-                f"--dashboard_agent_command={standin}" if a.startswith("--dashboard_agent_command=") else a
-                for a in command
-            ]
+            value = command_for(command)
+            command = [prefix + value if a.startswith(prefix) else a for a in command]
         return original(command, process_type, *args, **kwargs)
 
     services.start_ray_process = start_ray_process
+
+
+def _without_dashboard_agent(services: Any, constants: Any) -> None:
+    """Make ``services.start_ray_process`` give every raylet the stand-in as its dashboard agent."""
+    _raylet_agent_as(
+        services,
+        constants,
+        "dashboard",
+        lambda command: standin_command(_flag(command, "node_id"), _flag(command, "session_dir")),
+    )
 
 
 def _with_the_heads_runtime_env_agent(services: Any, constants: Any) -> None:
     """Make ``services.start_ray_process`` give every raylet a stand-in as its runtime env agent
     (see the module docstring): the raylet's ``--runtime_env_agent_port`` is then the head's agent,
     which serves this host's worker starts as the host's own would have."""
-    original = services.start_ray_process
     standin = subprocess.list2cmdline(["/bin/sh", "-c", _UNTIL_THE_RAYLET_EXITS, RUNTIME_ENV_STANDIN_NAME])
-
-    def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
-        if process_type == constants.PROCESS_TYPE_RAYLET:
-            command = [
-                f"--runtime_env_agent_command={standin}"
-                if a.startswith("--runtime_env_agent_command=")
-                else a
-                for a in command
-            ]
-        return original(command, process_type, *args, **kwargs)
-
-    services.start_ray_process = start_ray_process
+    _raylet_agent_as(services, constants, "runtime_env", lambda _command: standin)
 
 
 def _with_flag(services: Any, process_type: str, flag: str) -> None:

@@ -59,6 +59,11 @@ class FleetState:
     host_logs_on_head: bool = False
 
     @property
+    def heads_runtime_env(self) -> bool:
+        """Whether hosts use the head's runtime env agent instead of starting their own."""
+        return self.lean and bool(self.runtime_env_port)
+
+    @property
     def ray_address(self) -> str:
         return f"{self.address}:{self.gcs_port}"
 
