@@ -58,7 +58,7 @@ hand-out is linear in the requests waiting, so 6,000 generators at once (the lar
 kept a core busy without sending a request.
 
     .venv/bin/python bench/kueue.py [--config baseline|large-scale] [--db sqlite|postgresql]
-                                    [--mapping slices|chips] [--scale 0.1]
+                                    [--mapping slices|chips] [--scale 0.1] [--jobs-json FILE]
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import os
 import signal
@@ -321,12 +322,15 @@ class Figures:
     succeeded: int
     jobs: int
     preempted: int
+    lost: dict[str, float]  # class ("all" too) -> percent of its chip-seconds held by preempted attempts
 
 
 def figures(plan: Plan, jobs: list[dict[str, Any]], started: float, generated: float) -> Figures:
     chips = {(sh.accelerator_type, sh.num_slices): sh.chips for sh in plan.shapes.values()}
     waits: dict[str, list[float]] = defaultdict(list)
     held: dict[str, float] = defaultdict(float)
+    by_class: dict[str, float] = defaultdict(float)
+    lost: dict[str, float] = defaultdict(float)
     end = max(j["finished_at"] or started for j in jobs)
     for j in jobs:
         klass = j["name"].split("-")[0]
@@ -336,7 +340,10 @@ def figures(plan: Plan, jobs: list[dict[str, Any]], started: float, generated: f
         size = chips[(j["accelerator_type"], j["num_slices"])]
         for a in attempts:
             if a["admitted_at"] is not None:
-                held[j["tenant"]] += size * ((a["ended_at"] or end) - a["admitted_at"])
+                chip_s = size * ((a["ended_at"] or end) - a["admitted_at"])
+                held[j["tenant"]] += chip_s
+                by_class[klass] += chip_s
+                lost[klass] += chip_s if a.get("state") == "PREEMPTED" else 0.0
     wall = end - started
     total = sum(held.values()) / (plan.quota * len(plan.tenants) * wall) * 100
     lowest = min(held.get(t, 0.0) for t in plan.tenants) / (plan.quota * wall) * 100
@@ -349,6 +356,8 @@ def figures(plan: Plan, jobs: list[dict[str, Any]], started: float, generated: f
         sum(j["state"] == "SUCCEEDED" for j in jobs),
         len(jobs),
         sum(j["attempt"] > 1 for j in jobs),
+        {k: lost[k] / v * 100 for k, v in by_class.items() if v}
+        | {"all": sum(lost.values()) / max(sum(by_class.values()), 1e-9) * 100},
     )
 
 
@@ -368,6 +377,8 @@ def report(name: str, args: argparse.Namespace, plan: Plan, f: Figures) -> None:
     row("usage (all tenants, Kueue's)", f.usage, kueue.get("usage"), " %")
     row("lowest tenant's usage", f.min_tenant_usage, None, " %")
     print(f"  generation took {f.generation:.1f} s; {f.preempted:,} jobs were preempted at least once")
+    classes = ", ".join(f"{s.name} {f.lost.get(s.name, 0.0):.1f} %" for s in plan.sets)
+    print(f"  runs lost to preemption: {f.lost['all']:.1f} % of the chip-seconds held ({classes})")
     ok = f.succeeded == f.jobs == plan.workloads
     print(f"  {'every job SUCCEEDED' if ok else 'NOT every job SUCCEEDED'}: {f.succeeded:,} of {f.jobs:,}")
 
@@ -383,7 +394,12 @@ def run(args: argparse.Namespace, db_url: str | None) -> Figures:
                 body = {"name": t, "quota": {GENERATION: p.quota}, "preemption": "lower_priority"}
                 http.post(f"{API}/tenants", json=body).raise_for_status()
         started, generated = asyncio.run(drive(url, token, p, args.timeout))
-        f = figures(p, collect(url, token), started, generated)
+        jobs = collect(url, token)
+        f = figures(p, jobs, started, generated)
+    if args.jobs_json:
+        Path(args.jobs_json).write_text(
+            json.dumps({"started": started, "generated": generated, "jobs": jobs})
+        )
     report(args.config, args, p, f)
     return f
 
@@ -395,6 +411,9 @@ def main() -> int:
     parser.add_argument("--mapping", choices=("slices", "chips"), default="slices")
     parser.add_argument("--scale", type=float, default=1.0, help="the fraction of each set's workloads")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument(
+        "--jobs-json", metavar="FILE", help="write every job (with its attempts) here, for analysis"
+    )
     args = parser.parse_args()
     # SIGTERM (a `timeout`) unwinds like Ctrl-C, so the serve subprocess is stopped, not orphaned
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

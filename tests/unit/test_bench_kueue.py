@@ -80,8 +80,8 @@ def test_figures_take_the_first_admission_and_every_attempts_chips() -> None:
         | {"admitted_at": 106.0, "finished_at": 110.0}
         | {
             "attempts": [
-                {"admitted_at": 103.0, "ended_at": 104.0},
-                {"admitted_at": 106.0, "ended_at": 110.0},
+                {"admitted_at": 103.0, "ended_at": 104.0, "state": "PREEMPTED"},
+                {"admitted_at": 106.0, "ended_at": 110.0, "state": "SUCCEEDED"},
             ]
         },
     ]
@@ -91,3 +91,5 @@ def test_figures_take_the_first_admission_and_every_attempts_chips() -> None:
     held = 1 * 1.0 + 20 * 1.0 + 20 * 4.0
     assert f.min_tenant_usage == 0.0  # the other tenants held nothing
     assert f.usage == pytest.approx(held / (20 * len(p.tenants) * 10.0) * 100)
+    assert f.lost["all"] == pytest.approx(20 * 1.0 / held * 100)  # the preempted attempt's, run again
+    assert f.lost["large"] == pytest.approx(20 / (20 + 80) * 100) and f.lost["small"] == 0.0
