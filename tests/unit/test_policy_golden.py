@@ -10,7 +10,9 @@ change of behaviour must come with its own rule test in test_policy.py and new d
 Those cases give every tenant ``preemption: never``, the behaviour of that commit. The same cases
 with ``lower_priority`` (the default since tenants may preempt their own lower-priority jobs) have
 digests of their own, recorded when that rule landed, with its rule tests in
-test_policy_priority.py.
+test_policy_priority.py, and recorded again (with the ``lower_priority`` sweeps) when a job that
+yields began to head its type and hold the quota it needs, so that its victims are not admitted and
+preempted again (``test_no_job_is_preempted_twice_for_the_same_job``).
 """
 
 from __future__ import annotations
@@ -241,15 +243,15 @@ def test_decisions_with_shared_seqs_are_unchanged(case: tuple[int, int, int]) ->
 
 
 EXPECTED_PRIORITY_SNAPSHOTS: dict[tuple[int, int, int], str] = {
-    (1, 40, 3000): "3026:c487903bb712bc08",
-    (2, 80, 6000): "6112:968daccb93161c32",
-    (3, 12, 800): "812:a48f60d59063469b",
-    (5, 25, 1500): "1528:cd4ccaa8c53218ae",
-    (7, 200, 8000): "8140:e19bc600aaf44af3",
+    (1, 40, 3000): "3020:06ce7cf3c155773a",
+    (2, 80, 6000): "6075:c664a96619536665",
+    (3, 12, 800): "810:775bd867b3d0f410",
+    (5, 25, 1500): "1524:5009d4c8542302fb",
+    (7, 200, 8000): "8060:1445b2b7506180a3",
 }
 EXPECTED_PRIORITY_SIMULATIONS: dict[tuple[int, int], str] = {
-    (2, 600): "25766:3ead2521da1cf22f",
-    (5, 400): "8972:2297b32cd5b2e686",
+    (2, 600): "26193:22be0923f7c2ef84",
+    (5, 400): "8635:8ad36b5b19ffdd14",
 }
 
 
@@ -282,10 +284,10 @@ EXPECTED_SWEEPS: dict[tuple[int, int, int, str], str] = {
     (61, 8, 1500, "never"): "1504:57e527a75e10e62c",
     (62, 20, 4000, "never"): "4014:8ad684488aceb1f2",
     (63, 3, 200, "never"): "200:2a86e4bc5080666d",
-    (64, 5, 800, "lower_priority"): "802:2ce6445aec252a61",
-    (65, 8, 2000, "lower_priority"): "2010:34b7c9b2103dbb91",
-    (66, 20, 4000, "lower_priority"): "4019:4dced2617e226d9e",
-    (67, 3, 300, "lower_priority"): "304:aa792bb7d12388e4",
+    (64, 5, 800, "lower_priority"): "801:b180df1b949e8cbf",
+    (65, 8, 2000, "lower_priority"): "2009:b5727d14f651bbfb",
+    (66, 20, 4000, "lower_priority"): "4013:bbb53a52401f6f4a",
+    (67, 3, 300, "lower_priority"): "304:6ae6b8cf4756c33d",
 }
 
 

@@ -126,7 +126,7 @@ class NotFitCode(StrEnum):
     WAITING_FOR_PREEMPTION = "WAITING_FOR_PREEMPTION"  # borrowers are being preempted to make room
     QUOTA_EXCEEDED_NO_BORROWING = "QUOTA_EXCEEDED_NO_BORROWING"  # beyond quota and no idle capacity to borrow
     RESERVED_FOR_HEAD_OF_LINE = "RESERVED_FOR_HEAD_OF_LINE"  # would fit, but the free slices are reserved
-    LOWER_PRIORITY_THAN_HEAD = "LOWER_PRIORITY_THAN_HEAD"  # behind a higher-priority job waiting for the type
+    LOWER_PRIORITY_THAN_HEAD = "LOWER_PRIORITY_THAN_HEAD"  # behind a higher-priority job first in line
     WAITING_FOR_FREE_SLICES = "WAITING_FOR_FREE_SLICES"  # in quota; the slices are held by running jobs
     PROVISIONING = "PROVISIONING"  # a provider is making the slices it waits for (the autoscaler asked)
     WAITING_FOR_CAPACITY = "WAITING_FOR_CAPACITY"  # asked for, but the provider has no capacity now

@@ -135,6 +135,9 @@ class _Cycle:
         self.ledger = Ledger(self.tenants, capacity)
         self._load_active(active)
         self.blocked: set[tuple[TenantName, str]] = set()
+        # A job that yielded (preempted its tenant's lower-priority jobs) and the chips it needs,
+        # per tenant and generation: the tenant's lower-priority jobs that would take them wait.
+        self.held: dict[tuple[TenantName, str], tuple[JobView, int]] = {}
         self.out: list[RunDecision] = []
         self._static: dict[tuple[str, int], _Static | NotFit] = {}
         self._reasons: dict[tuple[object, ...], NotFit] = {}
@@ -366,6 +369,9 @@ class _Cycle:
         used = self.ledger.usage[job.tenant].get(gen, 0)
         if self.own_leaving:
             used -= self.own_leaving.get((job.tenant, gen), 0)
+        held = self.held.get((job.tenant, gen)) if self.held else None
+        if held is not None and job.priority < held[0].priority and used + chips + held[1] > quota:
+            return reasons.held_for(job, held[0], held[1], gen, quota)
         beyond = used + chips > quota
         in_quota = self._in_quota(job.tenant, gen, chips, beyond, quota)
         if not in_quota and beyond and chips <= quota and self._may_yield(job, gen):
@@ -479,6 +485,8 @@ class _Cycle:
         own = self.own.get((job.tenant, gen))
         if not own or own[0].priority >= job.priority or not self._preempts_own(job.tenant):
             return False
+        if pool.head is not None and pool.head is not job:
+            return False  # the slices it would yield for go to the type's head first
         used = self.ledger.used(job.tenant, gen) - self.own_leaving.get((job.tenant, gen), 0)
         need_chips = used + entry.chips - self.ledger.quota_of(job.tenant, gen)
         avail, spare = pool.avail, pool.spare_pending
@@ -520,8 +528,25 @@ class _Cycle:
             self.out.append(
                 Preempt(victim.id, job.id, reasons.yield_reason(victim, job, pool, gen), within_tenant=True)
             )
-        self.out.append(Wait(job.id, reasons.yielding(job, pool, taken, [v for v, _, _ in chosen])))
+        self._hold(entry, pool)
+        victims = [v for v, _, _ in chosen]
+        self.out.append(Wait(job.id, reasons.yielding(job, pool, taken, victims), head_of_line=True))
         return True
+
+    def _hold(self, entry: _Entry, pool: TypePool) -> None:
+        """After ``entry``'s job yielded: it heads its type, so the slices it yielded for are
+        still its own next cycle (the head's reservation sticks), and its tenant's lower-priority
+        jobs of the generation that would take the quota it needs wait this cycle (admitted now,
+        they would be the next ones it preempts)."""
+        job = entry.job
+        if pool.head is None:
+            pool.head = job
+            pool.version += 1
+        key = (job.tenant, entry.gen)
+        held = self.held.get(key)
+        if held is None or held[0].priority < job.priority:
+            self.held[key] = (job, entry.chips)
+        self._settled.clear()  # the fates settled so far read neither
 
     # -- 3. borrowing pass -------------------------------------------------------------------------
 

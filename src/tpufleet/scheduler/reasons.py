@@ -109,6 +109,16 @@ def yielding(job: JobView, pool: TypePool, avail: int, victims: list[JobView]) -
     )
 
 
+def held_for(job: JobView, holder: JobView, chips: int, gen: str, quota: int) -> NotFit:
+    """Why a job waits for a higher-priority job of its tenant that is preempting for its quota."""
+    return NotFit(
+        _C.LOWER_PRIORITY_THAN_HEAD,
+        f"job {holder.id} (priority {holder.priority}) of tenant {job.tenant} is first in line for "
+        f"{chips} chips of its {gen} quota of {quota}; admitted now, this job (priority "
+        f"{job.priority}) would be preempted for it",
+    )
+
+
 def yield_reason(victim: JobView, job: JobView, pool: TypePool, gen: str) -> str:
     return (
         f"priority: job {job.id} (priority {job.priority}) of the same tenant {job.tenant} needs "
