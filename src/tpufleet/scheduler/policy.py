@@ -135,9 +135,9 @@ class _Cycle:
         self.ledger = Ledger(self.tenants, capacity)
         self._load_active(active)
         self.blocked: set[tuple[TenantName, str]] = set()
-        # A job that yielded (preempted its tenant's lower-priority jobs) and the chips it needs,
-        # per tenant and generation: the tenant's lower-priority jobs that would take them wait.
-        self.held: dict[tuple[TenantName, str], tuple[JobView, int]] = {}
+        # The entry of a job that yielded (preempted its tenant's lower-priority jobs), per tenant
+        # and generation: the tenant's lower-priority jobs that would take its chips wait.
+        self.held: dict[tuple[TenantName, str], _Entry] = {}
         self.out: list[RunDecision] = []
         self._static: dict[tuple[str, int], _Static | NotFit] = {}
         self._reasons: dict[tuple[object, ...], NotFit] = {}
@@ -370,8 +370,8 @@ class _Cycle:
         if self.own_leaving:
             used -= self.own_leaving.get((job.tenant, gen), 0)
         held = self.held.get((job.tenant, gen)) if self.held else None
-        if held is not None and job.priority < held[0].priority and used + chips + held[1] > quota:
-            return reasons.held_for(job, held[0], held[1], gen, quota)
+        if held is not None and job.priority < held.job.priority and used + chips + held.chips > quota:
+            return reasons.held_for(job, held.job, held.chips, gen, quota)
         beyond = used + chips > quota
         in_quota = self._in_quota(job.tenant, gen, chips, beyond, quota)
         if not in_quota and beyond and chips <= quota and self._may_yield(job, gen):
@@ -538,14 +538,12 @@ class _Cycle:
         still its own next cycle (the head's reservation sticks), and its tenant's lower-priority
         jobs of the generation that would take the quota it needs wait this cycle (admitted now,
         they would be the next ones it preempts)."""
-        job = entry.job
         if pool.head is None:
-            pool.head = job
-            pool.version += 1
-        key = (job.tenant, entry.gen)
+            self._become_head(pool, entry.job)
+        key = (entry.job.tenant, entry.gen)
         held = self.held.get(key)
-        if held is None or held[0].priority < job.priority:
-            self.held[key] = (job, entry.chips)
+        if held is None or held.job.priority < entry.job.priority:
+            self.held[key] = entry
         self._settled.clear()  # the fates settled so far read neither
 
     # -- 3. borrowing pass -------------------------------------------------------------------------
@@ -573,13 +571,18 @@ class _Cycle:
         job, pool = entry.job, entry.pool
         reason = self._blocked(job, pool, entry.gen, entry.chips, quota)
         if pool.head is None:
-            pool.head = job
-            pool.version += 1
+            self._become_head(pool, job)
             avail = pool.avail
             pool.reserve(avail, job)
             pool.claim(min(pool.spare_pending, job.num_slices - avail))
             reason = reasons.head_note(reason, pool)
         self.out.append(Wait(job.id, reason, head_of_line=pool.head is job))
+
+    @staticmethod
+    def _become_head(pool: TypePool, job: JobView) -> None:
+        """``job`` holds ``pool``'s head-of-line reservation; the reasons built for the type go stale."""
+        pool.head = job
+        pool.version += 1
 
     def _blocked(self, job: JobView, pool: TypePool, gen: str, chips: int, quota: int | None) -> NotFit:
         """``reasons.blocked``, shared between the jobs that wait for the same thing."""
