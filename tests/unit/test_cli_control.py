@@ -13,6 +13,7 @@ import pytest
 from cli_inproc import tpufleet
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from requeues import Ends
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import command
@@ -373,6 +374,7 @@ def test_a_job_whose_attempt_failed_says_it_is_being_stopped_not_just_running(cl
         seen.append((shown, cli.run("job", job_id, token=token), listed))
 
     cluster.fault("stop", look)
+    ends = Ends.on(cli.cp.service, cli.cp.store)
     cluster.kill_host(held, 1)
     cli.cycle()
     cluster.fault("stop", None)
@@ -384,8 +386,11 @@ def test_a_job_whose_attempt_failed_says_it_is_being_stopped_not_just_running(cl
     )
     assert listed["stopping"] is True
     assert "RUNNING, stopping attempt 1 (the reason says why and what comes next)" in text
-    job = json.loads(cli.run("job", job_id, "--json", token=token))  # the stop is done: requeued
-    assert (job["state"], job["reason_code"], job["stopping"]) == ("QUEUED", "RETRYING", False)
+    at_end = ends.at_end(job_id)  # the stop is done: requeued (and admitted again in the same cycle)
+    assert (at_end.state, at_end.attempt, at_end.reason_code) == ("QUEUED", 2, "RETRYING")
+    assert not at_end.stopping
+    job = json.loads(cli.run("job", job_id, "--json", token=token))
+    assert (job["attempt"], job["stopping"]) == (2, False)
     assert "stopping attempt" not in cli.run("job", job_id, token=token)
 
 

@@ -15,6 +15,7 @@ import gce_api
 import pytest
 from gce_api import FakeTpuApi
 from gce_metadata import MetadataServer
+from requeues import Ends
 
 from tpufleet import catalog
 from tpufleet.control.cluster.memory import FakeClock, MemoryCluster
@@ -301,9 +302,10 @@ def test_a_relayed_gce_preemption_stops_the_job_requeues_it_without_a_retry_and_
                 _until(lambda: board.deadlines() != {})
             finally:
                 watcher.stop()
+            ends = Ends.on(w.service, store)
             w.cycle()  # a second later the notice reaches the loop: SIGTERM to every process at once
             w.until(lambda: store.jobs.get(job).attempt == 2)
-            j = store.jobs.get(job)
+            j = ends.at_end(job)
             assert (j.state, j.reason_code, j.failures) == ("QUEUED", "PREEMPTED_BY_PROVIDER", 0)
             a1 = j.attempts[0]
             assert a1.state == "PREEMPTED" and f"preempts spot slice {first} in 29 s" in (a1.message or "")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from requeues import Ends
 
 from tpufleet import pricing
 from tpufleet.api.app import create_app
@@ -124,9 +125,15 @@ def test_a_restart_that_redoes_steps_counts_them_as_wasted(fleet: Fleet) -> None
     fleet.cycle()
     fleet.cluster.report_step(job_id, 41, fleet.clock.advance(40))  # 1 step/s
     fleet.cycle()
+    ends = Ends.on(fleet.service, fleet.store)
+    v4 = [x.name for x in fleet.store.slices.all() if x.accelerator_type == "v4-16"]
+    for name in v4:  # no v4-16 takes a new job for the next 5 s
+        fleet.store.slices.set_draining(name, True)
     fleet.cluster.exit(job_id, 1)  # a host fails: attempt 2 resumes from the checkpoint at step 20
     fleet.cycle()
-    assert (fleet.store.jobs.get(job_id).attempt, fleet.store.jobs.get(job_id).state) == (2, "QUEUED")
+    assert (ends.at_end(job_id).attempt, fleet.store.jobs.get(job_id).state) == (2, "QUEUED")
+    for name in v4:
+        fleet.store.slices.set_draining(name, False)
     fleet.cycle(5)  # admitted again 5 s later
     fleet.cluster.start(job_id)
     fleet.cycle()

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from requeues import Ends
 
 from tpufleet.control.cluster.memory import FakeClock, MemoryCluster
 from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
@@ -201,10 +202,11 @@ def test_a_spot_notice_mid_job_requeues_it_without_a_retry_on_a_replacement(
     w.until(lambda: w.job(job).state == "RUNNING")
     (first,) = w.job(job).slices
     assert [r.spot for r in w.provider.requests] == [True]  # the pool allows spot: preferred
+    ends = Ends.on(w.service, w.store)
     w.provider.preempt(first)
     w.cycle()  # the notice reaches the loop: every process gets SIGTERM at once
     w.until(lambda: w.job(job).attempt == 2)
-    j = w.job(job)
+    j = ends.at_end(job)
     assert (j.state, j.reason_code, j.failures) == ("QUEUED", "PREEMPTED_BY_PROVIDER", 0)
     a1 = j.attempts[0]
     assert a1.state == "PREEMPTED" and "preempts spot slice" in (a1.message or "")
@@ -246,9 +248,10 @@ def test_force_delete_preempts_the_holder(world: World) -> None:
     world.until(lambda: world.groups.get("train").state == "ACTIVE")
     job = world.submit(env={"TPUFLEET_SANDBOX_SECONDS": "1000"})
     world.until(lambda: world.job(job).state == "RUNNING")
+    ends = Ends.on(world.service, world.store)
     world.groups.request_delete("train", force=True)
     world.until(lambda: world.job(job).attempt == 2)
-    j = world.job(job)
+    j = ends.at_end(job)
     assert (j.reason_code, j.failures, j.attempts[0].state) == ("PREEMPTED", 0, "PREEMPTED")
     world.until(lambda: not any(g.name == "train" for g in world.groups.all()))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from _executor_helpers import wait_for
+from requeues import Ends
 
 from tpufleet.control.cluster.memory import SIGTERM_EXIT, FakeClock, MemoryCluster
 from tpufleet.control.cluster.protocol import AttemptSpec, HostState
@@ -135,11 +136,13 @@ def test_two_slice_job_gets_megascale_on_every_host(world: World) -> None:
 def test_a_failed_host_ends_the_attempt_everywhere_retries_then_fails(world: World) -> None:
     job_id = world.submit(world.tenant("a", v4=8), max_retries=1)
     run_to_running(world, job_id)
+    ends = Ends.on(world.service, world.store)
     world.cluster.exit(job_id, 3, worker=1)
-    world.cycle()
-    job = world.job(job_id)
+    world.cycle()  # requeued, and (a slice is free) admitted again in the same cycle
+    job = ends.at_end(job_id)
     assert (job.state, job.attempt, job.failures, job.reason_code) == ("QUEUED", 2, 1, "RETRYING")
     assert "host tpu-v4-16-0/1 exited with code 3" in (job.reason or "")
+    assert (world.job(job_id).state, world.job(job_id).attempt) == ("STARTING", 2)
     first = world.cluster.processes(job_id, attempt=1)
     assert [(p.state, p.exit_code) for p in first] == [
         (HostState.EXITED, SIGTERM_EXIT),
@@ -176,12 +179,13 @@ def test_a_command_not_found_on_every_host_fails_the_job_at_once_without_a_retry
 def test_exit_127_on_one_host_only_is_an_ordinary_failure(world: World, clock: FakeClock) -> None:
     job_id = world.submit(world.tenant("a", v4=8), max_retries=2)
     run_to_running(world, job_id)
+    ends = Ends.on(world.service, world.store)
     world.cluster.exit(job_id, 127, worker=1)
     world.cycle()
     assert world.job(job_id).state == "RUNNING"  # the other host gets a moment to say the same
     clock.advance(CANNOT_START_SETTLE_S)
     world.cycle()
-    job = world.job(job_id)
+    job = ends.at_end(job_id)
     assert (job.state, job.attempt, job.reason_code) == ("QUEUED", 2, "RETRYING")
     assert "host tpu-v4-16-0/1 exited with code 127" in (job.reason or "")
 
@@ -227,8 +231,9 @@ def test_an_attempt_the_cluster_says_was_interrupted_is_requeued_without_using_a
     run_to_running(world, job_id)
     why = "Ray placed this job's placement group on tpu-v4-16-1, outside the admitted slices tpu-v4-16-0"
     world.cluster.interruptions[(job_id, 1)] = why
+    ends = Ends.on(world.service, world.store)
     world.cycle()
-    job = world.job(job_id)
+    job = ends.at_end(job_id)
     assert (job.state, job.attempt, job.failures, job.reason_code) == ("QUEUED", 2, 0, "REQUEUED")
     assert (job.attempts[0].state, job.attempts[0].message) == ("REQUEUED", why)
     assert all(p.state is HostState.EXITED for p in world.cluster.processes(job_id, attempt=1))
@@ -291,9 +296,10 @@ def test_restart_during_a_cut_short_launch_requeues_without_using_a_retry(world:
     world.service._schedule()
     world.cluster.launch(AttemptSpec(job_id, 1, ("tpu-v4-16-0",), "v4-16", ("python", "train.py")))
     world.cluster.processes(job_id)[1].state = HostState.LOST  # host 1 never got its start
-    world.restart()  # the control plane died half-way through launch()
+    ends = Ends(world.store)
+    world.restart(after_write=ends)  # the control plane died half-way through launch()
     world.cycle()
-    job = world.job(job_id)
+    job = ends.at_end(job_id)
     assert (job.state, job.attempt, job.failures, job.reason_code) == ("QUEUED", 2, 0, "REQUEUED")
     assert (job_id, 1) in {(j, a) for j, a, _ in world.cluster.stops}
     world.cycle()
@@ -304,9 +310,10 @@ def test_attempts_whose_processes_vanished_during_a_restart_are_retried(world: W
     job_id = world.submit(world.tenant("a", v4=16))
     run_to_running(world, job_id)
     world.cluster = MemoryCluster.of("v4-16:2,v6e-16")  # the cluster lost every runner
-    world.restart()
+    ends = Ends(world.store)
+    world.restart(after_write=ends)
     world.cycle()
-    job = world.job(job_id)
+    job = ends.at_end(job_id)
     assert (job.state, job.attempt, job.failures) == ("QUEUED", 2, 1)
     world.cycle()
     assert world.job(job_id).state == "STARTING"

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from requeues import Ends
 from test_service import CONFIG, World, run_to_running
 
 from tpufleet.control.loop.service import Service, ServiceConfig
@@ -52,8 +53,9 @@ def test_a_poll_that_raises_ends_that_attempt_and_the_loop_goes_on(world: World)
     world.cycle()
     world.cluster.fault("poll", RuntimeError("runner answered garbage"), job_id=bad)
     world.cluster.start(good)
+    ends = Ends.on(world.service, world.store)
     world.cycle(2)  # the failure is written, then the attempt is stopped and requeued
-    job = world.job(bad)
+    job = ends.at_end(bad)
     assert (job.state, job.attempt) == ("QUEUED", 2)
     assert "runner answered garbage" in (job.reason or "")
     assert world.job(good).state == "RUNNING"

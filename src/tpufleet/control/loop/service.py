@@ -1,30 +1,36 @@
-"""The scheduling loop: inventory -> snapshot -> policy -> write decisions -> act -> poll -> transitions.
+"""The scheduling loop: inventory -> act on what ended -> snapshot -> policy -> write -> act -> poll.
 
 One cycle (:meth:`Service.run_once`):
 
 1. **Inventory.** Slices from the cluster; one that is not intact turns ``BROKEN``. An attempt
    holding a broken slice is ended on every host and requeued while retries remain: the broken
    slice stays quarantined and the job resumes elsewhere. Cancel requests are picked up here.
-2. **Decide and write.** ``decide(snapshot)``; admissions, preemptions and wait reasons are
+2. **Act.** Every active job's step at its turn: launched ones are marked ``STARTING``; running
+   ones are polled (``RUNNING`` when every host runs). Any ending (success, a failed or lost host,
+   preemption, cancel, a launch that failed or did not start in time) is first written as the
+   job's ``stop_kind``, then ``stop`` ends every process of the attempt, the final state of every
+   host and the rest of every host's output are collected, and only then the job moves on
+   (``SUCCEEDED``, ``FAILED``, ``CANCELLED``, or ``QUEUED`` with ``attempt + 1``) and its slices
+   come free. This comes before the policy, so the slices that came free go to the next jobs in
+   this cycle, not the next one (a slice's turnaround is a cycle shorter; a requeued job may be
+   admitted again, or get the policy's wait reason, in the cycle that requeued it). What happens
+   next to each attempt (here, in step 1 and after a restart) is decided by
+   ``scheduler/attempts.py``, purely, and applied here: ``_record`` writes an answer, ``_apply``
+   writes it, then acts.
+3. **Decide and write.** ``decide(snapshot)``; admissions, preemptions and wait reasons are
    written to the store before anything is done about them.
    The jobs the policy sees are kept in memory between cycles (``SchedState``): only what
    changed since the last cycle is read again.
-3. **Act.** Admitted jobs are launched (``STARTING``); running ones are polled (``RUNNING`` when
-   every host runs). Any ending (success, a failed or lost host, preemption, cancel, a launch that
-   failed or did not start in time) is first written as the job's ``stop_kind``, then ``stop`` ends
-   every process of the attempt, the final state of every host and the rest of every host's output
-   are collected, and only then the job moves on (``SUCCEEDED``, ``FAILED``, ``CANCELLED``, or
-   ``QUEUED`` with ``attempt + 1``) and its slices come free. What happens next to each attempt
-   (here, in step 1 and after a restart) is decided by ``scheduler/attempts.py``, purely, and
-   applied here: ``_record`` writes an answer, ``_apply`` writes it, then acts.
+4. **Act on the decisions.** The jobs just admitted are launched (off the loop's thread), and the
+   stops of the jobs just preempted are issued, as in step 2.
    The writes are grouped per cycle and per kind (:class:`Writes`): every admission of a cycle in
    one transaction, every stop begun in one, every STARTING and RUNNING mark in one, every ending
    in one (``Transitions.admit_all``, ``begin_stops``, ...). A group is written first; then each
    member that was written is acted on.
-4. **Logs.** New output of running attempts is copied into the store (within a time budget per
+5. **Logs.** New output of running attempts is copied into the store (within a time budget per
    cycle), so logs outlive the job. Each host's stored log is capped (``max_log_bytes``): past the
    cap it is marked truncated, never silently cut.
-5. **Files.** What the hosts measured of each tenant's checkpoint directory (with their poll
+6. **Files.** What the hosts measured of each tenant's checkpoint directory (with their poll
    answers) is stored per tenant; the quota itself is enforced on the hosts. With a retention
    (``checkpoint_retention_s``), finished jobs' checkpoint directories are removed through a host
    every ``retention_check_s`` (``control/loop/tenantfiles.py``), off the loop's thread.
@@ -238,15 +244,17 @@ class Service:
         if not self._reconciled:
             self.reconcile()
         self._sync()
-        self._schedule()
+        # Act first: the attempts that ended since the last cycle are written before the policy
+        # looks, so their slices go to the next jobs in this cycle rather than the next one.
         active = self.tr.active_jobs()
-        writes = Writes()
-        self._prefetch_streams([(j.id, j.attempt) for j in active if j.stop_kind])
-        for job in active:
-            self._act_safely(job, writes)
-        self._write_and_act(writes)
+        if self._act_on(active) and self._slices is not None:
+            self._slices = self.tr.slices_again(self._slices)
+        moved = self._schedule()
+        # Then what the policy just decided: launch the admitted, issue the preempted's stops.
+        decided = self.tr.active_jobs(only=moved) if moved else []
+        self._act_on(decided)
         self._busy = bool(self._stops or self._launches) or any(
-            j.state != r.RUNNING or j.stop_kind for j in active
+            j.state != r.RUNNING or j.stop_kind for j in (*active, *decided)
         )
         self._pull_logs(active)
         self._store_progress(active)
@@ -313,7 +321,16 @@ class Service:
         self._write_and_act(writes)
         self._pool_draining(slices)
 
-    def _schedule(self) -> None:
+    def _act_on(self, jobs: list[ActiveJob]) -> int:
+        """Each job's step at its turn, written in groups and then acted on; the endings written."""
+        writes = Writes()
+        self._prefetch_streams([(j.id, j.attempt) for j in jobs if j.stop_kind])
+        for job in jobs:
+            self._act_safely(job, writes)
+        return self._write_and_act(writes)
+
+    def _schedule(self) -> set[str]:
+        """Decide and write; the jobs admitted or preempted (their launches and stops are next)."""
         slices, self._slices = self._slices, None  # as the inventory left them this cycle
         snapshot, reasons = (
             self.state.snapshot(slices) if self.config.incremental else self.tr.snapshot(slices)
@@ -337,6 +354,9 @@ class Service:
         self._written("preempt", [d.job for d, ok in zip(preempts, won, strict=True) if ok])
         refresh = self._reasons.take(time.monotonic()) if self.config.incremental else None
         self.state.reasons_written(self.tr.wait_reasons(decisions, reasons, refresh=refresh))
+        return {d.job for d, ok in zip(admits, admitted, strict=True) if ok} | {
+            d.job for d, ok in zip(preempts, won, strict=True) if ok
+        }
 
     def _provision(self, snapshot: Snapshot) -> None:
         assert self.provisioner is not None
@@ -410,11 +430,12 @@ class Service:
             case attempts.MarkRunning():
                 writes.running.append(job)
 
-    def _write_and_act(self, writes: Writes) -> None:
+    def _write_and_act(self, writes: Writes) -> int:
         """Write each group of ``writes`` in one transaction, then act on its members that were
         written: begun stops are issued (those that returned at once end their attempts, which
         join the endings), then the STARTING and RUNNING marks, then the endings. A member whose
-        action raises fails its attempt, written in the next round."""
+        action raises fails its attempt, written in the next round. Returns the endings written."""
+        ended = 0
         while writes:
             stops, launched, running, ends, placed = (
                 writes.stops,
@@ -444,8 +465,9 @@ class Service:
             self.tr.placed_all(placed)
             ends += writes.ends  # the stops just issued that returned at once
             output, writes.ends, writes.output = writes.output, [], {}
-            self.tr.finish_all(ends, output)
+            ended += sum(new is not None for new in self.tr.finish_all(ends, output))
             self._written("finish", [j for j, _, _ in ends])
+        return ended
 
     def _written(self, kind: str, job_ids: Sequence[str]) -> None:
         """A group of ``kind`` is in the store; nothing of it has been acted on yet."""

@@ -34,6 +34,7 @@ from sqlalchemy import (
     Table,
     bindparam,
     delete,
+    false,
     func,
     insert,
     or_,
@@ -250,6 +251,21 @@ class Transitions:
         assert self._synced is not None
         if time.monotonic() - self._synced[2] > FULL_SYNC_S:
             return None
+        return self._reread(last)
+
+    def slices_again(self, slices: Sequence[r.SliceRecord]) -> list[r.SliceRecord]:
+        """``slices`` (as ``sync_slices`` just returned them) with their holder, state and draining
+        read again: what the endings and drains written since changed. Only the loop adds and
+        removes slices, so the table holds the same ones (else they are synced again whole)."""
+        last = {x.name: x for x in slices}
+        kept = self._reread(last)
+        if kept is not None:
+            return kept
+        assert self._synced is not None  # set by the sync that returned ``slices``
+        infos, retired = self._synced[0]
+        return self.sync_slices(infos, retired)
+
+    def _reread(self, last: dict[str, r.SliceRecord]) -> list[r.SliceRecord] | None:
         query = select(_SLICES.c.name, _SLICES.c.state, _SLICES.c.holder, _SLICES.c.draining)
         with self.store.tx() as s:
             rows = s.connection().execute(query.order_by(_SLICES.c.name)).all()
@@ -600,13 +616,18 @@ class Transitions:
         return out
 
     # -- attempt transitions -----------------------------------------------------------------
-    def active_jobs(self, *, cancelling_or: Collection[str] | None = None) -> list[ActiveJob]:
+    def active_jobs(
+        self, *, cancelling_or: Collection[str] | None = None, only: Collection[str] | None = None
+    ) -> list[ActiveJob]:
         """Every job that holds slices, in submission order (read as columns: no ORM objects).
-        ``cancelling_or``: only those whose cancel was asked for, and those of these ids."""
+        ``cancelling_or``: only those whose cancel was asked for, and those of these ids;
+        ``only``: only those of these ids."""
         query = select(*_ACTIVE_COLUMNS).where(JobRow.state.in_(r.ACTIVE)).order_by(JobRow.seq)
-        if cancelling_or is not None:
-            wanted: ColumnElement[bool] = JobRow.cancel_requested.is_(True)
-            for chunk in _chunks(sorted(cancelling_or), _IN_LIST):
+        if cancelling_or is not None or only is not None:
+            wanted: ColumnElement[bool] = (
+                JobRow.cancel_requested.is_(True) if cancelling_or is not None else false()
+            )
+            for chunk in _chunks(sorted(cancelling_or or only or ()), _IN_LIST):
                 wanted = or_(wanted, JobRow.id.in_(chunk))
             query = query.where(wanted)
         with self.store.tx() as s:
