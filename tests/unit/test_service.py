@@ -10,7 +10,7 @@ import pytest
 from _executor_helpers import wait_for
 from requeues import Ends
 
-from tpufleet.control.cluster.memory import SIGTERM_EXIT, FakeClock, MemoryCluster
+from tpufleet.control.cluster.memory import SIGTERM_EXIT, FakeClock, MemoryCluster, Script
 from tpufleet.control.cluster.protocol import AttemptSpec, HostState
 from tpufleet.control.loop.service import AfterWrite, RateBudget, Service, ServiceConfig
 from tpufleet.control.store.facade import Store
@@ -71,6 +71,19 @@ def run_to_running(w: World, job_id: str) -> None:
     w.cluster.start(job_id)
     w.cycle()
     assert w.job(job_id).state == "RUNNING"
+
+
+def test_a_launch_is_polled_in_the_turn_that_marks_it(store: Store, tmp_path: Path) -> None:
+    """A launch that returned is marked STARTING and its hosts are polled at once: hosts that run
+    already are RUNNING in the cycle that launched them (inline launches, as the sandbox makes
+    them), not a cycle later; hosts still starting leave it STARTING (``run_to_running``)."""
+    w = World(store, tmp_path / "state")
+    w.cluster = MemoryCluster.of("v4-16", script=lambda spec: Script(run_after=1, exit_after=None))
+    w.restart()
+    job_id = w.submit(w.tenant("a", v4=8))
+    w.cycle()
+    assert w.job(job_id).state == "RUNNING"
+    assert [p.state for p in w.cluster.processes(job_id)] == [HostState.RUNNING, HostState.RUNNING]
 
 
 def test_one_slice_job_runs_with_the_host_contract_and_succeeds(world: World) -> None:

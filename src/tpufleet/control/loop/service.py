@@ -17,12 +17,13 @@ One cycle (:meth:`Service.run_once`):
    next to each attempt (here, in step 1 and after a restart) is decided by
    ``scheduler/attempts.py``, purely, and applied here: ``_record`` writes an answer, ``_apply``
    writes it, then acts.
-3. **Decide and write.** ``decide(snapshot)``; admissions, preemptions and wait reasons are
-   written to the store before anything is done about them.
+3. **Decide and write.** ``decide(snapshot)``; admissions and preemptions are written to the
+   store before anything is done about them.
    The jobs the policy sees are kept in memory between cycles (``SchedState``): only what
    changed since the last cycle is read again.
 4. **Act on the decisions.** The jobs just admitted are launched (off the loop's thread), and the
-   stops of the jobs just preempted are issued, as in step 2.
+   stops of the jobs just preempted are issued, as in step 2. Then the wait reasons (and
+   head-of-line flags) of the jobs that wait are written: no launch waits for those writes.
    The writes are grouped per cycle and per kind (:class:`Writes`): every admission of a cycle in
    one transaction, every stop begun in one, every STARTING and RUNNING mark in one, every ending
    in one (``Transitions.admit_all``, ``begin_stops``, ...). A group is written first; then each
@@ -80,7 +81,7 @@ from tpufleet.control.loop.tenantfiles import TenantFiles
 from tpufleet.control.store import values as r
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.logs import Cursor, HostOutput
-from tpufleet.control.store.loopwrites import ActiveJob, FinalOutput, Transitions
+from tpufleet.control.store.loopwrites import ActiveJob, FinalOutput, Stored, Transitions
 from tpufleet.errors import NotFoundError, TpufleetError
 from tpufleet.host import jobfiles, runlimits
 from tpufleet.runtime import StepProgress
@@ -249,10 +250,12 @@ class Service:
         active = self.tr.active_jobs()
         if self._act_on(active) and self._slices is not None:
             self._slices = self.tr.slices_again(self._slices)
-        moved = self._schedule()
-        # Then what the policy just decided: launch the admitted, issue the preempted's stops.
+        moved, waits = self._schedule()
+        # Then what the policy just decided: launch the admitted, issue the preempted's stops; and
+        # only then why the others wait (no launch waits for those writes).
         decided = self.tr.active_jobs(only=moved) if moved else []
         self._act_on(decided)
+        self._store_reasons(*waits)
         self._busy = bool(self._stops or self._launches) or any(
             j.state != r.RUNNING or j.stop_kind for j in (*active, *decided)
         )
@@ -329,8 +332,9 @@ class Service:
             self._act_safely(job, writes)
         return self._write_and_act(writes)
 
-    def _schedule(self) -> set[str]:
-        """Decide and write; the jobs admitted or preempted (their launches and stops are next)."""
+    def _schedule(self) -> tuple[set[str], tuple[list[RunDecision], dict[str, Stored]]]:
+        """Decide, and write the admissions and preemptions: the jobs they moved (their launches
+        and stops are next), and what :meth:`_store_reasons` needs for the jobs that wait."""
         slices, self._slices = self._slices, None  # as the inventory left them this cycle
         snapshot, reasons = (
             self.state.snapshot(slices) if self.config.incremental else self.tr.snapshot(slices)
@@ -352,11 +356,14 @@ class Service:
         preempts = [d for d in rest if isinstance(d, Preempt)]
         won = self.tr.preempt_all(preempts)  # one transaction; each stop is issued at its job's turn
         self._written("preempt", [d.job for d, ok in zip(preempts, won, strict=True) if ok])
+        moved = {d.job for d, ok in zip(admits, admitted, strict=True) if ok}
+        return moved | {d.job for d, ok in zip(preempts, won, strict=True) if ok}, (decisions, reasons)
+
+    def _store_reasons(self, decisions: list[RunDecision], reasons: dict[str, Stored]) -> None:
+        """Why each waiting job waits (``Transitions.wait_reasons``), and the head-of-line flags the
+        policy reads back next cycle."""
         refresh = self._reasons.take(time.monotonic()) if self.config.incremental else None
         self.state.reasons_written(self.tr.wait_reasons(decisions, reasons, refresh=refresh))
-        return {d.job for d, ok in zip(admits, admitted, strict=True) if ok} | {
-            d.job for d, ok in zip(preempts, won, strict=True) if ok
-        }
 
     def _provision(self, snapshot: Snapshot) -> None:
         assert self.provisioner is not None
@@ -458,8 +465,11 @@ class Service:
                         self._stopping(x.job, x.step.kind, writes)
                     except Exception as err:
                         self._failed(x.job, err, writes)
-            self.tr.launched_all([(j.id, j.attempt) for j in launched])
+            marked = self.tr.launched_all([(j.id, j.attempt) for j in launched])
             self._written("launched", [j.id for j in launched])
+            for j, ok in zip(launched, marked, strict=True):  # polled at once, not a cycle later
+                if ok:
+                    self._act_safely(replace(j, state=r.STARTING), writes)
             self.tr.running_all([(j.id, j.attempt) for j in running])
             self._written("running", [j.id for j in running])
             self.tr.placed_all(placed)
