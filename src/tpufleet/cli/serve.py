@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -297,6 +298,10 @@ def serve_cmd(
         empty = sandbox.strip().lower() in ("", "none")
         sandboxed = MemoryCluster.sandbox([] if empty else fleet_slices(sandbox), job_seconds=job_seconds)
         cluster: ClusterClient = sandboxed
+        # Its launches and stops return at once (nothing is started or waited for), so the loop makes
+        # them on its own thread: a launch is marked and polled, and a stop ends its attempt, in the
+        # turn that issued it, instead of a turn later once a pool thread has run it.
+        config = replace(config, stop_threads=0)
         state_dir = state_dir or default_state_dir() / "sandbox"  # never the real fleet's database
         where = f"a sandbox fleet ({sandbox}; jobs run {job_seconds:g} s, nothing is executed)"
     state_dir = state_dir or default_state_dir()
