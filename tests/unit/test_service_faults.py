@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from requeues import Ends
+from sqlalchemy import text
 from test_service import CONFIG, World, run_to_running
 
 from tpufleet.control.loop.service import Service, ServiceConfig
@@ -140,6 +141,33 @@ def test_a_host_whose_output_cannot_be_read_is_marked_incomplete(world: World, s
     for host in store.jobs.read_logs(job_id).hosts:
         assert host.complete and not host.truncated
         assert "could not be read: the host is gone" in (host.note or "")
+
+
+def test_one_jobs_output_the_store_refuses_does_not_keep_the_others_from_being_copied(
+    world: World, store: Store
+) -> None:
+    """The running attempts' new output is stored in one transaction for all of them; when the
+    store refuses one job's (its streams went away under the read), the others' is still copied
+    in the same cycle, each job alone, and only that job's is left out."""
+    a, b = (world.submit(world.tenant(name, v4=8)) for name in ("a", "b"))
+    world.cycle()
+    world.cluster.start(a)
+    world.cluster.start(b)
+    world.cycle()
+    assert (world.job(a).state, world.job(b).state) == ("RUNNING", "RUNNING")
+    world.cluster.write(a, "a on {TPU_WORKER_ID}\n")
+    world.cluster.write(b, "b on {TPU_WORKER_ID}\n")
+
+    def streams_gone() -> None:  # job a's log streams leave the store while its output is read
+        with store.tx() as s:
+            s.execute(text("DELETE FROM log_cursors WHERE job_id = :job"), {"job": a})
+
+    world.cluster.fault("read_logs", streams_gone, job_id=a)
+    world.cycle()
+    world.cluster.fault("read_logs", None, job_id=a)
+    assert [h.data for h in store.jobs.read_logs(b).hosts] == ["b on 0\n", "b on 1\n"]
+    assert not store.jobs.read_logs(a).hosts
+    assert (world.job(a).state, world.job(b).state) == ("RUNNING", "RUNNING")
 
 
 def test_a_stuck_loop_is_reported_stalled(store: Store, tmp_path: Path) -> None:

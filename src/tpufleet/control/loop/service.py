@@ -688,7 +688,9 @@ class Service:
 
     # -- logs ---------------------------------------------------------------------------------
     def _pull_logs(self, active: list[ActiveJob]) -> None:
-        """Copy new output of running attempts, a few jobs a cycle in turn, within the budget."""
+        """Copy new output of running attempts, jobs in turn, within the budget: in rounds, one
+        chunk from each host still being read, the chunks of every job stored in one transaction
+        (one per job took a sixth of the loop's time on Kueue's baseline, 86 slices running)."""
         jobs = [
             j
             for j in active
@@ -701,22 +703,59 @@ class Service:
         start = self._log_turn % len(jobs)
         streams = self.tr.cursors_of((j.id, j.attempt) for j in jobs)
         deadline = time.monotonic() + self.config.log_budget_s  # from here: a slow query spends none of it
+        reading: list[tuple[Key, _Reading]] = []
         for i, job in enumerate(jobs[start:] + jobs[:start]):
-            if time.monotonic() > deadline:
-                if i:
-                    break
-                deadline = time.monotonic() + self.config.log_budget_s  # one job a cycle, however slow
+            if i and time.monotonic() > deadline:
+                break
             self._log_turn += 1
-            try:
-                self._read_logs(
-                    job.id,
-                    job.attempt,
-                    deadline=deadline,
-                    final=False,
-                    cursors=streams.get((job.id, job.attempt)),
-                )
-            except Exception:
-                log.exception("copying the output of %s attempt %s failed", job.id, job.attempt)
+            key = (job.id, job.attempt)
+            for cur in streams.get(key, ()):
+                if cur.complete or cur.truncated:
+                    continue
+                try:
+                    chunk = self.cluster.read_logs(job.id, job.attempt, cur.slice, cur.worker_id, cur.offset)
+                except TpufleetError:
+                    continue  # read again next cycle; the final read says what could not be read
+                except Exception:
+                    log.exception("copying the output of %s attempt %s failed", *key)
+                    continue
+                if chunk.data or chunk.complete or chunk.next_offset != cur.offset:
+                    reading.append((key, _Reading(cur, cur.offset, chunk=chunk)))
+        while reading:
+            stored = self._store_chunks(reading)
+            reading = []
+            for key, rd in stored:  # more may follow where a chunk brought data
+                if rd.done or time.monotonic() > deadline:
+                    continue
+                try:
+                    chunk = self.cluster.read_logs(*key, rd.cur.slice, rd.cur.worker_id, rd.offset)
+                except Exception:  # read again next cycle
+                    continue
+                if chunk.data or chunk.complete or chunk.next_offset != rd.offset:
+                    reading.append((key, replace(rd, chunk=chunk)))
+
+    def _store_chunks(self, reading: list[tuple[Key, _Reading]]) -> list[tuple[Key, _Reading]]:
+        """Store each host's chunk (``_Reading.chunk``) in one transaction; the readings, moved on
+        to where the store left them. A stream the store no longer has leaves its job's output
+        out, not the others' (``append_logs`` stores the rest, then says which); anything else
+        stores nothing this cycle, and the next reads the same output again."""
+        outputs = [
+            HostOutput(*key, rd.cur.host, c.data, c.next_offset, c.complete, rd.offset)
+            for key, rd in reading
+            if (c := rd.chunk) is not None
+        ]
+        try:
+            cursors = self.tr.append_logs(outputs, self.config.max_log_bytes)
+        except NotFoundError as err:
+            log.warning("copying running attempts' output: %s", err)
+            return []
+        except Exception:
+            log.exception("copying running attempts' output failed")
+            return []
+        return [
+            (key, _Reading(cur, cur.offset, done=cur.complete or cur.truncated))
+            for (key, _), cur in zip(reading, cursors, strict=True)
+        ]
 
     def _read_logs(
         self,
@@ -891,6 +930,7 @@ class _Reading:
     done: bool = False  # the stream is complete (or cut at the cap): nothing more is read
     idle: int = 0
     note: str | None = None
+    chunk: LogChunk | None = None  # read and not stored yet (``Service._pull_logs``)
 
 
 @dataclass(frozen=True)
