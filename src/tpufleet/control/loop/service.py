@@ -703,46 +703,41 @@ class Service:
         start = self._log_turn % len(jobs)
         streams = self.tr.cursors_of((j.id, j.attempt) for j in jobs)
         deadline = time.monotonic() + self.config.log_budget_s  # from here: a slow query spends none of it
-        reading: list[tuple[Key, _Reading]] = []
+        reading: list[tuple[Key, _Reading, LogChunk]] = []
         for i, job in enumerate(jobs[start:] + jobs[:start]):
             if i and time.monotonic() > deadline:
                 break
             self._log_turn += 1
             key = (job.id, job.attempt)
             for cur in streams.get(key, ()):
-                if cur.complete or cur.truncated:
-                    continue
-                try:
-                    chunk = self.cluster.read_logs(job.id, job.attempt, cur.slice, cur.worker_id, cur.offset)
-                except TpufleetError:
-                    continue  # read again next cycle; the final read says what could not be read
-                except Exception:
-                    log.exception("copying the output of %s attempt %s failed", *key)
-                    continue
-                if chunk.data or chunk.complete or chunk.next_offset != cur.offset:
-                    reading.append((key, _Reading(cur, cur.offset, chunk=chunk)))
+                if not cur.complete and not cur.truncated:
+                    reading += self._next_chunk(key, _Reading(cur, cur.offset))
         while reading:
-            stored = self._store_chunks(reading)
-            reading = []
-            for key, rd in stored:  # more may follow where a chunk brought data
-                if rd.done or time.monotonic() > deadline:
-                    continue
-                try:
-                    chunk = self.cluster.read_logs(*key, rd.cur.slice, rd.cur.worker_id, rd.offset)
-                except Exception:  # read again next cycle
-                    continue
-                if chunk.data or chunk.complete or chunk.next_offset != rd.offset:
-                    reading.append((key, replace(rd, chunk=chunk)))
+            stored, reading = self._store_chunks(reading), []
+            for key, rd in stored:  # more may follow, within the budget
+                if not rd.done and time.monotonic() <= deadline:
+                    reading += self._next_chunk(key, rd)
 
-    def _store_chunks(self, reading: list[tuple[Key, _Reading]]) -> list[tuple[Key, _Reading]]:
-        """Store each host's chunk (``_Reading.chunk``) in one transaction; the readings, moved on
-        to where the store left them. A stream the store no longer has leaves its job's output
-        out, not the others' (``append_logs`` stores the rest, then says which); anything else
-        stores nothing this cycle, and the next reads the same output again."""
+    def _next_chunk(self, key: Key, rd: _Reading) -> list[tuple[Key, _Reading, LogChunk]]:
+        """The next chunk of ``rd``'s host, when its stream moved; none when it did not, or could
+        not be read (it is read again next cycle; the final read says what could not be read)."""
+        try:
+            chunk = self.cluster.read_logs(*key, rd.cur.slice, rd.cur.worker_id, rd.offset)
+        except TpufleetError:
+            return []
+        except Exception:
+            log.exception("copying the output of %s attempt %s failed", *key)
+            return []
+        return [(key, rd, chunk)] if _moved(chunk, rd.offset) else []
+
+    def _store_chunks(self, reading: list[tuple[Key, _Reading, LogChunk]]) -> list[tuple[Key, _Reading]]:
+        """Store each host's chunk in one transaction; the readings, moved on to where the store
+        left them. A stream the store no longer has leaves its job's output out, not the others'
+        (``append_logs`` stores the rest, then says which); anything else stores nothing this
+        cycle, and the next reads the same output again."""
         outputs = [
             HostOutput(*key, rd.cur.host, c.data, c.next_offset, c.complete, rd.offset)
-            for key, rd in reading
-            if (c := rd.chunk) is not None
+            for key, rd, c in reading
         ]
         try:
             cursors = self.tr.append_logs(outputs, self.config.max_log_bytes)
@@ -754,7 +749,7 @@ class Service:
             return []
         return [
             (key, _Reading(cur, cur.offset, done=cur.complete or cur.truncated))
-            for (key, _), cur in zip(reading, cursors, strict=True)
+            for (key, _, _), cur in zip(reading, cursors, strict=True)
         ]
 
     def _read_logs(
@@ -800,7 +795,7 @@ class Service:
                     except TpufleetError as err:
                         rd.note = f"the rest of this host's output could not be read: {err}"
                     else:
-                        if chunk.data or chunk.complete or chunk.next_offset != rd.offset:
+                        if _moved(chunk, rd.offset):
                             moved.append((rd, chunk))
                         elif final:
                             rd.idle += 1
@@ -930,7 +925,6 @@ class _Reading:
     done: bool = False  # the stream is complete (or cut at the cap): nothing more is read
     idle: int = 0
     note: str | None = None
-    chunk: LogChunk | None = None  # read and not stored yet (``Service._pull_logs``)
 
 
 @dataclass(frozen=True)
@@ -983,6 +977,12 @@ def _cyclic_gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def _moved(chunk: LogChunk, offset: int) -> bool:
+    """Whether a chunk read from ``offset`` changes what is stored: data, the stream's end, or a
+    new offset (output the cluster dropped)."""
+    return bool(chunk.data) or chunk.complete or chunk.next_offset != offset
 
 
 def _observed(status: AttemptStatus | None, present: bool) -> attempts.Observed:
