@@ -627,7 +627,7 @@ class Transitions:
             wanted: ColumnElement[bool] = (
                 JobRow.cancel_requested.is_(True) if cancelling_or is not None else false()
             )
-            for chunk in _chunks(sorted(cancelling_or or only or ()), _IN_LIST):
+            for chunk in _chunks(sorted({*(cancelling_or or ()), *(only or ())}), _IN_LIST):
                 wanted = or_(wanted, JobRow.id.in_(chunk))
             query = query.where(wanted)
         with self.store.tx() as s:
