@@ -18,18 +18,27 @@ from cli_inproc import tpufleet
 from tpufleet.api.server import ControlPlane
 from tpufleet.client.http import Client
 from tpufleet.control.cluster.memory import MemoryCluster, Script
+from tpufleet.control.cluster.protocol import AttemptSpec
 from tpufleet.control.loop.service import ServiceConfig
 
 SCRIPT = Script(
     run_after=1, exit_after=4, output="attempt {TPUFLEET_ATTEMPT} on {TPU_NAME}/{TPU_WORKER_ID}\n"
 )
+UNTIL_STOPPED = Script(run_after=1, exit_after=None)  # a job whose command is ``sleep``
+
+
+def plan(spec: AttemptSpec) -> Script:
+    """Every job ends after four polls of its attempt, but ``sleep ...``, which runs until stopped:
+    a job to cancel must not end on its own first (a launch is polled in the turn that marks it,
+    so four polls can pass before a cancel sent over HTTP reaches the loop)."""
+    return UNTIL_STOPPED if spec.command[:1] == ("sleep",) else SCRIPT
 
 
 @pytest.fixture
 def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
     monkeypatch.setenv("TPUFLEET_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("TPUFLEET_TOKEN", raising=False)
-    cluster = MemoryCluster.of("v4-16:2", script=lambda spec: SCRIPT)
+    cluster = MemoryCluster.of("v4-16:2", script=plan)
     with planes.running(cluster, tmp_path / "state", http=True, config=ServiceConfig(interval_s=0.05)) as cp:
         yield cp
 
