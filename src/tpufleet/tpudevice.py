@@ -67,6 +67,7 @@ EMULATED_INFO = "tpufleet_emulated_device_plugin"
 ADDR_VAR = "TPU_DEVICE_PLUGIN_ADDR"  # where a host's device plugin listens (GKE webhook, emulator)
 KV_PREFIX = "tpufleet:device-plugin:"  # + Ray node id -> the host's device page's ip:port
 PAGE_HOOK_VAR = "TPUFLEET_DEVICE_PAGE_HOOK"  # module:function the host's runner calls with its environment
+SPARE_MARK = "tpufleet-spare"  # the last argument of a runner's spare (host/spare.py): no job's process yet
 
 
 class DeviceReadError(Exception):

@@ -5,18 +5,20 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import stat
 import sys
 import threading
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tpufleet.emulator import plan
-from tpufleet.host import contain
+from tpufleet.host import contain, runlimits
 from tpufleet.host.runner import HostRunner, RunRequest, _decode, log_path
 
 JOB_ROOT: Path = Path("/nonexistent")  # set per test by the runner fixture
@@ -87,26 +89,43 @@ def _procs_with(token: str) -> list[int]:
 
 # How the runner contains a run: a cgroup and a jail (where root and bubblewrap allow), a cgroup
 # alone, or tracking descendants (no writable cgroup v2 hierarchy). Each mode runs every test.
+# "spare": jailed and in cgroups, every run that can started in the runner's spare (``host/spare.py``).
 MODES = {
     "jail": {},
     "cgroup": {"TPUFLEET_JAIL": "off"},
     "tracking": {"TPUFLEET_JAIL": "off", "TPUFLEET_CGROUP_ROOT": ""},
+    "spare": {},
 }
 
 
 @pytest.fixture(params=list(MODES))
-def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> HostRunner:
+def runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[HostRunner]:
     global JOB_ROOT
     JOB_ROOT = tmp_path / "jobs"
     for key, value in MODES[request.param].items():
         monkeypatch.setenv(key, value)
-    if request.param == "jail" and (why := contain.jail_available()):
+    if request.param in ("jail", "spare") and (why := contain.jail_available()):
         pytest.skip(f"no jail here: {why}")
     if request.param != "tracking" and contain.cgroup_root() is None:
         pytest.skip("no writable cgroup v2 hierarchy here")
     monkeypatch.delenv("TPU_NAME", raising=False)
     monkeypatch.setenv("TPU_VISIBLE_CHIPS", "0")  # as Ray sets it for a worker holding part of a host
-    return HostRunner("s", 1, str(tmp_path / "logs"))
+    made = HostRunner("s", 1, str(tmp_path / "logs"), spare=request.param == "spare")
+    if request.param == "spare":
+        _spare_ready(made)  # the test's first run takes it
+    yield made
+    made.close()
+
+
+def _spare_ready(runner: HostRunner, timeout_s: float = 20) -> int:
+    """The pid of ``runner``'s spare, once it has one."""
+    deadline = time.monotonic() + timeout_s
+    while (spare := runner._spare) is None:
+        assert time.monotonic() < deadline, "the runner made no spare"
+        time.sleep(0.01)
+    return spare.proc.pid
 
 
 def test_env_layers_host_contract_over_user_env(runner: HostRunner) -> None:
@@ -432,3 +451,86 @@ def test_a_sweep_leaves_other_hosts_runs_alone_but_removes_their_long_empty_cgro
     assert len(_procs_with("sleep(90.204")) == 1
     runner.stop("mine", 1, grace_s=0)
     assert _procs_with("sleep(90.204") == []
+
+
+def test_the_command_gets_the_signals_a_shell_would_give_it(runner: HostRunner) -> None:
+    payload = _payload("signals", "")
+    payload["command"] = ["sh", "-c", "grep SigIgn /proc/$$/status"]
+    _start(runner, payload)
+    assert _wait(runner, "signals", "EXITED") == ("EXITED", 0)
+    ignored = int(_log(runner, "signals").split()[-1], 16)
+    assert ignored & (1 << (signal.SIGPIPE - 1)) == 0, "SIGPIPE ignored: `yes | head` would never end"
+    assert ignored & (1 << (signal.SIGXFSZ - 1)) == 0
+
+
+# -- the spare (host/spare.py) -------------------------------------------------------------------
+@pytest.fixture
+def spared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HostRunner]:
+    """A runner that keeps a spare, its runs contained in cgroups (unjailed: the job's view of its
+    own process is the host's)."""
+    global JOB_ROOT
+    JOB_ROOT = tmp_path / "jobs"
+    if contain.cgroup_root() is None:
+        pytest.skip("no writable cgroup v2 hierarchy here")
+    monkeypatch.setenv("TPUFLEET_JAIL", "off")
+    made = HostRunner("s", 1, str(tmp_path / "logs"), spare=True)
+    yield made
+    made.close()
+
+
+SELF_PROBE = """
+import json, os, resource
+print(json.dumps({
+    'pid': os.getpid(), 'sid': os.getsid(0), 'foo': os.environ.get('FOO'),
+    'cgroup': open('/proc/self/cgroup').read(), 'nofile': resource.getrlimit(resource.RLIMIT_NOFILE),
+    'umask': os.umask(0o077),
+}), flush=True)
+"""
+
+
+def test_a_run_takes_over_the_spare_with_its_own_environment_limits_and_signals(spared: HostRunner) -> None:
+    pid = _spare_ready(spared)
+    cgroup = spared._spare.box.cgroup if spared._spare is not None else None
+    payload = _payload("taken", SELF_PROBE)
+    payload["limits"] = runlimits.RunLimits(open_files=333)
+    assert _start(spared, payload) == "RUNNING"
+    assert _wait(spared, "taken", "EXITED") == ("EXITED", 0)
+    seen = json.loads(_log(spared, "taken").strip().splitlines()[-1])
+    assert seen["pid"] == pid and seen["sid"] == pid  # the spare's process, in its own session
+    assert cgroup is not None and f"/{cgroup.name}\n" in seen["cgroup"]  # and in the spare's cgroup
+    assert seen["foo"] == "bar"  # the run's environment, not the spare's (which has none)
+    assert seen["nofile"][1] == 333  # the run's open-files limit
+    assert seen["umask"] == 0o077
+    assert not cgroup.exists()  # removed with the run, as a plain run's cgroup is
+    _spare_ready(spared)  # and the next run's spare made once this one ended
+
+
+def test_a_spare_that_died_leaves_the_plain_way_and_is_made_again(spared: HostRunner) -> None:
+    dead = _spare_ready(spared)
+    os.kill(dead, signal.SIGKILL)
+    while _alive(dead):
+        time.sleep(0.01)
+    assert _start(spared, _payload("plain", "import os; print(os.getpid(), flush=True)")) == "RUNNING"
+    assert _wait(spared, "plain", "EXITED") == ("EXITED", 0)
+    assert int(_log(spared, "plain").split()[-1]) != dead
+    assert _spare_ready(spared) != dead
+
+
+def test_a_sweep_keeps_the_spare_and_a_start_that_cannot_happen_leaves_it_unused(spared: HostRunner) -> None:
+    pid = _spare_ready(spared)
+    spared.sweep()
+    assert _alive(pid)
+    payload = _payload("nul", "print('hi')")
+    payload["command"] = [sys.executable, "-c", "print('a\x00b')"]
+    _start(spared, payload)
+    assert _wait(spared, "nul", "EXITED") == ("EXITED", 127)
+    assert "cannot start this job: ValueError: embedded null byte" in _log(spared, "nul")
+    assert _spare_ready(spared) == pid and _alive(pid)
+
+
+def test_closing_the_runner_ends_its_spare_and_removes_its_cgroup(spared: HostRunner) -> None:
+    pid = _spare_ready(spared)
+    cgroup = spared._spare.box.cgroup if spared._spare is not None else None
+    spared.close()
+    assert not _alive(pid)
+    assert cgroup is not None and not cgroup.exists()

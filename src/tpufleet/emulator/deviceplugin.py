@@ -53,6 +53,7 @@ from tpufleet.tpudevice import (
     ADDR_VAR,
     EMULATED_INFO,
     PAGE_HOOK_VAR,
+    SPARE_MARK,
     ChipReading,
     page_handler,
     render_device_plugin,
@@ -144,7 +145,8 @@ def _is_ray_worker(p: _Proc) -> bool:
 
 def job_processes(raylet: int, table: list[_Proc]) -> list[_Proc]:
     """The host's work below ``raylet``: what Ray workers started (the runner's jobs) and Ray
-    workers busy with a job's actor or task; never the raylet's agents, idle workers or runners."""
+    workers busy with a job's actor or task; never the raylet's agents, idle workers, runners or a
+    runner's spare."""
     children: dict[int, list[_Proc]] = {}
     for p in table:
         children.setdefault(p.ppid, []).append(p)
@@ -156,7 +158,7 @@ def job_processes(raylet: int, table: list[_Proc]) -> list[_Proc]:
         if worker:  # counted once titled with a job's actor or task (a new worker is not yet)
             if proc.argv0.startswith("ray::") and not proc.argv0.startswith(_IDLE_WORKERS):
                 out.append(proc)
-        elif under_worker:
+        elif under_worker and not proc.cmdline.endswith(SPARE_MARK):  # a spare is no job yet
             out.append(proc)
         stack += [(c, under_worker or worker) for c in children.get(proc.pid, [])]
     return out

@@ -139,6 +139,15 @@ def _ready(base: PidsBase) -> PidsBase | None:
     return base
 
 
+def open_files_limit(files: int) -> tuple[int, int] | None:
+    """The RLIMIT_NOFILE (soft, hard) a run gets under a limit of ``files``: this process's, which a
+    child inherits, lowered; None when it is no higher already."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= files:
+        return None
+    return (soft if soft != resource.RLIM_INFINITY and soft < files else files, files)
+
+
 class RunGuard:
     """The limits of one run on its host: made before the run starts, checked by the runner's scan."""
 
@@ -161,20 +170,27 @@ class RunGuard:
                         path.rmdir()
         self._failures0 = self._fork_failures()
 
-    def preexec(self) -> Callable[[], None]:
-        """Between fork and exec: join the v1 pids cgroup, lower RLIMIT_NOFILE to the run's limit.
-        Only system calls: it runs in a forked child of a threaded process."""
+    def preexec(self, limit_files: bool = True) -> Callable[[], None]:
+        """Between fork and exec: join the v1 pids cgroup, lower RLIMIT_NOFILE to the run's limit
+        (``limit_files``; a spare lowers it itself once it knows the run, ``spare.py``). Only system
+        calls: it runs in a forked child of a threaded process."""
         procs = str(self.pids_dir / "cgroup.procs") if self._own and self.pids_dir else None
-        files = self.limits.open_files
+        nofile = open_files_limit(self.limits.open_files) if limit_files else None
 
         def child() -> None:
             if procs is not None:
                 join_cgroup(procs)
-            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            if hard == resource.RLIM_INFINITY or hard > files:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, files), files))
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
         return child
+
+    def relimit(self, limits: RunLimits) -> None:
+        """Give a guard made before its run was known (a spare's, ``spare.py``) the run's limits;
+        ``OSError`` when its process limit cannot be written (the run then starts the plain way)."""
+        if self.pids_dir is not None:
+            (self.pids_dir / "pids.max").write_text(str(limits.processes))
+        self.limits = limits
 
     def check(self, members: Callable[[], list[int]], now: float) -> str | None:
         """Why the run must end now (a limit it went past), or None; ``members`` lists its live

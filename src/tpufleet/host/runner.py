@@ -14,6 +14,10 @@ command is started through ``jobstart`` (inside the jail), which makes the run's
 unpacks the uploaded package and ``exec``s the command. Nothing the job sends can stop the runner
 from answering: a start that cannot happen (a NUL byte, a missing program, an unsafe package) is
 an exit code 127 with the reason in the log, never an exception left in ``STARTING``.
+A runner made with ``spare=True`` (the warm pool's) keeps the next run's first process started
+ahead, already contained, and a start hands it the run (``spare.py``): a start is then a write to
+a pipe rather than a fork and two cgroup moves. Without one, or when it is gone, the run starts
+the plain way.
 
 Output (stdout and stderr interleaved, through a pipe the runner copies up to the stored cap) goes
 to ``<log_root>/<job>/<attempt>/<slice>-<worker>.log`` (0600, in 0700 directories, hidden from
@@ -41,7 +45,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
+import logging
 import os
 import re
 import shutil
@@ -62,7 +68,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tpufleet import contract
 from tpufleet.host import contain, devicepage, gcemetadata, jobfiles, notices, runlimits
+from tpufleet.host.spare import Spare
 from tpufleet.runtime import PROGRESS_VAR, read_progress
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = "tpufleet"
 MAX_LOG_CHUNK = 1 << 20
@@ -72,6 +81,7 @@ _RAY_TPU_MASKS = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BO
 # Never handed to a job from the runner's own environment: Ray's credentials and anything secret.
 _SECRET_ENV = re.compile(r"^RAY_AUTH|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 CANNOT_START = 127
+SPARE_ENV = "TPUFLEET_SPARE"  # "off": a runner made with spare=True starts every run the plain way
 PROGRESS_FILE = "progress.json"  # in the run's scratch: what report_step writes
 QUOTA_GRACE_S = 5.0  # a run over its tenant's checkpoint quota: SIGTERM to SIGKILL
 
@@ -171,7 +181,9 @@ class RunRequest:
 class HostRunner:
     """The actor body; see the module docstring. Use :func:`runner_class` to get the Ray actor."""
 
-    def __init__(self, slice_name: str, worker_id: int, log_root: str | None = None) -> None:
+    def __init__(
+        self, slice_name: str, worker_id: int, log_root: str | None = None, spare: bool = False
+    ) -> None:
         self.slice_name = slice_name
         self.worker_id = worker_id
         self.log_root = log_root or _default_log_root()
@@ -183,6 +195,18 @@ class HostRunner:
         self._pids = runlimits.pids_base(self._cgroups)  # where runs' process limits go (or the scan)
         self._node = _node_id()
         self._jail_off = contain.jail_available()
+        # ``spare``: a run's first process started ahead, so a start is a write to it (``spare.py``)
+        self._spare: Spare | None = None
+        self._spare_names: set[str] = set()  # the cgroups of the spare made or being made: kept by sweep
+        self._spare_seq = itertools.count()
+        self._want_spare: threading.Event | None = None
+        if spare and os.environ.get(SPARE_ENV, "") != "off":
+            self._want_spare = threading.Event()
+            self._want_spare.set()
+            # its own thread, for the runner's life: PR_SET_PDEATHSIG ends a spare with its forking thread
+            threading.Thread(
+                target=self._keep_spare, args=(self._want_spare,), name="tpufleet-spare", daemon=True
+            ).start()
         devicepage.serve_from_env()  # the host's device page for the control plane: a thread in this process
         # A GCE VM's preemption and maintenance notices, relayed to the control plane through Ray's KV.
         self._notices = gcemetadata.watch_from_env(notices.publish)
@@ -230,6 +254,7 @@ class HostRunner:
         with self._lock:
             keep = {r.box.cgroup.name for r in self._runs.values() if r.box and r.box.cgroup}
             keep |= {r.guard.pids_dir.name for r in self._runs.values() if r.guard and r.guard.pids_dir}
+            keep |= self._spare_names
             return self._remove_unknown(keep)
 
     def _remove_unknown(self, keep: set[str]) -> int:
@@ -291,21 +316,23 @@ class HostRunner:
             run.jailed = True
         else:
             run.notes.append(f"tpufleet: this job is not isolated from other tenants: {self._jail_off}")
-        name = contain.cgroup_name(self._node, self.slice_name, self.worker_id, run.job_id, run.attempt)
-        run.box = contain.Box(name, self._cgroups)
-        run.guard = runlimits.RunGuard(name, request.limits, self._pids, run.box.cgroup)
         with open(run.log, "ab") as out:
             for note in run.notes:
                 out.write(f"{note}\n".encode())
-        run.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if package is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,  # copied into the log up to the cap (``runlimits.LogPump``)
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_both(run.guard.preexec(), run.box.preexec()),
-        )
+        if not self._from_spare(run, argv, env, request.limits, package is not None):
+            name = contain.cgroup_name(self._node, self.slice_name, self.worker_id, run.job_id, run.attempt)
+            run.box = contain.Box(name, self._cgroups)
+            run.guard = runlimits.RunGuard(name, request.limits, self._pids, run.box.cgroup)
+            run.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if package is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,  # copied into the log up to the cap (``runlimits.LogPump``)
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_both(run.guard.preexec(), run.box.preexec()),
+            )
+        assert run.box is not None and run.proc is not None
         run.box.started(run.proc.pid)
         assert run.proc.stdout is not None
         run.pump = runlimits.LogPump(run.proc.stdout, run.log, request.limits.log_bytes)
@@ -313,6 +340,92 @@ class HostRunner:
             threading.Thread(target=_feed, args=(run.proc, package), daemon=True).start()
         threading.Thread(target=self._reap, args=(run,), daemon=True).start()
         threading.Thread(target=self._watch_files, args=(run, request), daemon=True).start()
+
+    # -- the spare (``spare.py``) ----------------------------------------------------------------
+    def _from_spare(
+        self, run: _Run, argv: list[str], env: dict[str, str], limits: runlimits.RunLimits, stdin: bool
+    ) -> bool:
+        """Start ``run`` in the spare (the caller holds the lock); False when there is none to
+        take, or it is gone (the caller starts the run the plain way)."""
+        if self._want_spare is None or self._spare is None:
+            return False
+        taken, self._spare = self._spare, None  # the next is made once this run ended (:meth:`_finished`)
+        try:
+            taken.guard.relimit(limits)
+            taken.become(argv, env, runlimits.open_files_limit(limits.open_files), stdin)
+        except ValueError:  # what no process can be started with: the spare is still unused
+            self._spare = taken
+            raise
+        except OSError as exc:  # swept or killed meanwhile
+            self._want_spare.set()
+            log.warning(
+                "the spare of %s/%s is gone (%s); starting the plain way",
+                self.slice_name,
+                self.worker_id,
+                exc,
+            )
+            threading.Thread(target=self._retire, args=(taken,), daemon=True).start()
+            return False
+        self._spare_names.discard(taken.name)  # the run's cgroups now: kept as the run's
+        run.box, run.guard, run.proc = taken.box, taken.guard, taken.proc
+        return True
+
+    def _keep_spare(self, want: threading.Event) -> None:
+        """Make a spare whenever there is none (the thread of :meth:`__init__`, until :meth:`close`)."""
+        while True:
+            want.wait()
+            want.clear()
+            with self._lock:
+                if self._want_spare is None:
+                    return
+                if self._spare is not None and self._spare.alive():
+                    continue
+                dead, self._spare = self._spare, None
+                name = contain.cgroup_name(
+                    self._node, self.slice_name, self.worker_id, "spare", os.getpid(), next(self._spare_seq)
+                )
+                self._spare_names.add(name)
+            if dead is not None:
+                self._retire(dead)
+            try:
+                made = self._make_spare(name)
+            except Exception:  # the plain way still starts every run; the next start asks again
+                log.exception("could not start a spare on %s/%s", self.slice_name, self.worker_id)
+                with self._lock:
+                    self._spare_names.discard(name)
+                continue
+            with self._lock:
+                closed = self._want_spare is None
+                if not closed:
+                    self._spare = made
+            if closed:
+                self._retire(made)
+                return
+
+    def _make_spare(self, name: str) -> Spare:
+        box = contain.Box(name, self._cgroups)
+        guard = runlimits.RunGuard(name, runlimits.RunLimits(), self._pids, box.cgroup)
+        try:
+            return Spare(name, box, guard, _both(guard.preexec(limit_files=False), box.preexec()))
+        except BaseException:
+            box.close()
+            guard.close()
+            raise
+
+    def _retire(self, unused: Spare) -> None:
+        unused.retire()
+        with self._lock:
+            self._spare_names.discard(unused.name)
+
+    def close(self) -> None:
+        """End the spare (a runner that is going away; its runs are left as they are)."""
+        with self._lock:
+            unused, self._spare = self._spare, None
+            want, self._want_spare = self._want_spare, None
+        if want is not None:
+            want.set()
+        if unused is not None:
+            self._retire(unused)
 
     @staticmethod
     def _check_files(run: _Run, request: RunRequest) -> None:
@@ -405,6 +518,8 @@ class HostRunner:
                 run.log.with_suffix(".reason").write_text(run.reason)
         run.log.with_suffix(".exit").write_text(str(run.exit_code))
         run.ended.set()
+        if self._want_spare is not None:  # the next run's, made now: a start is no time to fork
+            self._want_spare.set()
 
     def status(self, job_id: str, attempt: int) -> tuple[str, int | None]:
         """("RUNNING" | "EXITED", exit code) of the attempt here, or ("UNKNOWN", None)."""

@@ -126,7 +126,8 @@ class SlicePool:
         head = self._adopt.pop(head_pg_name(info.name), None) or _new_head_pg(info)
         res = Reservation(info, pg, head)
         res.runners = [
-            self._runner(res, w, pool_runner_name(info.name, w)) for w in range(info.expected_hosts)
+            self._runner(res, w, pool_runner_name(info.name, w), spare=True)
+            for w in range(info.expected_hosts)
         ]
         for runner in res.runners:
             runner.sweep.remote()  # what runs of a dead runner or host left behind (not awaited)
@@ -134,8 +135,16 @@ class SlicePool:
         return res
 
     def _runner(
-        self, res: Reservation, worker: int, name: str, runtime_env: dict[str, Any] | None = None
+        self,
+        res: Reservation,
+        worker: int,
+        name: str,
+        runtime_env: dict[str, Any] | None = None,
+        *,
+        spare: bool = False,
     ) -> Any:
+        """A host's runner; ``spare``: it keeps a run's first process started ahead (``host/spare.py``),
+        as the pool's runners do for the next attempt (an attempt's own runner runs one)."""
         options: dict[str, Any] = {
             "name": name,
             "namespace": NAMESPACE,
@@ -147,7 +156,7 @@ class SlicePool:
         }
         if runtime_env:
             options["runtime_env"] = runtime_env
-        return RemoteRunner.options(**options).remote(res.info.name, worker, self.log_root)
+        return RemoteRunner.options(**options).remote(res.info.name, worker, self.log_root, spare)
 
     def job_runners(self, name: str, job_id: str, attempt: int, url: str) -> list[Any]:
         """Runners for one attempt whose code Ray's ``runtime_env`` fetches from ``url`` (a URL the
