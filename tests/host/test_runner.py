@@ -481,7 +481,7 @@ def spared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HostRunn
 SELF_PROBE = """
 import json, os, resource
 print(json.dumps({
-    'pid': os.getpid(), 'sid': os.getsid(0), 'foo': os.environ.get('FOO'),
+    'pid': os.getpid(), 'sid': os.getsid(0), 'foo': os.environ.get('FOO'), 'eq': os.environ.get('EQ'),
     'cgroup': open('/proc/self/cgroup').read(), 'nofile': resource.getrlimit(resource.RLIMIT_NOFILE),
     'umask': os.umask(0o077),
 }), flush=True)
@@ -493,12 +493,13 @@ def test_a_run_takes_over_the_spare_with_its_own_environment_limits_and_signals(
     cgroup = spared._spare.box.cgroup if spared._spare is not None else None
     payload = _payload("taken", SELF_PROBE)
     payload["limits"] = runlimits.RunLimits(open_files=333)
+    payload["user_env"] = {"FOO": "bar", "EQ": "a=b\u00e9"}
     assert _start(spared, payload) == "RUNNING"
     assert _wait(spared, "taken", "EXITED") == ("EXITED", 0)
     seen = json.loads(_log(spared, "taken").strip().splitlines()[-1])
     assert seen["pid"] == pid and seen["sid"] == pid  # the spare's process, in its own session
     assert cgroup is not None and f"/{cgroup.name}\n" in seen["cgroup"]  # and in the spare's cgroup
-    assert seen["foo"] == "bar"  # the run's environment, not the spare's (which has none)
+    assert seen["foo"] == "bar" and seen["eq"] == "a=b\u00e9"  # the run's environment, not the spare's
     assert seen["nofile"][1] == 333  # the run's open-files limit
     assert seen["umask"] == 0o077
     assert not cgroup.exists()  # removed with the run, as a plain run's cgroup is
