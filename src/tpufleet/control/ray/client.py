@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 JAX_PORT_VAR = "TPUFLEET_JAX_COORDINATOR_PORT"
 _POLL_WAIT_S = 0.5
 _CALL_TIMEOUT_S = 10.0
+_REUSE_NODES_S = 0.5  # inventory() right after maintain() uses its read of the node table
 _START_WATCH_S = 120.0  # a launch watcher waits this long for the hosts' start calls, then wakes the loop
 
 
@@ -126,6 +127,8 @@ class RayExecutor:
         self._recovered = False
         self._ray = RayJobs(self._pool)  # Ray jobs (docs/ray-jobs.md): drivers, steering windows
         self._wake: Callable[[], None] | None = None  # notify(): the loop, woken when a launch started
+        # maintain()'s read of the node table (and when), for the inventory() that follows it
+        self._maintained: tuple[float, list[SliceInfo]] | None = None
 
     @classmethod
     def connect(
@@ -139,8 +142,12 @@ class RayExecutor:
     # -- inventory and the pool -------------------------------------------------------------
     def inventory(self) -> list[SliceInfo]:
         """Every slice; a free one whose runner died (and is being replaced) is not intact.
-        Reads Ray's node table and what ``maintain`` found; changes nothing."""
-        slices = slices_from_nodes(_nodes())
+        Reads Ray's node table (the read ``maintain`` just made, when it did: the loop calls the
+        two back to back each cycle) and what ``maintain`` found; changes nothing."""
+        with self._lock:
+            kept, self._maintained = self._maintained, None
+        fresh = kept is not None and time.monotonic() - kept[0] < _REUSE_NODES_S
+        slices = kept[1] if kept is not None and fresh else slices_from_nodes(_nodes())
         with self._lock:
             self._slices = {s.name: s for s in slices}
             out = []
@@ -155,6 +162,7 @@ class RayExecutor:
         broken, cold or vanished ones, and ping (and replace) the runners of free slices."""
         slices = slices_from_nodes(_nodes())
         with self._lock:
+            self._maintained = (time.monotonic(), slices)
             self._slices = {s.name: s for s in slices}
             if not self._recovered:
                 self._adopt_all()
@@ -296,6 +304,8 @@ class RayExecutor:
         # Only a host whose start had returned before we asked can answer "never heard of it".
         starts = [h.started for h in rec.hosts if h.started is not None]
         returned = set(ray.wait(starts, num_returns=len(starts), timeout=0)[0]) if starts else set()
+        if (answered := self._started_running(rec, returned)) is not None:
+            return AttemptStatus(job_id, attempt, answered, rec.extra.get("progress"))
         started = [h.started is None or h.started in returned for h in rec.hosts]
         # A host adopted after a restart without a runner (its node died meanwhile) has nobody to ask.
         # A call a runner has not answered yet is waited for again, not made again: on a loaded
@@ -341,6 +351,28 @@ class RayExecutor:
         disks = [h.disk for h in rec.hosts if h.disk is not None]
         disk = max(disks, key=lambda d: (d.bytes, d.at)) if disks else None
         return AttemptStatus(job_id, attempt, tuple(statuses), rec.extra.get("progress"), disk=disk)
+
+    @staticmethod
+    def _started_running(rec: _Attempt, returned: set[Any]) -> tuple[HostStatus, ...] | None:
+        """The first poll after a launch, once every host's start call answered ``RUNNING``: each
+        host is RUNNING, as its report would say a moment later, without a call to every runner
+        on the dispatch path (later polls ask the runners). None otherwise: a host still
+        starting, one that answered anything else (it ended at once: its report has the code and
+        the reason), one already reported on, or an adopted attempt (no start call)."""
+        if not rec.hosts:
+            return None
+        for h in rec.hosts:
+            if h.last is not None or h.asked is not None or h.started is None or h.started not in returned:
+                return None
+        try:
+            answers = ray.get([h.started for h in rec.hosts], timeout=_CALL_TIMEOUT_S)
+        except (RayError, GetTimeoutError):
+            return None
+        if any(answer != "RUNNING" for answer in answers):
+            return None
+        for h in rec.hosts:
+            h.last = HostStatus(h.slice, h.worker_id, HostState.RUNNING)
+        return tuple(h.last for h in rec.hosts if h.last is not None)
 
     @staticmethod
     def _asked(host: _Host, job_id: str, attempt: int, started: bool) -> Any:
