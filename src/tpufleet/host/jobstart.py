@@ -17,11 +17,11 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
 from tpufleet.host.jobfiles import MAX_UNPACKED, JobFilesError, RunPaths, make_run_dirs, unpack
+from tpufleet.host.sparewait import default_signals
 
 CANNOT_START = 127
 NOT_EXECUTABLE = 126
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     except Exception as exc:
         return _cannot("this job", exc)
     try:
-        _default_signals()
+        default_signals()  # the command's, not Python's
         os.execvpe(command[0], command, os.environ.copy())
     except Exception as exc:  # OSError: no such program; ValueError: NUL bytes in argv or env
         code = _cannot(str(command[:1]), exc)
@@ -59,14 +59,6 @@ def _cannot(what: str, exc: Exception) -> int:
     said = str(exc) if isinstance(exc, (OSError, JobFilesError)) else f"{type(exc).__name__}: {exc}"
     print(f"tpufleet: cannot start {what}: {' '.join(said.split())[:500]}", flush=True)
     return CANNOT_START
-
-
-def _default_signals() -> None:
-    """Python ignores SIGPIPE and SIGXFSZ from its start, and an exec hands ignored signals on: the
-    command gets the defaults a shell would give it (``yes | head`` ends ``yes`` by SIGPIPE)."""
-    for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
 
 
 def _stdin_from_devnull() -> None:

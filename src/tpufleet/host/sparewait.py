@@ -38,6 +38,15 @@ def encode(argv: list[bytes], env: dict[bytes, bytes], nofile: tuple[int, int] |
     return b"%0*d" % (HEADER, len(body)) + body
 
 
+def default_signals() -> None:
+    """Python ignores SIGPIPE and SIGXFSZ from its start, and an exec hands ignored signals on: what
+    is exec'd next gets the defaults a shell would give it (``yes | head`` ends ``yes`` by SIGPIPE).
+    Here and in ``jobstart``, the two Python programs that exec a job's."""
+    for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 def _read(n: int) -> bytes | None:
     data = b""
     while len(data) < n:
@@ -65,9 +74,7 @@ def main() -> None:
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.close(null)
-        for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):  # Python ignores them; subprocess restores them
-            if hasattr(signal, name):
-                signal.signal(getattr(signal, name), signal.SIG_DFL)
+        default_signals()  # as subprocess's restore_signals does for a plain start
         os.execvpe(argv[0], argv, env)
     except Exception as exc:
         os.write(
