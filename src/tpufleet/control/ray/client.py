@@ -370,9 +370,10 @@ class RayExecutor:
             return None
         if any(answer != "RUNNING" for answer in answers):
             return None
-        for h in rec.hosts:
-            h.last = HostStatus(h.slice, h.worker_id, HostState.RUNNING)
-        return tuple(h.last for h in rec.hosts if h.last is not None)
+        statuses = tuple(HostStatus(h.slice, h.worker_id, HostState.RUNNING) for h in rec.hosts)
+        for h, status in zip(rec.hosts, statuses, strict=True):
+            h.last = status
+        return statuses
 
     @staticmethod
     def _asked(host: _Host, job_id: str, attempt: int, started: bool) -> Any:
