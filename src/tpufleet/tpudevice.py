@@ -36,6 +36,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 __all__ = [
     "ADDR_VAR",
@@ -68,6 +69,13 @@ ADDR_VAR = "TPU_DEVICE_PLUGIN_ADDR"  # where a host's device plugin listens (GKE
 KV_PREFIX = "tpufleet:device-plugin:"  # + Ray node id -> the host's device page's ip:port
 PAGE_HOOK_VAR = "TPUFLEET_DEVICE_PAGE_HOOK"  # module:function the host's runner calls with its environment
 SPARE_MARK = "tpufleet-spare"  # the last argument of a runner's spare (host/spare.py): no job's process yet
+
+
+def spare_argv(python: str) -> list[str]:
+    """The whole command line of a runner's spare (``host/spare.py``) started with ``python``: a
+    host's device page counts no such process as a job's. Whole, not the mark alone: a job's own
+    process that ends its arguments with the mark is still the job's."""
+    return [python, "-I", "-S", str(Path(__file__).resolve().parent / "host" / "sparewait.py"), SPARE_MARK]
 
 
 class DeviceReadError(Exception):

@@ -56,11 +56,10 @@ def test_job_processes_are_what_workers_started_and_busy_actors() -> None:
         _p(16, 10, "ray::RayTrainWorker.__execute"),
         _p(17, 16, "python data-loader"),
         _p(20, 1, "python train.py"),  # another host's job
-        _p(
-            21, 13, f"/usr/bin/python3 -I -S /x/tpufleet/host/spare.py {tpudevice.SPARE_MARK}"
-        ),  # the next run's spare
+        _p(21, 13, " ".join(tpudevice.spare_argv(sys.executable))),  # the next run's spare
+        _p(22, 13, f"python -c work {tpudevice.SPARE_MARK}"),  # a job that ends its arguments with the mark
     ]
-    assert sorted(p.pid for p in deviceplugin.job_processes(10, table)) == [14, 15, 16, 17]
+    assert sorted(p.pid for p in deviceplugin.job_processes(10, table)) == [14, 15, 16, 17, 22]
 
 
 @pytest.fixture

@@ -488,7 +488,7 @@ print(json.dumps({
 """
 
 
-def test_a_run_takes_over_the_spare_with_its_own_environment_limits_and_signals(spared: HostRunner) -> None:
+def test_a_run_takes_over_the_spare_with_its_own_environment_and_limits(spared: HostRunner) -> None:
     pid = _spare_ready(spared)
     cgroup = spared._spare.box.cgroup if spared._spare is not None else None
     payload = _payload("taken", SELF_PROBE)

@@ -40,6 +40,7 @@ import http.server
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import zlib
@@ -53,10 +54,10 @@ from tpufleet.tpudevice import (
     ADDR_VAR,
     EMULATED_INFO,
     PAGE_HOOK_VAR,
-    SPARE_MARK,
     ChipReading,
     page_handler,
     render_device_plugin,
+    spare_argv,
 )
 
 __all__ = [
@@ -79,6 +80,7 @@ WINDOW_S = 10.0
 _IDLE_AFTER_S = 60.0  # no scrape for this long: stop scanning /proc until the next one
 _CLK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_SPARE_CMDLINE = " ".join(spare_argv(sys.executable))  # a runner's, started with this Python
 _IDLE_WORKERS = ("ray::IDLE", "ray::HostRunner", "ray::read", "ray::_")
 
 
@@ -158,7 +160,7 @@ def job_processes(raylet: int, table: list[_Proc]) -> list[_Proc]:
         if worker:  # counted once titled with a job's actor or task (a new worker is not yet)
             if proc.argv0.startswith("ray::") and not proc.argv0.startswith(_IDLE_WORKERS):
                 out.append(proc)
-        elif under_worker and not proc.cmdline.endswith(SPARE_MARK):  # a spare is no job yet
+        elif under_worker and proc.cmdline != _SPARE_CMDLINE:  # a spare is no job yet
             out.append(proc)
         stack += [(c, under_worker or worker) for c in children.get(proc.pid, [])]
     return out

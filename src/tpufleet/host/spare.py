@@ -25,13 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tpufleet.host import sparewait
-from tpufleet.tpudevice import SPARE_MARK
+from tpufleet.tpudevice import spare_argv
 
 if TYPE_CHECKING:
     from tpufleet.host.contain import Box
     from tpufleet.host.runlimits import RunGuard
-
-PROGRAM = os.path.abspath(sparewait.__file__)
 
 
 class Spare:
@@ -41,7 +39,7 @@ class Spare:
         self.name, self.box, self.guard = name, box, guard  # ``name``: its cgroups' (the sweep keeps it)
         # Started by a thread that outlives it: PR_SET_PDEATHSIG fires when the forking thread ends.
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", PROGRAM, SPARE_MARK],  # the mark: a host's device page skips it
+            spare_argv(sys.executable),  # how a host's device page tells it from a job's process
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,  # the run's output once it took the spare over
             stderr=subprocess.STDOUT,
