@@ -74,16 +74,33 @@ def run_to_running(w: World, job_id: str) -> None:
 
 
 def test_a_launch_is_polled_in_the_turn_that_marks_it(store: Store, tmp_path: Path) -> None:
-    """A launch that returned is marked STARTING and its hosts are polled at once: hosts that run
-    already are RUNNING in the cycle that launched them (inline launches, as the sandbox makes
-    them), not a cycle later; hosts still starting leave it STARTING (``run_to_running``)."""
+    """A launch that returned has its hosts looked at before its STARTING is written: hosts that
+    run already (inline launches, as the sandbox makes them) make that one write mark it RUNNING
+    too, in the cycle that launched it, with both events; hosts still starting leave it STARTING
+    and a later poll marks it (``run_to_running``). The look is the poll of that turn."""
+    written: list[tuple[str, list[str], list[str]]] = []  # each group, with its jobs' states then
+
+    def seen(kind: str, ids: Sequence[str]) -> None:
+        written.append((kind, list(ids), [store.jobs.get(i).state for i in ids]))
+
     w = World(store, tmp_path / "state")
     w.cluster = MemoryCluster.of("v4-16", script=lambda spec: Script(run_after=1, exit_after=None))
-    w.restart()
+    w.restart(after_write=seen)
     job_id = w.submit(w.tenant("a", v4=8))
     w.cycle()
-    assert w.job(job_id).state == "RUNNING"
+    job = w.job(job_id)
+    assert (job.state, job.attempts[0].state) == ("RUNNING", "RUNNING")
+    assert job.started_at is not None and job.attempts[0].started_at == job.started_at
     assert [p.state for p in w.cluster.processes(job_id)] == [HostState.RUNNING, HostState.RUNNING]
+    # one write: when the launch's group is in the store, the job is RUNNING already
+    assert written == [
+        ("admit", [job_id], ["ADMITTED"]),
+        ("launched", [job_id], ["RUNNING"]),
+        ("running", [job_id], ["RUNNING"]),
+    ]
+    kinds = [e["kind"] for e in store.events(job_id=job_id)]
+    assert kinds.index("launch") < kinds.index("run")
+    assert w.cluster._attempts[(job_id, 1)].polls == 1  # looked at once, not polled again after the write
 
 
 def test_one_slice_job_runs_with_the_host_contract_and_succeeds(world: World) -> None:
@@ -337,9 +354,20 @@ class Killed(BaseException):
     """The control plane dies (kill -9): nothing after this point of the cycle runs."""
 
 
-@pytest.mark.parametrize("group", ["admit", "launched", "running", "stop", "finish"])
+@pytest.mark.parametrize(
+    ("group", "hosts"),
+    [
+        ("admit", "start later"),
+        ("launched", "start later"),
+        ("running", "start later"),
+        ("stop", "start later"),
+        ("finish", "start later"),
+        ("launched", "run at once"),  # STARTING and RUNNING in one write: killed after it
+        ("running", "run at once"),
+    ],
+)
 def test_killed_between_a_grouped_write_and_its_actions_a_restart_loses_and_repeats_nothing(
-    world: World, group: str
+    world: World, group: str, hosts: str
 ) -> None:
     written: list[tuple[str, list[str]]] = []
 
@@ -348,7 +376,8 @@ def test_killed_between_a_grouped_write_and_its_actions_a_restart_loses_and_repe
         if kind == group:
             raise Killed  # the group is committed; none of its members has been acted on
 
-    world.cluster = MemoryCluster.of("v4-16:4")
+    script = (lambda spec: Script(run_after=1, exit_after=None)) if hosts == "run at once" else None
+    world.cluster = MemoryCluster.of("v4-16:4", script=script)
     world.restart(after_write=kill)
     tenant = world.tenant("a", v4=64)
     jobs = sorted(world.submit(tenant) for _ in range(3))

@@ -214,6 +214,7 @@ class Service:
         self._stop_failures: dict[Key, int] = {}
         self._failing: dict[Key, float] = {}  # when a poll first saw the attempt's failure (store clock)
         self._status: dict[Key, AttemptStatus] = {}
+        self._peeked: dict[Key, AttemptStatus | None] = {}  # launches looked at before their write (_peek)
         self._placed: set[Key] = set()  # Ray jobs whose placement is on record
         self._released: set[str] = set()
         self._busy = False
@@ -465,11 +466,21 @@ class Service:
                         self._stopping(x.job, x.step.kind, writes)
                     except Exception as err:
                         self._failed(x.job, err, writes)
-            marked = self.tr.launched_all([(j.id, j.attempt) for j in launched])
+            # A launch's hosts are looked at before its STARTING is written: those whose every
+            # host already runs are marked RUNNING in that same write, not in a second one.
+            ran = {(j.id, j.attempt) for j in launched if self._peek(j)}
+            marked = self.tr.launched_all([(j.id, j.attempt) for j in launched], running=ran)
             self._written("launched", [j.id for j in launched])
-            for j, ok in zip(launched, marked, strict=True):  # polled at once, not a cycle later
+            self._written(
+                "running",
+                [j.id for j, ok in zip(launched, marked, strict=True) if ok and (j.id, j.attempt) in ran],
+            )
+            for j, ok in zip(launched, marked, strict=True):  # polled at once (that look), not a cycle later
                 if ok:
-                    self._act_safely(replace(j, state=r.STARTING), writes)
+                    self._act_safely(
+                        replace(j, state=r.RUNNING if (j.id, j.attempt) in ran else r.STARTING), writes
+                    )
+                self._peeked.pop((j.id, j.attempt), None)
             self.tr.running_all([(j.id, j.attempt) for j in running])
             self._written("running", [j.id for j in running])
             self.tr.placed_all(placed)
@@ -549,12 +560,33 @@ class Service:
         status = self.cluster.poll(job.id, job.attempt)
         return bool(status.hosts) and all(h.state is not HostState.STARTING for h in status.hosts)
 
-    def _poll(self, job: ActiveJob, writes: Writes) -> None:
-        key = (job.id, job.attempt)
+    def _peek(self, job: ActiveJob) -> bool:
+        """A look at the hosts of a launch whose STARTING is still to be written: True when every
+        one already runs. The job's poll right after the write is this look (``_peeked``); a poll
+        that fails here is left to that poll, where it fails the attempt as any poll does."""
+        self._peeked.pop((job.id, job.attempt), None)
         try:
             status: AttemptStatus | None = self.cluster.poll(job.id, job.attempt)
         except NotFoundError:
             status = None
+        except Exception:
+            return False
+        self._peeked[(job.id, job.attempt)] = status
+        return (
+            status is not None
+            and bool(status.hosts)
+            and all(h.state is HostState.RUNNING for h in status.hosts)
+        )
+
+    def _poll(self, job: ActiveJob, writes: Writes) -> None:
+        key = (job.id, job.attempt)
+        if key in self._peeked:
+            status: AttemptStatus | None = self._peeked.pop(key)
+        else:
+            try:
+                status = self.cluster.poll(job.id, job.attempt)
+            except NotFoundError:
+                status = None
         present = status is not None and bool(status.hosts)
         if status is not None and present:
             self._status[key] = status

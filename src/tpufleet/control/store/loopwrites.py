@@ -654,14 +654,36 @@ class Transitions:
         """ADMITTED -> STARTING; opens one log stream per host (slice order, then worker id)."""
         self.launched_all([(job_id, attempt)])
 
-    def launched_all(self, keys: Sequence[tuple[str, int]]) -> list[bool]:
-        """Each attempt's ``launched``, all in one transaction; True for each that moved."""
-        return self._grouped(keys, self._launched, unique=_distinct(job for job, _ in keys))
+    def launched_all(
+        self, keys: Sequence[tuple[str, int]], running: Collection[tuple[str, int]] = frozenset()
+    ) -> list[bool]:
+        """Each attempt's ``launched``, all in one transaction; True for each that moved. Those of
+        ``running`` (every host already ran when the launch was first looked at) move on to
+        RUNNING in that same transaction, as ``running_all`` would move them."""
+        return self._grouped(
+            keys,
+            lambda s, members, alone: self._launched(s, members, alone, running),
+            unique=_distinct(job for job, _ in keys),
+        )
 
-    def _launched(self, s: Session, keys: Sequence[tuple[str, int]], alone: bool) -> list[bool]:
+    def _launched(
+        self, s: Session, keys: Sequence[tuple[str, int]], alone: bool, running: Collection[tuple[str, int]]
+    ) -> list[bool]:
         conn = s.connection()
-        moving = _move(conn, keys, alone, r.ADMITTED, {"state": r.STARTING, "updated_at": self.clock()})
-        if not moving:
+        now = self.clock()
+        jobs = _read_jobs(conn, [job_id for job_id, _ in keys])
+        moving = [
+            jobs[j] for j, a in keys if j in jobs and jobs[j].attempt == a and jobs[j].state == r.ADMITTED
+        ]
+        runs = {job.id for job in moving if (job.id, job.attempt) in running}
+        values = [
+            (job, {"state": r.RUNNING, "started_at": now, "updated_at": now})
+            if job.id in runs
+            else (job, {"state": r.STARTING, "updated_at": now})
+            for job in moving
+        ]
+        values.sort(key=lambda member: len(member[1]))  # one executemany per kind of move (_cas_all)
+        if not moving or not _cas_all(conn, values, alone):
             return [False] * len(keys)
         names = {n for job in moving for n in job.slices}
         query = select(_SLICES.c.name, _SLICES.c.expected_hosts).where(_SLICES.c.name.in_(names))
@@ -671,20 +693,26 @@ class Transitions:
             for job in moving
         }
         logs.open_streams_of(conn, [(job.id, job.attempt, layouts[job.id]) for job in moving])
+        term = term_of(s)
         _update_attempts(
-            conn, [(job.id, job.attempt, {"state": r.STARTING, "launch_term": term_of(s)}) for job in moving]
-        )
-        self.store.add_events(
-            s,
+            conn,
             [
-                {
-                    "message": f"attempt {job.attempt} launched on {len(layouts[job.id])} hosts",
-                    "job_id": job.id,
-                    "kind": "launch",
-                }
+                (job.id, job.attempt, {"state": r.RUNNING, "launch_term": term, "started_at": now})
+                if job.id in runs
+                else (job.id, job.attempt, {"state": r.STARTING, "launch_term": term})
                 for job in moving
             ],
         )
+        events = [
+            {
+                "message": f"attempt {job.attempt} launched on {len(layouts[job.id])} hosts",
+                "job_id": job.id,
+                "kind": "launch",
+            }
+            for job in moving
+        ]
+        events += [_run_event(job) for job in moving if job.id in runs]
+        self.store.add_events(s, events)
         moved = {job.id for job in moving}
         return [j in moved for j, _ in keys]
 
@@ -706,13 +734,7 @@ class Transitions:
         _update_attempts(
             conn, [(job.id, job.attempt, {"state": r.RUNNING, "started_at": now}) for job in moving]
         )
-        self.store.add_events(
-            s,
-            [
-                {"message": f"attempt {job.attempt}: every host is running", "job_id": job.id, "kind": "run"}
-                for job in moving
-            ],
-        )
+        self.store.add_events(s, [_run_event(job) for job in moving])
         moved = {job.id for job in moving}
         return [j in moved for j, _ in keys]
 
@@ -1073,6 +1095,10 @@ def _move(
     jobs = _read_jobs(conn, [job_id for job_id, _ in keys])
     moving = [jobs[j] for j, a in keys if j in jobs and jobs[j].attempt == a and jobs[j].state == state]
     return moving if _cas_all(conn, [(job, values) for job in moving], alone) else None
+
+
+def _run_event(job: Any) -> dict[str, Any]:
+    return {"message": f"attempt {job.attempt}: every host is running", "job_id": job.id, "kind": "run"}
 
 
 def _same(column: str) -> ColumnElement[bool]:
