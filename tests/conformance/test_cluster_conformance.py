@@ -225,8 +225,10 @@ def test_release_and_warm_hand_a_free_slice_back_and_take_it_again(cluster: Clus
     others = [s.name for s in cluster.client.inventory() if s.name != cluster.slice_name]
     victim = next(n for n in others if n.startswith("tpu-v4-16"))
     cluster.client.release([victim])
+    assert not cluster.client.launches_at_once([victim])  # no reservation: a launch would make one
     cluster.client.warm([victim])
     cluster.client.maintain()
+    assert cluster.client.launches_at_once([victim])  # reserved again: a launch only sends the starts
     assert any(s.name == victim for s in cluster.client.inventory())
 
 

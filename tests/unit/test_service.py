@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,57 @@ def test_a_launch_is_polled_in_the_turn_that_marks_it(store: Store, tmp_path: Pa
     kinds = [e["kind"] for e in store.events(job_id=job_id)]
     assert kinds.index("launch") < kinds.index("run")
     assert w.cluster._attempts[(job_id, 1)].polls == 1  # looked at once, not polled again after the write
+
+
+class PooledMemory(MemoryCluster):
+    """An in-memory fleet that says it keeps a warm pool (``WarmPool``): every slice is reserved
+    but those released (``cold``), so a launch on the others returns at once."""
+
+    def __init__(self, spec: str) -> None:
+        super().__init__(MemoryCluster.of(spec).inventory(), lambda _: Script(run_after=1, exit_after=None))
+        self.cold: set[str] = set()
+        self.launched_on: list[str] = []  # the thread each launch ran on
+        self.fault("launch", lambda: self.launched_on.append(threading.current_thread().name))
+
+    def maintain(self) -> None:
+        pass
+
+    def release(self, names: list[str]) -> None:
+        self.cold |= set(names)
+
+    def warm(self, names: list[str]) -> None:
+        self.cold -= set(names)
+
+    def launches_at_once(self, names: Sequence[str]) -> bool:
+        return not self.cold & set(names)
+
+
+@pytest.mark.parametrize("reserved", [True, False])
+def test_a_launch_on_reserved_slices_is_made_written_and_polled_in_the_turn_that_admits_it(
+    store: Store, tmp_path: Path, reserved: bool
+) -> None:
+    """With a warm pool, a plain launch on slices it holds is made on the loop's thread: one turn
+    admits the job, launches it and (its hosts running) marks it RUNNING. On slices the pool does
+    not hold the launch may be slow (a reservation to make), so it goes to the loop's pool."""
+    cluster = PooledMemory("v4-16")
+    if not reserved:
+        cluster.release(["tpu-v4-16-0"])
+    service = Service(store, cluster, state_dir=tmp_path / "state", config=replace(CONFIG, stop_threads=2))
+    store.tenants.create("a", {"v4": 8})
+    job_id = store.jobs.submit("a", JobRequest.build(command=("train",), accelerator_type="v4-16")).id
+    service.run_once()
+    if reserved:
+        assert store.jobs.get(job_id).state == "RUNNING"
+        assert cluster.launched_on == [threading.current_thread().name]
+    else:
+        wait_for("the launch", lambda: cluster.launched_on, 10)
+        assert cluster.launched_on != [threading.current_thread().name]
+        wait_for(
+            "the pool's launch to be marked",
+            lambda: service.run_once() or store.jobs.get(job_id).state == "RUNNING",
+            10,
+        )
+    service.close()
 
 
 def test_one_slice_job_runs_with_the_host_contract_and_succeeds(world: World) -> None:

@@ -209,6 +209,13 @@ class WarmPool(Protocol):
         """Put slices back into the warm pool (the next ``maintain`` reserves them)."""
         ...
 
+    def launches_at_once(self, names: Sequence[str]) -> bool:
+        """Whether a plain launch (an SPMD attempt, nothing to ship) on these slices returns at once:
+        each is reserved in the pool already, so ``launch`` only sends the hosts their start. The
+        loop then launches on its own thread instead of its pool's, and polls in the same turn.
+        No I/O."""
+        ...
+
 
 @runtime_checkable
 class Notifying(Protocol):

@@ -86,7 +86,7 @@ from tpufleet.errors import NotFoundError, TpufleetError
 from tpufleet.host import jobfiles, runlimits
 from tpufleet.runtime import StepProgress
 from tpufleet.scheduler import attempts
-from tpufleet.scheduler.lifecycle import JobState, StopKind
+from tpufleet.scheduler.lifecycle import JobKind, JobState, StopKind
 from tpufleet.scheduler.model import Admit, Preempt, RunDecision, Snapshot, Wait, Waits
 
 log = logging.getLogger(__name__)
@@ -186,6 +186,8 @@ class Service:
         self.pool = cluster if isinstance(cluster, WarmPool) else None  # the Ray client keeps one
         self._cycle_ms: deque[float] = deque(maxlen=100)
         self.cycle_observers: list[Callable[[float], None]] = []  # each cycle's seconds (metrics)
+        # the jobs of each group written (the API's long-polled reads); called on the loop's thread
+        self.write_observers: list[Callable[[Sequence[str]], None]] = []
         self._pool: ThreadPoolExecutor | None = None
         self._term: int | None = None  # the lease's term the kept state belongs to (with leadership)
         self._fresh()
@@ -494,6 +496,8 @@ class Service:
         """A group of ``kind`` is in the store; nothing of it has been acted on yet."""
         if job_ids and self.after_write is not None:
             self.after_write(kind, job_ids)
+        for observe in self.write_observers if job_ids else ():
+            observe(job_ids)
         if job_ids:
             failpoints.reach(self.config.failpoints, f"after-write:{kind}")
 
@@ -509,7 +513,9 @@ class Service:
         """Launch off the loop (a package may be large); the job turns STARTING once it returned."""
         key = (job.id, job.attempt)
         future = self._launches.get(key)
-        if future is None:
+        if future is None and self._launches_at_once(job):  # marked and polled in this same turn
+            self._launches[key] = future = _inline(self._do_launch, job)
+        elif future is None:
             self._launches[key] = self._submit(self._do_launch, job)
             future = self._launches[key]
             future.add_done_callback(lambda _: self.wake())  # record it at once, not a cycle later
@@ -525,6 +531,18 @@ class Service:
         self._apply(job, step, writes)
         if isinstance(step, attempts.MarkLaunched):
             self.wake()  # poll the hosts next (a Notifying cluster wakes the loop again once they started)
+
+    def _launches_at_once(self, job: ActiveJob) -> bool:
+        """A launch with nothing to read or ship (an SPMD job without a working dir) on slices the
+        warm pool holds returns at once (``WarmPool.launches_at_once``): made on the loop's thread,
+        it is written and its hosts polled in this turn, not after a hand-off to the pool and a
+        wake-up (a cycle) later."""
+        return (
+            self.pool is not None
+            and job.kind == JobKind.SPMD
+            and not job.working_dir
+            and self.pool.launches_at_once(job.slices)
+        )
 
     def _do_launch(self, job: ActiveJob) -> None:
         self.store.check_fence()  # a deposed leader launches nothing (its admission was written)
@@ -697,12 +715,7 @@ class Service:
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         if self._pool is not None:
             return self._pool.submit(fn, *args)
-        future: Future[Any] = Future()
-        try:
-            future.set_result(fn(*args))
-        except Exception as err:  # reported through the future, as on the pool
-            future.set_exception(err)
-        return future
+        return _inline(fn, *args)
 
     def _pool_draining(self, slices: list[r.SliceRecord]) -> None:
         """Tell the cluster to give drained free slices back, and to take them again when undrained."""
@@ -1009,6 +1022,16 @@ def _cyclic_gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def _inline(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``fn(*args)`` run now, on this thread, as a done future (what the pool would hand back)."""
+    future: Future[Any] = Future()
+    try:
+        future.set_result(fn(*args))
+    except Exception as err:  # reported through the future, as on the pool
+        future.set_exception(err)
+    return future
 
 
 def _moved(chunk: LogChunk, offset: int) -> bool:

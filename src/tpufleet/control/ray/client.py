@@ -259,6 +259,11 @@ class RayExecutor:
             host.started = host.runner.start.remote(replace(request, package=package))
         self._wake_when_started([h.started for h in rec.hosts])
 
+    def launches_at_once(self, names: Sequence[str]) -> bool:
+        """``WarmPool``: each slice is reserved, so a launch sends the start calls and returns."""
+        with self._lock:
+            return all(self._pool.get(name) is not None for name in names)
+
     def _launch_ray(self, spec: AttemptSpec) -> None:
         """Hold the slices and queue the driver for its type's steering window (``rayjob``)."""
         key = (spec.job_id, spec.attempt)
@@ -303,7 +308,12 @@ class RayExecutor:
         # Runners are threaded actors, so a status call may run before the start call it follows.
         # Only a host whose start had returned before we asked can answer "never heard of it".
         starts = [h.started for h in rec.hosts if h.started is not None]
-        returned = set(ray.wait(starts, num_returns=len(starts), timeout=0)[0]) if starts else set()
+        # The first look at a launch waits for the start calls themselves (a runner answers its
+        # start once the process runs), so that every host is seen RUNNING in one look rather
+        # than some of them in this one and the rest a turn later.
+        unseen = len(starts) == len(rec.hosts) and all(h.last is None and h.asked is None for h in rec.hosts)
+        wait_s = _POLL_WAIT_S if unseen else 0
+        returned = set(ray.wait(starts, num_returns=len(starts), timeout=wait_s)[0]) if starts else set()
         if (answered := self._started_running(rec, returned)) is not None:
             return AttemptStatus(job_id, attempt, answered, rec.extra.get("progress"))
         started = [h.started is None or h.started in returned for h in rec.hosts]
