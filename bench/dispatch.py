@@ -3,9 +3,11 @@
 One emulated fleet (``v4-16:2``), one run, interleaved: each round measures
 
 - **service** (``--via service``): the whole control plane. ``Client.submit`` over HTTP to a
-  ``ControlPlane(RayExecutor.connect(...))`` (store, scheduling loop, policy, executor), then ``Client.job``
-  until the API reports the job ``RUNNING``, which the loop writes once ``poll`` saw every host's
-  process running. This is what a user gets.
+  ``ControlPlane(RayExecutor.connect(...))`` (store, scheduling loop, policy, executor), then one
+  long-polled ``Client.job`` (``while_state`` QUEUED, ADMITTED, STARTING) that the API answers once
+  the job is ``RUNNING``, which the loop writes once ``poll`` saw every host's process running.
+  This is what a user gets. With ``--polling``, also **service_poll**: the same, read every 5 ms
+  instead (a client without the long poll).
 - **executor** (``--via executor``): ``RayExecutor.launch`` of an attempt on a free slice held by the
   warm pool, then ``poll`` until every host reports ``RUNNING``: the service's work after admission.
 - **raw Ray** (always): ``ray.util.tpu.slice_placement_group`` (its head-reservation round trip,
@@ -22,7 +24,8 @@ back (``--via executor``) it is about a second (observed: the reservation of a j
 waits for a retry), with the service path's round in between about 150 ms. Both are real costs; run
 both ``--via`` modes to see them.
 
-    .venv/bin/python bench/dispatch.py [--runs 20] [--via all|service|executor] [--ray-address ADDR] [--json]
+    .venv/bin/python bench/dispatch.py [--runs 20] [--via all|service|executor] [--polling]
+        [--ray-address ADDR] [--json]
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from tpufleet.control.cluster.protocol import AttemptSpec, HostState
 from tpufleet.control.ray.client import RayExecutor
 
 COMMAND = ("sleep", "60")
+BEFORE_RUNNING = ("QUEUED", "ADMITTED", "STARTING")
 
 TARGET_P50_S = 0.05  # issue 30: dispatch <= 50 ms p50 through the API (it was 0.3 s before)
 
@@ -93,16 +97,21 @@ class ExecutorPath:
 class ServicePath:
     """The whole control plane: submit over HTTP, then the API until the job is RUNNING."""
 
-    def __init__(self, client: Client, admin: Client) -> None:
-        self.client, self.admin = client, admin
+    def __init__(self, client: Client, admin: Client, *, long_poll: bool = True) -> None:
+        self.client, self.admin, self.long_poll = client, admin, long_poll
 
     def once(self) -> float:
         t0 = time.perf_counter()
-        job_id = self.client.submit(COMMAND, "v4-16", max_retries=0, name="bench")["id"]
-        while (job := self.client.job(job_id))["state"] != "RUNNING":
-            if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                raise RuntimeError(f"bench job {job_id} ended {job['state']}: {job['reason']}")
-            time.sleep(0.005)
+        job = self.client.submit(COMMAND, "v4-16", max_retries=0, name="bench")
+        job_id = job["id"]
+        while job["state"] in BEFORE_RUNNING:
+            if self.long_poll:  # the read answers once the job has run or ended
+                job = self.client.job(job_id, while_state=BEFORE_RUNNING, wait_s=10)
+            else:  # --polling: a read every 5 ms, as a client without the long poll does
+                time.sleep(0.005)
+                job = self.client.job(job_id)
+        if job["state"] != "RUNNING":
+            raise RuntimeError(f"bench job {job_id} ended {job['state']}: {job['reason']}")
         elapsed = time.perf_counter() - t0
         self.client.cancel(job_id)
         _until(lambda: self.client.job(job_id)["state"] == "CANCELLED", f"job {job_id} to end")
@@ -164,7 +173,7 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def run(address: str, runs: int, warmup: int, via: str) -> dict[str, Any]:
+def run(address: str, runs: int, warmup: int, via: str, polling: bool = False) -> dict[str, Any]:
     ray.init(address=address, namespace="tpufleet-bench", log_to_driver=False, logging_level="WARNING")
     cluster = RayExecutor()
     with contextlib.ExitStack() as stack:
@@ -177,7 +186,10 @@ def run(address: str, runs: int, warmup: int, via: str) -> dict[str, Any]:
         cluster.wait_warm([v4[0]])
         paths: dict[str, Callable[[], float]] = {}
         if via in ("all", "service"):
-            paths["service"] = _service_path(stack, cluster, v4).once
+            service = _service_path(stack, cluster, v4)
+            paths["service"] = service.once
+            if polling:
+                paths["service_poll"] = ServicePath(service.client, service.admin, long_poll=False).once
         if via in ("all", "executor"):
             job_root = stack.enter_context(tempfile.TemporaryDirectory(prefix="tpufleet-bench-jobs-"))
             paths["executor"] = ExecutorPath(cluster, v4[0], job_root).once
@@ -193,7 +205,12 @@ def run(address: str, runs: int, warmup: int, via: str) -> dict[str, Any]:
     p50 = {name: r["p50_s"] for name, r in result["paths"].items()}
     result["ratios_p50"] = {
         f"{a}/{b}": p50[a] / p50[b]
-        for a, b in (("raw_ray", "service"), ("raw_ray", "executor"), ("service", "executor"))
+        for a, b in (
+            ("raw_ray", "service"),
+            ("raw_ray", "executor"),
+            ("service", "executor"),
+            ("service_poll", "service"),
+        )
         if a in p50 and b in p50
     }
     judged = "service" if "service" in p50 else "executor"
@@ -244,10 +261,16 @@ def main(argv: list[str] | None = None) -> int:
         default="all",
         help="tpufleet paths to time next to raw Ray: the control plane over HTTP, the executor, or both",
     )
+    p.add_argument(
+        "--polling",
+        action="store_true",
+        help="also time the service path with a client that reads the job every 5 ms instead of the "
+        "long poll (path service_poll)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     with fleet_address(args.ray_address, args.slices) as address:
-        result = run(address, args.runs, args.warmup, args.via)
+        result = run(address, args.runs, args.warmup, args.via, args.polling)
     print(json.dumps(result, indent=2) if args.json else report(result))
     return 0 if result["target"]["met"] else 1
 

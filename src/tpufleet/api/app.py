@@ -51,6 +51,7 @@ from tpufleet.api.authguard import AuthGuard
 from tpufleet.api.deps import API
 from tpufleet.api.limits import BodyLimit
 from tpufleet.api.metrics import CostReports
+from tpufleet.api.watch import JobChanges
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import Limits
 from tpufleet.observe.registry import metrics_registry
@@ -83,6 +84,7 @@ def create_app(
     admin_token_path: Path | None = None,
     auth_guard: AuthGuard | None = None,
     provider: str | None = None,
+    job_changes: JobChanges | None = None,
 ) -> FastAPI:
     """The API over ``store``. ``status`` is the loop's health (``cycles``, ``stalled``,
     ``last_error``, ``cycle_ms_last``, ``cycle_ms_p50``; missing keys read as their defaults):
@@ -93,7 +95,9 @@ def create_app(
     the file ``POST /api/v1/tokens/rotate-admin`` writes the new admin token to (mode 0600).
     ``auth_guard``: counts and slows failed authentications (default: 10 a minute per address).
     ``provider``: the kind of provider that makes slices (``serve --provider``); without one, asking
-    for a slice group is refused (409) and deleting one no provider made removes it at once."""
+    for a slice group is refused (409) and deleting one no provider made removes it at once.
+    ``job_changes``: what the scheduling loop tells of the jobs it moved, for the long-polled job
+    reads (``watch.py``; default: one that only the API's own cancels wake)."""
     app = FastAPI(
         title="tpufleet",
         version=tpufleet.__version__,
@@ -107,6 +111,7 @@ def create_app(
         store.limits = limits  # one set of caps for the API and the store (package checks, queued cap)
     app.state.limits = store.limits
     app.state.store, app.state.on_change = store, on_change
+    app.state.job_changes = job_changes or JobChanges()  # wakes long-polled job reads (watch.py)
     app.state.admin_token_path = admin_token_path
     app.state.provider = provider
     app.state.status = lambda: {**health.STATUS_DEFAULTS, **(status() or {})}

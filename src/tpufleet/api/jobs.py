@@ -17,6 +17,7 @@ from tpufleet.api.deps import API, Db, Who, changed
 from tpufleet.api.errormap import responses
 from tpufleet.api.jobviews import fleet_warnings, job_with_goodput, jobs_with_goodput
 from tpufleet.api.limits import MAX_BATCH_BODY_BYTES, MAX_BATCH_JOBS
+from tpufleet.api.watch import MAX_WAIT_S, JobChanges
 from tpufleet.control.store import listing
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import (
@@ -212,11 +213,51 @@ def list_jobs(
     return {"items": listed, "next": None if last is None else encode_cursor(last)}
 
 
-@router.get("/jobs/{job_id}", tags=["jobs"], responses=responses(404, 422))
-def get_job(job_id: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
+@router.get("/jobs/{job_id}", tags=["jobs"], responses=responses(400, 404, 409, 422))
+def get_job(
+    job_id: str,
+    me: Who,
+    store: Db,
+    request: Request,
+    while_state: Annotated[
+        list[str] | None,
+        Query(
+            description="with wait_s: answer once the job is in none of these states (e.g. QUEUED, or "
+            "QUEUED, ADMITTED and STARTING to wait until it runs or ends), not before"
+        ),
+    ] = None,
+    wait_s: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_S,
+            description=f"with while_state: wait at most this long, 0 to {MAX_WAIT_S:g} s",
+        ),
+    ] = 0,
+) -> dict[str, Any]:
     """The whole job, its attempts and goodput, and ``warnings`` as ``POST /api/v1/jobs`` gives
-    them while it is queued."""
-    job = store.jobs.get(job_id, tenant=auth.job_scope(me))
+    them while it is queued. With ``while_state`` (one or more) and ``wait_s`` the answer waits
+    while the job is in one of those states, at most ``wait_s`` seconds, and is the job as it then
+    is (a long poll, ``watch.py``: no need to ask again every few milliseconds); too many waits
+    at once is a 409."""
+    scope = auth.job_scope(me)
+    if not while_state:
+        if wait_s:
+            raise SpecError("wait_s needs while_state: the states to wait for the job to leave, e.g. QUEUED")
+        job = store.jobs.get(job_id, tenant=scope)
+    else:
+        states = frozenset(s.upper() for s in while_state)
+        valid = (QUEUED, *ACTIVE, *TERMINAL)
+        for bad in (s for s in states if s not in valid):
+            raise SpecError(f"while_state={bad[:40]!r} is not a job state; valid: {', '.join(valid)}")
+        changes: JobChanges = request.app.state.job_changes
+        job = changes.wait(
+            me.tenant or "(admin)",
+            job_id,
+            lambda: store.jobs.get(job_id, tenant=scope),
+            lambda j: j.state in states,
+            wait_s,
+        )
     return {**job_with_goodput(job, store.clock()), "warnings": _warnings(request, store, job)}
 
 
@@ -250,4 +291,5 @@ def job_logs(
 def cancel(job_id: str, me: Who, store: Db, request: Request) -> dict[str, Any]:
     job = store.jobs.request_cancel(job_id, tenant=auth.job_scope(me), actor=me.actor)
     changed(request)
+    request.app.state.job_changes.changed([job_id])  # a queued job is CANCELLED at once
     return job.to_dict()

@@ -31,6 +31,7 @@ from tpufleet import pricing
 from tpufleet.api.app import create_app
 from tpufleet.api.auth import ensure_admin_token
 from tpufleet.api.serving import ADMIN_TOKEN_FILE, default_state_dir, listen
+from tpufleet.api.watch import JobChanges
 from tpufleet.control.cluster.protocol import ClusterClient
 from tpufleet.control.loop.provisioner import ProvisionConfig, Provisioner
 from tpufleet.control.loop.service import Decide, ServiceConfig
@@ -135,7 +136,9 @@ class ControlPlane:
             limits=limits,
             admin_token_path=self.admin_token_path,
             provider=provider.kind if provider is not None else None,
+            job_changes=JobChanges(),
         )
+        self.service.write_observers.append(self.app.state.job_changes.changed)
         # the fleet page's chips are shaded by what the device sampler last read (GET /api/v1/fleet)
         self.app.state.duty_cycles = lambda: duty_cycles(self.devices.view()[2])
         # the slice types the autoscaler makes on demand (a submit for another missing type is warned)

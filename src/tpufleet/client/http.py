@@ -283,8 +283,18 @@ class Client:
                 break
         return out
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return dict(self.request("GET", f"{API}/jobs/{_seg(job_id)}"))
+    def job(
+        self, job_id: str, *, while_state: str | Sequence[str] | None = None, wait_s: float = 0
+    ) -> dict[str, Any]:
+        """The job. With ``while_state`` (a state or several): the server answers once the job is
+        in none of them, or after ``wait_s`` seconds (at most 30) with the job as it is (a long
+        poll)."""
+        if while_state is None:
+            return dict(self.request("GET", f"{API}/jobs/{_seg(job_id)}"))
+        states = [while_state] if isinstance(while_state, str) else list(while_state)
+        params = {"while_state": states, "wait_s": wait_s}
+        timeout = httpx.Timeout(max(30.0, wait_s + 30.0))
+        return dict(self.request("GET", f"{API}/jobs/{_seg(job_id)}", params=params, timeout=timeout))
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
         return list(self.request("GET", f"{API}/jobs/{_seg(job_id)}/events"))
