@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 
 JAX_PORT_VAR = "TPUFLEET_JAX_COORDINATOR_PORT"
 _POLL_WAIT_S = 0.5
+_FIRST_LOOK_S = 0.1  # the first poll of a launch waits this long for the hosts' start calls
 _CALL_TIMEOUT_S = 10.0
 _REUSE_NODES_S = 0.5  # inventory() right after maintain() uses its read of the node table
 _START_WATCH_S = 120.0  # a launch watcher waits this long for the hosts' start calls, then wakes the loop
@@ -311,8 +312,10 @@ class RayExecutor:
         # The first look at a launch waits for the start calls themselves (a runner answers its
         # start once the process runs), so that every host is seen RUNNING in one look rather
         # than some of them in this one and the rest a turn later.
+        # Briefly: a start slower than that (a loaded machine) is left to the launch's watch, which
+        # wakes the loop once every start answered, instead of holding the loop's turn.
         unseen = len(starts) == len(rec.hosts) and all(h.last is None and h.asked is None for h in rec.hosts)
-        wait_s = _POLL_WAIT_S if unseen else 0
+        wait_s = _FIRST_LOOK_S if unseen else 0
         returned = set(ray.wait(starts, num_returns=len(starts), timeout=wait_s)[0]) if starts else set()
         if (answered := self._started_running(rec, returned)) is not None:
             return AttemptStatus(job_id, attempt, answered, rec.extra.get("progress"))
