@@ -671,20 +671,15 @@ class Transitions:
     ) -> list[bool]:
         conn = s.connection()
         now = self.clock()
-        jobs = _read_jobs(conn, [job_id for job_id, _ in keys])
-        moving = [
-            jobs[j] for j, a in keys if j in jobs and jobs[j].attempt == a and jobs[j].state == r.ADMITTED
-        ]
-        runs = {job.id for job in moving if (job.id, job.attempt) in running}
-        values = [
-            (job, {"state": r.RUNNING, "started_at": now, "updated_at": now})
-            if job.id in runs
-            else (job, {"state": r.STARTING, "updated_at": now})
-            for job in moving
-        ]
-        values.sort(key=lambda member: len(member[1]))  # one executemany per kind of move (_cas_all)
-        if not moving or not _cas_all(conn, values, alone):
+        # a launch whose hosts all ran at its first look goes on to RUNNING (True), the rest STARTING
+        mark = {
+            False: {"state": r.STARTING, "updated_at": now},
+            True: {"state": r.RUNNING, "started_at": now, "updated_at": now},
+        }
+        moving = _move(conn, keys, alone, r.ADMITTED, lambda job: mark[(job.id, job.attempt) in running])
+        if not moving:
             return [False] * len(keys)
+        runs = {job.id for job in moving if (job.id, job.attempt) in running}
         names = {n for job in moving for n in job.slices}
         query = select(_SLICES.c.name, _SLICES.c.expected_hosts).where(_SLICES.c.name.in_(names))
         sizes = {name: hosts for name, hosts in conn.execute(query)}
@@ -1088,13 +1083,20 @@ def _cas_all(conn: Connection, members: Sequence[tuple[Any, dict[str, Any]]], al
 
 
 def _move(
-    conn: Connection, keys: Sequence[tuple[str, int]], alone: bool, state: str, values: dict[str, Any]
+    conn: Connection,
+    keys: Sequence[tuple[str, int]],
+    alone: bool,
+    state: str,
+    values: dict[str, Any] | Callable[[Any], dict[str, Any]],
 ) -> list[Any] | None:
     """The jobs of ``keys`` (id, attempt) that are at that attempt in ``state``, each set to
-    ``values`` (``_cas_all``); None when a lone member's row changed since it was read."""
+    ``values`` (or ``values(job)``, a job's own; ``_cas_all`` writes one statement per set of
+    columns, the members ordered by it); None when a lone member's row changed since it was read."""
     jobs = _read_jobs(conn, [job_id for job_id, _ in keys])
     moving = [jobs[j] for j, a in keys if j in jobs and jobs[j].attempt == a and jobs[j].state == state]
-    return moving if _cas_all(conn, [(job, values) for job in moving], alone) else None
+    members = [(job, values(job) if callable(values) else values) for job in moving]
+    members.sort(key=lambda member: tuple(member[1]))  # stable: one set of columns keeps its order
+    return moving if _cas_all(conn, members, alone) else None
 
 
 def _run_event(job: Any) -> dict[str, Any]:
