@@ -470,19 +470,18 @@ class Service:
                         self._failed(x.job, err, writes)
             # A launch's hosts are looked at before its STARTING is written: those whose every
             # host already runs are marked RUNNING in that same write, not in a second one.
-            ran = {(j.id, j.attempt) for j in launched if self._peek(j)}
-            marked = self.tr.launched_all([(j.id, j.attempt) for j in launched], running=ran)
+            keys = [(j.id, j.attempt) for j in launched]
+            ran = {key for j, key in zip(launched, keys, strict=True) if self._peek(j)}
+            marked = self.tr.launched_all(keys, running=ran)
             self._written("launched", [j.id for j in launched])
             self._written(
                 "running",
-                [j.id for j, ok in zip(launched, marked, strict=True) if ok and (j.id, j.attempt) in ran],
+                [j.id for j, key, ok in zip(launched, keys, marked, strict=True) if ok and key in ran],
             )
-            for j, ok in zip(launched, marked, strict=True):  # polled at once (that look), not a cycle later
+            for j, key, ok in zip(launched, keys, marked, strict=True):  # polled at once (that look)
                 if ok:
-                    self._act_safely(
-                        replace(j, state=r.RUNNING if (j.id, j.attempt) in ran else r.STARTING), writes
-                    )
-                self._peeked.pop((j.id, j.attempt), None)
+                    self._act_safely(replace(j, state=r.RUNNING if key in ran else r.STARTING), writes)
+                self._peeked.pop(key, None)
             self.tr.running_all([(j.id, j.attempt) for j in running])
             self._written("running", [j.id for j in running])
             self.tr.placed_all(placed)
@@ -513,7 +512,8 @@ class Service:
         """Launch off the loop (a package may be large); the job turns STARTING once it returned."""
         key = (job.id, job.attempt)
         future = self._launches.get(key)
-        if future is None and self._launches_at_once(job):  # marked and polled in this same turn
+        inline = future is None and self._launches_at_once(job)  # marked and polled in this same turn
+        if inline:
             self._launches[key] = future = _inline(self._do_launch, job)
         elif future is None:
             self._launches[key] = self._submit(self._do_launch, job)
@@ -529,8 +529,10 @@ class Service:
             log.error("launch of %s attempt %s failed", job.id, job.attempt, exc_info=err)
         step = attempts.after_launch(what)
         self._apply(job, step, writes)
-        if isinstance(step, attempts.MarkLaunched):
-            self.wake()  # poll the hosts next (a Notifying cluster wakes the loop again once they started)
+        if isinstance(step, attempts.MarkLaunched) and not inline:
+            # poll the hosts next (a Notifying cluster wakes the loop again once they started); an
+            # inline launch is polled in this turn already (_write_and_act)
+            self.wake()
 
     def _launches_at_once(self, job: ActiveJob) -> bool:
         """A launch with nothing to read or ship (an SPMD job without a working dir) on slices the
@@ -584,27 +586,22 @@ class Service:
         that fails here is left to that poll, where it fails the attempt as any poll does."""
         self._peeked.pop((job.id, job.attempt), None)
         try:
-            status: AttemptStatus | None = self.cluster.poll(job.id, job.attempt)
-        except NotFoundError:
-            status = None
+            status = self._status_of(job)
         except Exception:
             return False
         self._peeked[(job.id, job.attempt)] = status
-        return (
-            status is not None
-            and bool(status.hosts)
-            and all(h.state is HostState.RUNNING for h in status.hosts)
-        )
+        return status is not None and status.all_running
+
+    def _status_of(self, job: ActiveJob) -> AttemptStatus | None:
+        """What the cluster says of the job's attempt; None for an attempt it does not know."""
+        try:
+            return self.cluster.poll(job.id, job.attempt)
+        except NotFoundError:
+            return None
 
     def _poll(self, job: ActiveJob, writes: Writes) -> None:
         key = (job.id, job.attempt)
-        if key in self._peeked:
-            status: AttemptStatus | None = self._peeked.pop(key)
-        else:
-            try:
-                status = self.cluster.poll(job.id, job.attempt)
-            except NotFoundError:
-                status = None
+        status = self._peeked.pop(key) if key in self._peeked else self._status_of(job)
         present = status is not None and bool(status.hosts)
         if status is not None and present:
             self._status[key] = status
