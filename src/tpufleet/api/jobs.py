@@ -5,6 +5,7 @@ another tenant's job is the same 404 as one that does not exist. Every job body 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -204,13 +205,19 @@ def list_jobs(
     scope = auth.job_scope(me) or tenant
     if scope is not None and not TENANT_NAME.fullmatch(scope):
         raise SpecError(f"{scope[:70]!r} is not a tenant name", field="tenant")
-    states = tuple(s.upper() for s in state or ())
-    valid = (QUEUED, *ACTIVE, *TERMINAL)
-    for bad in (s for s in states if s not in valid):
-        raise SpecError(f"state={bad[:40]!r} is not a job state; valid: {', '.join(valid)}")
+    states = _job_states("state", state or ())
     items, last = listing.jobs_page(store, scope, states, limit=limit, after=decode_cursor(after))
     listed = jobs_with_goodput(store, items)
     return {"items": listed, "next": None if last is None else encode_cursor(last)}
+
+
+def _job_states(param: str, given: Iterable[str]) -> tuple[str, ...]:
+    """``given`` in upper case; a 400 naming ``param`` for one that is not a job state."""
+    states = tuple(s.upper() for s in given)
+    valid = (QUEUED, *ACTIVE, *TERMINAL)
+    for bad in (s for s in states if s not in valid):
+        raise SpecError(f"{param}={bad[:40]!r} is not a job state; valid: {', '.join(valid)}")
+    return states
 
 
 @router.get("/jobs/{job_id}", tags=["jobs"], responses=responses(400, 404, 409, 422))
@@ -246,10 +253,7 @@ def get_job(
             raise SpecError("wait_s needs while_state: the states to wait for the job to leave, e.g. QUEUED")
         job = store.jobs.get(job_id, tenant=scope)
     else:
-        states = frozenset(s.upper() for s in while_state)
-        valid = (QUEUED, *ACTIVE, *TERMINAL)
-        for bad in (s for s in states if s not in valid):
-            raise SpecError(f"while_state={bad[:40]!r} is not a job state; valid: {', '.join(valid)}")
+        states = frozenset(_job_states("while_state", while_state))
         changes: JobChanges = request.app.state.job_changes
         job = changes.wait(
             me.tenant or "(admin)",

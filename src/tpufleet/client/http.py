@@ -293,7 +293,7 @@ class Client:
             return dict(self.request("GET", f"{API}/jobs/{_seg(job_id)}"))
         states = [while_state] if isinstance(while_state, str) else list(while_state)
         params = {"while_state": states, "wait_s": wait_s}
-        timeout = httpx.Timeout(max(30.0, wait_s + 30.0))
+        timeout = httpx.Timeout(wait_s + 30.0)  # the server's wait, then an ordinary read's time
         return dict(self.request("GET", f"{API}/jobs/{_seg(job_id)}", params=params, timeout=timeout))
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
