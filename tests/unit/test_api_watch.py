@@ -114,6 +114,31 @@ def test_waits_are_capped_per_tenant_and_the_cap_frees_as_they_answer(plane: pla
     assert client.job(first, while_state="QUEUED", wait_s=1)["state"] == "RUNNING"
 
 
+def test_waits_are_capped_in_all_whatever_the_tenants(plane: planes.Served) -> None:
+    """Each wait holds one of the API's worker threads: two tenants within their own caps still
+    stop at the cap in all, and the admin's reads count too."""
+    changes = _changes(plane)
+    changes.per_tenant, changes.total = 2, 3
+    tenants = [plane.tenant_client(v4=16)[1] for _ in range(2)]
+    first = tenants[0].submit(["train"], "v4-16")["id"]
+    planes.wait_state(tenants[0], first, "RUNNING")
+    queued = [c.submit(["train"], "v4-16")["id"] for c in tenants]
+    with ThreadPoolExecutor(3) as pool:
+        held = [
+            _waiting(plane, pool, tenants[0], queued[0], while_state="QUEUED", wait_s=30),
+            _waiting(plane, pool, tenants[0], queued[0], while_state="QUEUED", wait_s=30),
+            _waiting(plane, pool, tenants[1], queued[1], while_state="QUEUED", wait_s=30),
+        ]
+        with pytest.raises(ConflictError, match=r"\(2 per tenant, 3 in all\)"):
+            tenants[1].job(queued[1], while_state="QUEUED", wait_s=30)  # within its own 2, over the 3
+        with pytest.raises(ConflictError, match="too many waiting reads"):
+            plane.admin.job(queued[1], while_state="QUEUED", wait_s=30)
+        for c, job_id in zip(tenants, queued, strict=True):
+            c.cancel(job_id)
+        assert [f.result(timeout=20)["state"] for f in held] == ["CANCELLED"] * 3
+    assert changes.waiting == 0
+
+
 @pytest.mark.parametrize(
     ("query", "status", "says"),
     [
