@@ -8,13 +8,15 @@ a ``Snapshot``, calls the policy once and applies its decisions:
 - ``Admit``: the job runs from now on the chosen slices (``admit_seq`` = the next admission number);
 - ``Preempt``: the victim gets the checkpoint signal now, keeps its slices for ``grace`` ticks, then
   releases them and is requeued with its original ``seq``; work done before the signal is kept
-  (it resumes from its checkpoint), so it needs ``duration`` minus what it ran;
+  (it resumes from its checkpoint), so it needs ``duration`` minus what it ran; with
+  ``resume=False`` it needs its whole ``duration`` again (an evicted Kueue workload's rerun);
 - ``Wait``: the reason is recorded on the job, and ``head_of_line`` is kept for the next snapshot.
 
 A job's state moves only through ``lifecycle``'s functions (admit, request_stop, end_attempt), the
 same ones the control plane's store applies.
 
-Used by the unit tests (starvation, fair share over time) and by ``bench/policy.py``.
+Used by the unit tests (starvation, fair share over time), by ``bench/policy.py`` and by
+``bench/kueue.py --policy-only``.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class Simulation:
         *,
         grace: int = 1,
         policy: Callable[[Snapshot], list[Decision]] = decide,
+        resume: bool = True,
         max_cycles: int = 1_000_000,
     ) -> None:
         if grace < 1:
@@ -122,6 +125,7 @@ class Simulation:
         self.slices = {s.name: s for s in slices}
         self.grace = grace
         self.policy = policy
+        self.resume = resume
         self.max_cycles = max_cycles
         self.records: dict[str, SimRecord] = {}
         self.chip_ticks: dict[str, int] = {t.name: 0 for t in tenants}
@@ -228,7 +232,7 @@ class Simulation:
 
     def _preempt(self, rec: SimRecord, decision: Preempt) -> None:
         assert rec.started is not None, f"{rec.view.id} is preempted but not running"
-        rec.remaining -= self.now - rec.started
+        rec.remaining = rec.remaining - (self.now - rec.started) if self.resume else rec.job.duration
         rec.started = self.now  # not counted as progress: the job checkpointed at the signal
         rec.preemptions += 1
         rec.release_at = self.now + self.grace
