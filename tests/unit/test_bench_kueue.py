@@ -93,3 +93,28 @@ def test_figures_take_the_first_admission_and_every_attempts_chips() -> None:
     assert f.usage == pytest.approx(held / (20 * len(p.tenants) * 10.0) * 100)
     assert f.lost["all"] == pytest.approx(20 * 1.0 / held * 100)  # the preempted attempt's, run again
     assert f.lost["large"] == pytest.approx(20 / (20 + 80) * 100) and f.lost["small"] == 0.0
+
+
+def test_the_policy_alone_replays_a_plan_on_ticks_of_its_intervals() -> None:
+    # One tenant of one chip, three 200 ms jobs created 100 ms apart on one 1-chip slice: created
+    # at 0.1, 0.2, 0.3 s, admitted at 0.1, 0.3, 0.5 s (waits 0, 0.1, 0.2 s), the last ends at 0.7 s.
+    p = kq.Plan(
+        ("a",), 1, "v5litepod-1:1", {"small": kq.Shape("v5litepod-1", 1)},
+        (kq.WorkloadSet("small", 3, 100, 200, 50, 1),),
+    )  # fmt: skip
+    f = kq.simulate(p)
+    assert f.wall == pytest.approx(0.7)
+    assert f.generation == pytest.approx(0.3)
+    assert f.admission == {"small": pytest.approx(0.1)}
+    assert f.usage == pytest.approx(600 / 7)  # 0.6 chip-seconds held of 0.7
+    assert (f.succeeded, f.jobs, f.preempted) == (3, 3, 0)
+
+
+def test_the_policy_alone_meets_the_baseline_goals_with_kueues_fungible_capacity() -> None:
+    # The policy with no cost per job (a fifth of the baseline's workloads, all 30 tenants):
+    # higher priorities are admitted first, and every chip is used while the queue has work.
+    p = kq.plan(kq.CONFIGS["baseline"], "chips", scale=0.2)
+    f = kq.simulate(p)
+    assert f.succeeded == f.jobs == p.workloads
+    assert f.admission["large"] < f.admission["medium"] < f.admission["small"]
+    assert f.usage > 85
