@@ -36,7 +36,8 @@ def plane(ray_client: object, fleet: Any, tmp_path_factory: pytest.TempPathFacto
 
 
 def metrics(cp: ControlPlane) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    resp = httpx.get(f"{cp.url}/metrics", headers={"Authorization": f"Bearer {cp.admin_token}"})
+    # httpx's 5 s default is too short for a page on a loaded 2-core machine (a CI run timed out)
+    resp = httpx.get(f"{cp.url}/metrics", headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=60)
     assert resp.status_code == 200, resp.text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value

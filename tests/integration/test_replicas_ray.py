@@ -162,7 +162,7 @@ def test_leaders_die_mid_launch_and_mid_stop_pause_and_hand_over_and_every_job_r
     b = replicas.start("b", failpoints="after-stop")
     assert not b.leads() and b.get("/api/v1/status")["leader_since"] is None
     assert b.get("/healthz")["leader_replica"] == a.me()
-    metrics = httpx.get(f"{b.url}/metrics", headers={"Authorization": f"Bearer {b.token}"}).text
+    metrics = httpx.get(f"{b.url}/metrics", headers={"Authorization": f"Bearer {b.token}"}, timeout=60).text
     assert f'tpufleet_leader{{replica="{b.me()}"}} 0.0' in metrics  # each replica's own gauge
 
     team = b.post("/api/v1/tenants", {"name": "team", "quota": {"v4": 16}})["token"]  # a standby serves

@@ -62,7 +62,7 @@ class Plane(planes.ServeProcess):
     def job(self, job_id: str) -> dict[str, Any]:
         """A job through the API (polled often: cheaper than a CLI process each time)."""
         resp = httpx.get(
-            f"{self.url}/api/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {self.admin}"}
+            f"{self.url}/api/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {self.admin}"}, timeout=60
         )
         assert resp.status_code == 200, resp.text
         return dict(resp.json())
