@@ -55,21 +55,8 @@ pids=()
 # An interrupted run (Ctrl-C, a CI timeout) stops the background processes too, by their PIDs.
 trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$fast_log" "$own_log" "$TPUFLEET_EMULATOR_JAX_CACHE"' EXIT
 
-# The fast stream first collects its tests once with PYTHONDONTWRITEBYTECODE unset (this
-# environment sets it): pytest then caches each module's assertion rewrite in __pycache__, and its
-# three workers read them instead of each rewriting every module (a worker's collection: 12 CPU-s
-# cold, 5 warm). The fleet streams start meanwhile; an interrupted run stops the collection too.
-(
-  renice -n 10 "$BASHPID" >/dev/null
-  PYTHONDONTWRITEBYTECODE= "$py" -m pytest --collect-only -q -p no:cacheprovider \
-    tests/host tests/unit tests/conformance >/dev/null 2>&1 &
-  collecting=$!
-  trap 'kill "$collecting" 2>/dev/null; exit 143' TERM
-  wait "$collecting"  # what it would report (a module that does not import), the run reports
-  trap - TERM
-  exec "$py" -m pytest tests/host tests/unit tests/conformance -m "not integration" "${fast_ignore[@]}" \
-    -n 3 --dist worksteal --durations=10 "$@"
-) >"$fast_log" 2>&1 &
+nice -n 10 "$py" -m pytest tests/host tests/unit tests/conformance -m "not integration" "${fast_ignore[@]}" \
+  -n 3 --dist worksteal --durations=10 "$@" >"$fast_log" 2>&1 &
 fast=$!
 pids+=("$fast")
 "$py" -m pytest "${SOLO[@]}" -n 2 --dist loadfile --durations=10 "$@" >"$own_log" 2>&1 &
