@@ -8,7 +8,7 @@ UV_PIN := uv==0.13.8
 UV     := $(BIN)/uv pip install --python $(BIN)/python
 # make test fails, never skips, when a service the tests start is missing
 REQUIRE := TPUFLEET_REQUIRE_POSTGRES=1 TPUFLEET_REQUIRE_CHROMIUM=1 TPUFLEET_REQUIRE_PROMETHEUS=1 TPUFLEET_REQUIRE_TORCH=1
-.PHONY: venv torch bytecode test-bytecode test lint lint-beside tests-side-by-side services unit host integration demo bench clean help
+.PHONY: venv torch bytecode test lint lint-beside tests-side-by-side services unit host integration demo bench clean help
 
 help:
 	@echo "make demo   - start an emulated TPU fleet and run the main job end to end"
@@ -78,16 +78,8 @@ test:
 lint-beside: venv
 	@nice -n 10 $(MAKE) --no-print-directory lint
 
-tests-side-by-side: test-bytecode
+tests-side-by-side: bytecode
 	$(REQUIRE) ./scripts/side-by-side-tests.sh $(BIN)/python
-
-# pytest rewrites each test module's asserts as it imports it and caches the result in __pycache__,
-# unless PYTHONDONTWRITEBYTECODE is set (this environment sets it): then each of the seven pytest
-# workers of side-by-side-tests.sh rewrote every module it collects (a fast-stream worker: 12 CPU-s
-# to collect, 5 with the cache). One collection with the variable unset writes them all once;
-# what it would report (a module that does not import) the test runs report themselves.
-test-bytecode: bytecode torch
-	@PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider tests >/dev/null 2>&1 || true
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit tests/conformance -m "not integration" -q
