@@ -292,7 +292,9 @@ def _watch(
 
 
 def _maybe_kill(fleet: Any, p: Progress_, steps: int) -> str | None:
-    at = min(CHAOS_CHECKPOINT_EVERY, steps - 1)  # a checkpoint is there to resume from
+    # the first checkpoint's step, so there is one to resume from; in a run of 2 steps, step 1 (the
+    # only checkpoint is the last step's, and a kill there would leave nothing to recover)
+    at = min(CHAOS_CHECKPOINT_EVERY, steps - 1)
     if p.job["state"] != "RUNNING" or p.step is None or p.step < at or p.job["attempt"] != 1:
         return None
     victim = p.job["slices"][-1]
