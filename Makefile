@@ -70,9 +70,10 @@ test:
 	@# the host, unit and in-memory conformance tests (niced, a test at a time on three workers; no two
 	@# host tests that sweep or scan processes overlap, see tests/host/conftest.py), the tests that
 	@# share an emulated Ray fleet (with the conformance suites' Ray cases) and those that start a
-	@# fleet of their own, each on two workers a file at a time. The fleet tests wait much of the
-	@# time; the niced work fills those gaps instead of running first on its own (tests/unit/
-	@# test_test_layout.py keeps the tests in place by kind).
+	@# fleet of their own, each on two workers a file at a time. The fleet streams keep both cores
+	@# busy, and the niced tests, yielding to the fleets' processes, run mostly once those are done:
+	@# the run takes about its CPU time over two (tests/unit/test_test_layout.py keeps the tests in
+	@# place by kind).
 	@$(MAKE) --no-print-directory -j2 lint-beside tests-side-by-side
 
 lint-beside: venv
