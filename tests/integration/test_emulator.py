@@ -190,9 +190,15 @@ def test_preempt_removes_every_host_of_the_slice(fleet: EmulatedFleet, ray_clien
     # _heal_fleet restores it after the test
 
 
-def test_context_manager_ends_the_survivors_of_a_stale_fleet_and_its_own(tmp_path: Path) -> None:
-    """``up`` over a state whose head died ends the hosts that outlived it; ``with`` stops by PID."""
+def test_context_manager_ends_the_survivors_of_a_stale_fleet_and_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``up`` over a state whose head died ends the hosts that outlived it; ``with`` stops by PID,
+    and nothing its processes wrote is left in the caller's temp dir (``TMPDIR``)."""
     state_dir = tmp_path / "stale"
+    system_tmp = tmp_path / "system-tmp"  # what /tmp is to a fleet started from a shell
+    system_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system_tmp))
     sleeper, session = procs.spawn(
         [sys.executable, "-c", "import time; time.sleep(120)"], {}, tmp_path / "log"
     )
@@ -208,3 +214,4 @@ def test_context_manager_ends_the_survivors_of_a_stale_fleet_and_its_own(tmp_pat
         sleeper.kill()  # only matters when up() left it running
     assert [p for p in pids if (info := procs._stat(p)) is not None and info.state != "Z"] == []
     assert store.load(state_dir) is None
+    assert sorted(p.name for p in system_tmp.iterdir()) == []  # the dashboard's pymp-* was left here

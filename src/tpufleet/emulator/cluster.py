@@ -51,6 +51,7 @@ from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecErro
 # own reason first; a few seconds on a quiet machine.
 JOIN_WAIT_S = 300.0
 
+
 HEAD_ENV = {
     # GCS failure detection for a killed host: ~3 s instead of ~15 s.
     "RAY_health_check_period_ms": "1000",
@@ -67,6 +68,18 @@ HEAD_ENV = {
     # that a dashboard that never comes up fails for its own reason first, and than a test's 300 s.
     "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "180",
 }
+
+
+def _scratch_env(st: FleetState) -> dict[str, str]:
+    """``TMPDIR`` for the head's processes: a folder of the fleet's temp dir, which ``down`` removes
+    once every PID is gone. What they leave in the system's temp dir when they are ended by a signal
+    stays there otherwise: the dashboard's multiprocessing folder (``pymp-*``, its forkserver's
+    socket) was left in /tmp by every fleet. Ray's own files go to the ``--temp-dir`` it is given,
+    not here. The hosts keep the environment a TPU VM has (no ``TMPDIR``)."""
+    scratch = Path(st.temp_dir) / "tmp"
+    scratch.mkdir(mode=0o700, exist_ok=True)
+    return {"TMPDIR": str(scratch)}
+
 
 Key = tuple[str, int]  # (slice name, worker id)
 Launcher = tuple[Popen[bytes], Path]  # a process that starts hosts, and its log
@@ -405,7 +418,7 @@ class EmulatedFleet:
             head = (_ray_bin(), *where, client_port, st.temp_dir, st.object_store_bytes)
             argv = plan.head_argv(*head, ports=ports)
         log = self.state_dir / "logs" / "head.log"
-        proc, st.head = procs.spawn(argv, self._node_env() | HEAD_ENV, log)
+        proc, st.head = procs.spawn(argv, self._node_env() | HEAD_ENV | _scratch_env(st), log)
         return proc, log
 
     def _await(self, st: FleetState, launchers: Sequence[tuple[Popen[bytes], Path]], keys: list[Key]) -> None:
