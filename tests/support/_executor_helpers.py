@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -42,7 +44,9 @@ def v4_slices(cluster: RayExecutor, n: int) -> list[SliceInfo]:
 
 
 # Where the runners put jobs' files (<root>/<tenant>/<job>); a jailed job sees only its tenant's part.
+# Made at import, by every pytest process that imports this module, and removed as that process exits.
 JOB_ROOT = tempfile.mkdtemp(prefix="tpufleet-test-jobs-")
+atexit.register(shutil.rmtree, JOB_ROOT, ignore_errors=True)
 TENANT = "itest"
 
 

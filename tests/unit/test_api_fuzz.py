@@ -5,6 +5,7 @@ operation, derandomized so a failure reproduces."""
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -56,8 +57,11 @@ def _fleet(path: Path) -> tuple[Store, dict[str, str]]:
     return store, {"admin": store.tokens.issue(), "tenant": tenant}
 
 
-# schemathesis reads the schema when the tests are collected, so the app exists at import.
+# schemathesis reads the schema when the tests are collected, so the app exists at import, in every
+# pytest process that collects this module (each xdist worker): each removes its folder as it exits,
+# whether or not it ran any of these tests (the fixture below runs only where one ran).
 _DIR = Path(tempfile.mkdtemp(prefix="tpufleet-fuzz-"))
+atexit.register(shutil.rmtree, _DIR, ignore_errors=True)
 STORE, TOKENS = _fleet(_DIR / "fleet.db")
 schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(STORE))
 
