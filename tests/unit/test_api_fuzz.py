@@ -59,7 +59,8 @@ def _fleet(path: Path) -> tuple[Store, dict[str, str]]:
 
 # schemathesis reads the schema when the tests are collected, so the app exists at import, in every
 # pytest process that collects this module (each xdist worker): each removes its folder as it exits,
-# whether or not it ran any of these tests (the fixture below runs only where one ran).
+# whether or not it ran any of these tests (the fixture below, which closes the store, runs only where
+# one ran).
 _DIR = Path(tempfile.mkdtemp(prefix="tpufleet-fuzz-"))
 atexit.register(shutil.rmtree, _DIR, ignore_errors=True)
 STORE, TOKENS = _fleet(_DIR / "fleet.db")
@@ -69,10 +70,9 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(STORE))
 # Session scope: under ``--dist worksteal`` a worker may run this module's tests, move on (which would
 # end a module-scoped fixture), then steal more of them; the store must outlive that.
 @pytest.fixture(scope="session", autouse=True)
-def _cleanup() -> Iterator[None]:
+def _close_store() -> Iterator[None]:
     yield
     STORE.close()
-    shutil.rmtree(_DIR, ignore_errors=True)
 
 
 FUZZ = settings(

@@ -51,7 +51,6 @@ from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecErro
 # own reason first; a few seconds on a quiet machine.
 JOIN_WAIT_S = 300.0
 
-
 HEAD_ENV = {
     # GCS failure detection for a killed host: ~3 s instead of ~15 s.
     "RAY_health_check_period_ms": "1000",
