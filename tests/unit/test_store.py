@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -208,9 +209,12 @@ def test_a_group_of_stops_keeps_each_compare_and_set(store: Store) -> None:
 
 
 def test_a_cancel_that_comes_between_a_groups_read_and_its_write_wins(db_url: str) -> None:
-    """A grouped write reads its members, then writes them in one statement per kind; a cancel
-    another connection commits in between is found (the compare-and-set is on the row as read),
-    the group is written again a member at a time, and the cancel is kept, not overwritten."""
+    """A grouped write reads its members, then writes them in one statement per kind. PostgreSQL:
+    a cancel another connection commits in between is found (the compare-and-set is on the row as
+    read), the group is written again a member at a time, and the cancel is kept, not overwritten.
+    SQLite: the group holds the write lock from its first read (the loop's writes claim it,
+    ``database.claim_write_lock``), so the cancel cannot come between: it waits, commits after the
+    group, and is kept all the same."""
     store, api = Store.open(db_url), Store.open(db_url)
     try:
         tr = Transitions(store)
@@ -219,16 +223,23 @@ def test_a_cancel_that_comes_between_a_groups_read_and_its_write_wins(db_url: st
         a, b = (store.jobs.submit("t", req()).id for _ in range(2))
         tr.admit_all([Admit(JobId(j), (SliceName(f"tpu-v4-16-{i}"),), False) for i, j in enumerate((a, b))])
         between: list[str] = []
+        canceller: list[threading.Thread] = []
 
         def cancel_first(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-            if statement.startswith("UPDATE jobs") and not between:
-                between.append(api.jobs.request_cancel(a).state)  # committed before the group's write
+            if statement.startswith("UPDATE jobs") and not canceller:
+                canceller.append(
+                    threading.Thread(target=lambda: between.append(api.jobs.request_cancel(a).state))
+                )
+                canceller[0].start()
+                if store.engine.dialect.name != "sqlite":
+                    canceller[0].join()  # committed before the group's write
 
         event.listen(store.engine, "before_cursor_execute", cancel_first)
         try:
             answers = tr.begin_stops([(a, StopKind.PREEMPT, "preempted"), (b, StopKind.PREEMPT, "preempted")])
         finally:
             event.remove(store.engine, "before_cursor_execute", cancel_first)
+        canceller[0].join(60)
         assert between == ["ADMITTED"]
         assert answers == [True, True]
         assert column(store, JobRow.cancel_requested, a) is True  # read again, not written over

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import secrets
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -40,10 +41,21 @@ from tpufleet.control.store import values as r
 from tpufleet.control.store.tables import EventRow
 from tpufleet.errors import ClusterError
 
-__all__ = ["Clock", "Database", "FenceStamp", "make_engine", "new_job_id", "stamp_of", "term_of"]
+__all__ = [
+    "Clock",
+    "Database",
+    "FenceStamp",
+    "claim_write_lock",
+    "make_engine",
+    "new_job_id",
+    "stamp_of",
+    "term_of",
+]
 
 Clock = r.Clock  # where callers have always imported it from
 _STAMP = "tpufleet.fence"  # a session's ``info`` key: the FenceStamp its transaction passed with
+BUSY_TIMEOUT_S = 30.0  # SQLite: how long a write waits for the database's write lock before it fails
+CLAIM_POLL_S = 0.00025  # Database.tx(claim=True) on SQLite: how often it asks for the write lock
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,7 @@ def make_engine(url: str) -> Engine:
         path = "" if memory else make_url(url).database or ""
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
             poolclass=StaticPool if memory else None,
             **({} if memory else {"pool_size": 48, "max_overflow": 16}),
         )
@@ -105,7 +117,7 @@ def make_engine(url: str) -> Engine:
             if not memory:
                 cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
             cur.close()
 
         return engine
@@ -113,6 +125,41 @@ def make_engine(url: str) -> Engine:
     # and close a server process per request past 15 at once; 30 a replica keeps three replicas
     # under the server's default max_connections (100). Past that, a request waits for a connection.
     return create_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=10)
+
+
+_BUSY_MS = int(BUSY_TIMEOUT_S * 1000)
+
+
+def claim_write_lock(conn: Connection, wait_s: float = BUSY_TIMEOUT_S) -> None:
+    """SQLite: begin ``conn``'s transaction holding the database's write lock (``BEGIN IMMEDIATE``),
+    asking for it every ``CLAIM_POLL_S`` for at most ``wait_s`` (then SQLite's own "database is
+    locked"); nothing when the transaction already began, or on PostgreSQL (row locks there).
+
+    SQLite's busy handler, which every other write waits in, sleeps in growing steps (1, 2, 5 ... up
+    to 100 ms between tries), so under a stream of submits a writer that has waited a while sleeps
+    through the moments the lock is free while the submits take it. The scheduling loop's writes
+    (``loopwrites.Transitions``) claim it this way instead: they end attempts and admit jobs, so
+    each millisecond they wait is a millisecond every chip they free stays idle, and the loop makes
+    a few a cycle where the API makes one a submit. Under an overload this puts the loop first and
+    the submits' pace second, which is the order a queue wants: the waiting jobs are already safe."""
+    if conn.dialect.name != "sqlite":
+        return
+    raw: Any = conn.connection.dbapi_connection  # sqlite3.Connection
+    if raw.in_transaction:
+        return
+    deadline = time.monotonic() + wait_s
+    raw.execute("PRAGMA busy_timeout=0")
+    try:
+        while True:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as err:
+                if err.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                    raise OperationalError("BEGIN IMMEDIATE", None, err) from err
+            time.sleep(CLAIM_POLL_S)
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
 
 
 def _private_file(path: str) -> None:
@@ -148,6 +195,7 @@ class Database:
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._fence: Callable[[Connection], FenceStamp] | None = None
+        self.lock_wait_s = BUSY_TIMEOUT_S  # tx(claim=True): how long to ask for SQLite's write lock
         self._compose()
 
     @classmethod
@@ -224,21 +272,25 @@ class Database:
                 pass
 
     @contextmanager
-    def tx(self) -> Iterator[Session]:
+    def tx(self, *, claim: bool = False) -> Iterator[Session]:
         """One transaction: committed on success, rolled back on any exception (the fence's
-        included: see :meth:`fenced`)."""
+        included: see :meth:`fenced`). ``claim``: it begins holding SQLite's write lock, asked for
+        as soon as it is free (:func:`claim_write_lock`; the scheduling loop's writes)."""
         with self._sessions.begin() as session:
+            if claim:
+                claim_write_lock(session.connection(), self.lock_wait_s)
             if self._fence is not None:
                 session.info[_STAMP] = self._fence(session.connection())
             yield session
 
     @contextmanager
-    def tx_unsynced(self) -> Iterator[Connection]:
+    def tx_unsynced(self, *, claim: bool = False) -> Iterator[Connection]:
         """A transaction whose commit does not wait for the disk, for writes the loop makes again
         anyway (wait reasons). A power loss may lose the last such commits, never consistency and
         never a commit made with ``tx``: each of those syncs all that was written before it.
         PostgreSQL: ``synchronous_commit = off`` for this transaction; SQLite (WAL): ``synchronous
-        = NORMAL`` for its commit, then the connection's own setting again."""
+        = NORMAL`` for its commit, then the connection's own setting again. ``claim``: as
+        :meth:`tx`'s."""
         with self.engine.connect() as conn:
             if conn.dialect.name != "sqlite":
                 with conn.begin():
@@ -252,6 +304,8 @@ class Database:
             conn.commit()  # ends the transaction SQLAlchemy began for the pragma (no BEGIN was sent)
             try:
                 with conn.begin():
+                    if claim:
+                        claim_write_lock(conn, self.lock_wait_s)
                     if self._fence is not None:
                         self._fence(conn)
                     yield conn

@@ -147,8 +147,10 @@ class Transitions:
     @contextmanager
     def _group(self) -> Iterator[Session]:
         """The transaction of one grouped write: flushed once, at its commit (each member's
-        statements would otherwise flush the events and rows the members before it added)."""
-        with self.store.tx() as s, s.no_autoflush:
+        statements would otherwise flush the events and rows the members before it added). It
+        claims SQLite's write lock as soon as it is free, as every write of the loop does
+        (``database.claim_write_lock``: the loop's writes free chips, the submits only queue)."""
+        with self.store.tx(claim=True) as s, s.no_autoflush:
             yield s
 
     def _grouped(
@@ -533,7 +535,7 @@ class Transitions:
         jobs: dict[Stored, list[str]] = {}
         for job, stored in changes:
             jobs.setdefault(stored, []).append(job)
-        with self.store.tx_unsynced() as conn:  # the loop writes them again if they are lost
+        with self.store.tx_unsynced(claim=True) as conn:  # the loop writes them again if they are lost
             mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
             queued = str(r.QUEUED)
             for (code, message, head), ids in jobs.items():
@@ -912,7 +914,7 @@ class Transitions:
     def append_logs(self, outputs: Sequence[logs.HostOutput], cap: int | None = None) -> list[logs.Cursor]:
         """Hosts' output read from the cluster, each as ``logs.append``, in one transaction; the
         cursor after each."""
-        with self.store.tx() as s:
+        with self.store.tx(claim=True) as s:
             cursors = logs.append_many(s.connection(), outputs, cap)
         missing = [o for o, c in zip(outputs, cursors, strict=True) if c is None]
         if missing:
