@@ -55,6 +55,7 @@ __all__ = [
 Clock = r.Clock  # where callers have always imported it from
 _STAMP = "tpufleet.fence"  # a session's ``info`` key: the FenceStamp its transaction passed with
 BUSY_TIMEOUT_S = 30.0  # SQLite: how long a write waits for the database's write lock before it fails
+_BUSY_MS = int(BUSY_TIMEOUT_S * 1000)  # the same, as SQLite's PRAGMA busy_timeout takes it
 CLAIM_POLL_S = 0.00025  # Database.tx(claim=True) on SQLite: how often it asks for the write lock
 
 
@@ -125,9 +126,6 @@ def make_engine(url: str) -> Engine:
     # and close a server process per request past 15 at once; 30 a replica keeps three replicas
     # under the server's default max_connections (100). Past that, a request waits for a connection.
     return create_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=10)
-
-
-_BUSY_MS = int(BUSY_TIMEOUT_S * 1000)
 
 
 def claim_write_lock(conn: Connection, wait_s: float = BUSY_TIMEOUT_S) -> None:
