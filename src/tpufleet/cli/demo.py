@@ -47,6 +47,7 @@ STATE_STYLE = {
     "FREE": "green", "HELD": "cyan", "BROKEN": "bold red", "DRAINING": "yellow",
 }  # fmt: skip
 LOSS = re.compile(r"step (\d+) loss ([0-9.]+)")
+CHECKPOINT = re.compile(r"step-(\d+)\.pkl")  # train_mlp's checkpoint files
 
 
 def _package(script: Path) -> bytes:
@@ -58,11 +59,17 @@ def _package(script: Path) -> bytes:
 
 
 # With --chaos, the multi-slice job's steps take this long and it checkpoints this often; its host
-# is killed once the job has REPORTED its first checkpoint's step. Reports reach the demo seconds
-# late on a loaded machine: at 0.2 s a step the job could end before the kill, and killed at half
-# its steps (6 of 12, 9 s before its end) it once did in a CI run, leaving nothing to recover.
+# is killed once the job's first checkpoint is on disk (the demo's own emulated hosts share its
+# disk). Not on the step its output shows: output reaches the demo through the loop's copy, which on
+# a loaded machine lags seconds behind, and CI runs ended the job before the kill three times so.
 CHAOS_STEP_S = 1.5
 CHAOS_CHECKPOINT_EVERY = 2
+
+
+def _chaos_every(steps: int) -> int:
+    """How often the chaos job checkpoints: a run of 2 steps at step 1, so it has a checkpoint
+    before its last step to be killed after and resume from."""
+    return min(CHAOS_CHECKPOINT_EVERY, steps - 1)
 
 
 def _paced(cmd: list[str], step_s: float, checkpoint_every: int) -> list[str]:
@@ -244,7 +251,7 @@ def demo_cmd(
         submitted = [
             rc.submit(cmd, "v6e-16", name="mlp-v6e", working_dir=code["rc"]),
             pc.submit(
-                _paced(cmd, CHAOS_STEP_S, CHAOS_CHECKPOINT_EVERY) if chaos else cmd,
+                _paced(cmd, CHAOS_STEP_S, _chaos_every(steps)) if chaos else cmd,
                 "v4-16",
                 num_slices=2,
                 name="mlp-multislice",
@@ -256,7 +263,8 @@ def demo_cmd(
         ]
         tracked = {s["id"]: Progress_(job=admin.job(s["id"])) for s in submitted}
         multislice = submitted[1]["id"]
-        _watch(admin, fleet, tracked, steps, timeout, chaos_job=multislice if chaos else None)
+        chaos_at = (multislice, _checkpoints(cp, tracked[multislice].job)) if chaos else None
+        _watch(admin, fleet, tracked, steps, timeout, chaos_at)
         rows = _summary(admin, tracked, time.monotonic() - started)
         (root / "summary.json").write_text(json.dumps(rows, indent=2))
         failed = [jid for jid, p in tracked.items() if p.job["state"] != "SUCCEEDED"]
@@ -265,8 +273,20 @@ def demo_cmd(
         raise typer.Exit(1)
 
 
+def _checkpoints(cp: Any, job: dict[str, Any]) -> Path:
+    """The job's TPUFLEET_CHECKPOINT_DIR, as its hosts see it (the emulated hosts share this disk)."""
+    from tpufleet.host.jobfiles import run_paths
+
+    return run_paths(cp.service.job_root, job["tenant"], job["id"], 1, "-").checkpoint
+
+
 def _watch(
-    admin: Any, fleet: Any, tracked: dict[str, Progress_], steps: int, timeout: float, chaos_job: str | None
+    admin: Any,
+    fleet: Any,
+    tracked: dict[str, Progress_],
+    steps: int,
+    timeout: float,
+    chaos_at: tuple[str, Path] | None,
 ) -> None:
     deadline = time.monotonic() + timeout
     killed: str | None = None
@@ -275,8 +295,8 @@ def _watch(
             for jid, p in tracked.items():
                 p.job = admin.job(jid)
                 _follow(admin, p)
-            if chaos_job and killed is None:
-                killed = _maybe_kill(fleet, tracked[chaos_job], steps)
+            if chaos_at and killed is None:
+                killed = _maybe_kill(fleet, tracked[chaos_at[0]], chaos_at[1], steps)
             if killed and _broken_seen(admin, killed):
                 fleet.restore(killed)  # the host comes back; the job resumes from its checkpoint
                 console.print(f"[green]restored[/] {killed}; the job resumes from its last checkpoint")
@@ -291,18 +311,29 @@ def _watch(
             time.sleep(0.5)
 
 
-def _maybe_kill(fleet: Any, p: Progress_, steps: int) -> str | None:
-    # the first checkpoint's step, so there is one to resume from; in a run of 2 steps, step 1 (the
-    # only checkpoint is the last step's, and a kill there would leave nothing to recover)
-    at = min(CHAOS_CHECKPOINT_EVERY, steps - 1)
-    if p.job["state"] != "RUNNING" or p.step is None or p.step < at or p.job["attempt"] != 1:
+def _maybe_kill(fleet: Any, p: Progress_, checkpoints: Path, steps: int) -> str | None:
+    """Kill host 1 of the job's last slice once its first checkpoint is written (so there is one
+    to resume from) and while it runs its first attempt; the slice's name, or None (not yet)."""
+    if p.job["state"] != "RUNNING" or p.job["attempt"] != 1:
+        return None
+    # train_mlp writes step-<N>.pkl atomically (see _chaos_every); the last step's ends the job
+    saved = [int(m[1]) for f in _listing(checkpoints) if (m := CHECKPOINT.fullmatch(f)) and int(m[1]) < steps]
+    if not saved:
         return None
     victim = p.job["slices"][-1]
     fleet.kill_host(victim, 1, wait=False)
     console.print(
-        f"[bold red]chaos:[/] killed host 1 of {victim} while job {p.job['id']} was at step {p.step}"
+        f"[bold red]chaos:[/] killed host 1 of {victim} after job {p.job['id']} wrote its checkpoint "
+        f"at step {max(saved)}"
     )
     return str(victim)
+
+
+def _listing(directory: Path) -> list[str]:
+    try:
+        return [e.name for e in directory.iterdir()]
+    except OSError:  # not made yet (the job has not started), or not readable
+        return []
 
 
 def _broken_seen(admin: Any, slice_name: str) -> bool:
