@@ -316,8 +316,10 @@ def _maybe_kill(fleet: Any, p: Progress_, checkpoints: Path, steps: int) -> str 
     to resume from) and while it runs its first attempt; the slice's name, or None (not yet)."""
     if p.job["state"] != "RUNNING" or p.job["attempt"] != 1:
         return None
-    # train_mlp writes step-<N>.pkl atomically (see _chaos_every); the last step's ends the job
-    saved = [int(m[1]) for f in _listing(checkpoints) if (m := CHECKPOINT.fullmatch(f)) and int(m[1]) < steps]
+    # train_mlp writes step-<N>.pkl atomically (see _chaos_every); the last step's ends the job. A
+    # directory not made yet (the job has not started) or not readable globs to nothing.
+    found = (CHECKPOINT.fullmatch(f.name) for f in checkpoints.glob("step-*.pkl"))
+    saved = [step for m in found if m and (step := int(m[1])) < steps]
     if not saved:
         return None
     victim = p.job["slices"][-1]
@@ -327,13 +329,6 @@ def _maybe_kill(fleet: Any, p: Progress_, checkpoints: Path, steps: int) -> str 
         f"at step {max(saved)}"
     )
     return str(victim)
-
-
-def _listing(directory: Path) -> list[str]:
-    try:
-        return [e.name for e in directory.iterdir()]
-    except OSError:  # not made yet (the job has not started), or not readable
-        return []
 
 
 def _broken_seen(admin: Any, slice_name: str) -> bool:
