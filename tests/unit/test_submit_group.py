@@ -148,13 +148,14 @@ def test_a_submit_refused_in_a_group_writes_nothing_and_the_others_are_queued(st
 
 def test_a_group_locks_its_tenants_once_each_in_one_order(store: Store) -> None:
     """As a batch does: sorted, so two groups (two replicas serving submits) never wait for each
-    other's tenants, and once each, however many of the group's submits are a tenant's."""
-    locked: list[str] = []
+    other's tenants, and once each, however many of the group's submits are a tenant's: one
+    statement a group locks all of its tenants."""
+    locked: list[list[str]] = []
 
     def watch(conn: Any, cursor: Any, statement: str, parameters: Any, *args: object) -> None:
-        if statement.startswith("SELECT tenants.deleted_at"):
+        if statement.startswith("SELECT tenants.name, tenants.deleted_at"):
             values = parameters.values() if isinstance(parameters, dict) else parameters
-            locked.append(next(v for v in values if isinstance(v, str)))
+            locked.append([v for v in values if isinstance(v, str)])
 
     event.listen(store.engine, "before_cursor_execute", watch)
     try:
@@ -163,7 +164,7 @@ def test_a_group_locks_its_tenants_once_each_in_one_order(store: Store) -> None:
     finally:
         event.remove(store.engine, "before_cursor_execute", watch)
     assert commits == 2 and all(isinstance(a, JobRecord) for a in answers), answers
-    assert locked == ["team-a", "team-a", "team-b"]  # the held submit's, then the group's
+    assert locked == [["team-a"], ["team-a", "team-b"]]  # the held submit's, then the group's
 
 
 def test_a_failed_group_transaction_is_every_submits_error_and_the_next_group_runs(store: Store) -> None:

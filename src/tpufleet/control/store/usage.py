@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy import Select, and_, bindparam, func, or_, select
 from sqlalchemy.orm import aliased
 
 from tpufleet.control.store import values as r
@@ -118,6 +118,12 @@ def _attempt(row: Any) -> UsageAttempt:
     )
 
 
+# has_slices: built once (every submit asks; building a statement costs more than running it)
+_SOME_SLICES = (
+    select(SliceRow.name).where(SliceRow.accelerator_type == bindparam("type")).limit(bindparam("n"))
+)
+
+
 class Usage:
     """Reads over a :class:`Store` (thread-safe: one transaction per call)."""
 
@@ -198,9 +204,8 @@ class Usage:
     def has_slices(self, accelerator_type: str, n: int) -> bool:
         """Whether the fleet has at least ``n`` slices of ``accelerator_type``, in any state: reads
         at most ``n`` of them (every submit asks; a fleet has thousands)."""
-        query = select(SliceRow.name).where(SliceRow.accelerator_type == accelerator_type).limit(n)
         with self.store.tx() as s:
-            return len(s.scalars(query).all()) >= n
+            return len(s.scalars(_SOME_SLICES, {"type": accelerator_type, "n": n}).all()) >= n
 
     def quotas(self) -> dict[str, dict[str, int]]:
         """Every tenant's nominal quota, chips per generation."""
