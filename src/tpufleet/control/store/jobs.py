@@ -138,9 +138,9 @@ class JobStore:
                     # for each other's tenants. Then their queued jobs and bytes counted in one
                     # more: a group's time holds SQLite's one write lock, and each statement costs
                     # far more to build in Python than to run.
-                    refused = _refused_tenants(s, {item.tenant for item in batch})
-                    live = sorted({item.tenant for item in batch} - refused.keys())
-                    queued = _queued_of(s, live)
+                    names = {item.tenant for item in batch}
+                    refused = _refused_tenants(s, names)
+                    queued = _queued_of(s, sorted(names - refused.keys()))
                     # Each submit checked as if alone, in arrival order, its tenant's caps
                     # counting the group's earlier submits; then the accepted ones inserted
                     # together: one statement per table, not one per submit.
@@ -187,7 +187,7 @@ class JobStore:
     ) -> tuple[int, int]:
         """``req`` checked against ``tenant``'s caps with ``queued[tenant]`` (its queued jobs and
         their bytes; read from ``s`` when missing) and its package: those counts with ``req``."""
-        have, have_bytes = queued[tenant] if tenant in queued else self._queued(s, tenant)
+        have, have_bytes = queued[tenant] if tenant in queued else _queued_of(s, [tenant])[tenant]
         self._check_can_queue(tenant, req, have, have_bytes)
         if req.working_dir is not None:
             check_named(s, tenant, req.working_dir)
@@ -225,8 +225,9 @@ class JobStore:
     def _insert_jobs(self, owners: list[str], requests: Sequence[r.JobRequest]) -> list[str]:
         now = self._db.clock()
         with self._db.tx() as s:
-            for owner in sorted(set(owners)):  # one order: two batches never wait for each other
-                check_live(s, owner)
+            refused = _refused_tenants(s, set(owners))  # one order: two batches never wait for each other
+            if refused:
+                raise refused[min(refused)]  # the first in that order, as one check at a time said
             self._check_batch(s, owners, requests)
             ids = self._fresh_ids(s, len(requests))
             rows, events = _new_rows(ids, list(zip(owners, requests, strict=True)), now)
@@ -281,11 +282,6 @@ class JobStore:
                 f"{cap}); wait for some to start or cancel some"
             )
         self._check_queued_bytes(tenant, queued_bytes, req.body_bytes, "this job adds")
-
-    def _queued(self, s: Session, tenant: str) -> tuple[int, int]:
-        """The tenant's queued jobs and their body bytes: one read of ``ix_jobs_tenant_state_bytes``
-        alone (SQLite: a covering index; never a row, whose command and env come first)."""
-        return _queued_of(s, [tenant])[tenant]
 
     def _check_queued_bytes(self, tenant: str, have: int, adding: int, what: str) -> None:
         """The per-tenant cap on the bytes of queued job bodies (``Limits.max_queued_bytes_per_tenant``)."""
@@ -423,7 +419,8 @@ def _refused_tenants(s: Session, names: set[str]) -> dict[str, TpufleetError]:
 
 def _queued_of(s: Session, tenants: list[str]) -> dict[str, tuple[int, int]]:
     """The queued jobs and their body bytes of each of ``tenants`` (0 and 0 for one with none), in
-    one read of ``ix_jobs_tenant_state_bytes``."""
+    one read of ``ix_jobs_tenant_state_bytes`` alone (SQLite: a covering index; never a row, whose
+    command and env come first)."""
     counts = {t: (0, 0) for t in tenants}
     if tenants:
         for tenant, n, size in s.execute(_QUEUED, {"names": tenants}):
