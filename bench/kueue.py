@@ -239,10 +239,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(fleet: str, db_url: str | None, tmp: str) -> Iterator[tuple[str, str]]:
-    """A ``tpufleet serve --sandbox FLEET`` subprocess: (its URL, the admin token); stopped by PID."""
+def served(fleet: str, db_url: str | None, tmp: str, api_processes: int = 0) -> Iterator[tuple[str, str]]:
+    """A ``tpufleet serve --sandbox FLEET`` subprocess: (its URL, the admin token); stopped by PID
+    (with ``api_processes``, serve stops its API processes itself)."""
     port = free_port()
     cmd = [sys.executable, "-m", "tpufleet", "serve", "--sandbox", fleet, "--job-seconds", "0"]
+    cmd += ["--api-processes", str(api_processes)] if api_processes else []
     cmd += ["--state-dir", f"{tmp}/state", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--db", db_url] if db_url else []
     env = {**os.environ, "TPUFLEET_CONFIG": f"{tmp}/config.toml"}
@@ -416,7 +418,8 @@ def report(name: str, args: argparse.Namespace, plan: Plan, f: Figures) -> None:
         print(f"  {label:<32}{ours:10.1f}{unit}  {other}  {ratio}")
 
     where = "the policy alone (simulated)" if args.policy_only else args.db
-    print(f"\n{name} on {where}, mapping {args.mapping}, scale {args.scale:g}: {plan.workloads:,} jobs")
+    api = f", API in {args.api_processes} processes" if args.api_processes else ""
+    print(f"\n{name} on {where}, mapping {args.mapping}{api}, scale {args.scale:g}: {plan.workloads:,} jobs")
     print(f"  {'':<32}{'tpufleet':>11}  {'Kueue':>11}")
     row("wall", f.wall, kueue.get("wall"), " s")
     for s in plan.sets:
@@ -436,7 +439,10 @@ def run(args: argparse.Namespace, db_url: str | None) -> Figures:
     p = plan(CONFIGS[args.config], args.mapping, args.scale)
     shapes = ", ".join(f"{k} {v.num_slices} x {v.accelerator_type}" for k, v in p.shapes.items())
     print(f"{len(p.tenants)} tenants of {p.quota} {GENERATION} chips; fleet {p.fleet}; {shapes}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp, served(p.fleet, db_url, tmp) as (url, token):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        served(p.fleet, db_url, tmp, args.api_processes) as (url, token),
+    ):
         admin = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=url, headers=admin, timeout=60) as http:
             for t in p.tenants:
@@ -460,6 +466,13 @@ def main() -> int:
     parser.add_argument("--mapping", choices=("slices", "chips"), default="slices")
     parser.add_argument("--scale", type=float, default=1.0, help="the fraction of each set's workloads")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument(
+        "--api-processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="serve --api-processes N: the API in N processes of its own (0: in the loop's)",
+    )
     parser.add_argument(
         "--jobs-json", metavar="FILE", help="write every job (with its attempts) here, for analysis"
     )

@@ -22,10 +22,14 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from tpufleet import pricing
 from tpufleet.api.app import create_app
@@ -76,6 +80,16 @@ def ray_cluster(address: str, connect_timeout_s: float = 5.0) -> ClusterClient:
             time.sleep(2.0)
 
 
+class _Of(Collector):
+    """Another registry's metrics, collected as one collector of this one."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        return self.registry.collect()
+
+
 def _after_shutdown(_signum: int, _frame: object) -> None:
     """SIGTERM once uvicorn has shut down: ``ControlPlane.serve`` closes the plane next."""
 
@@ -121,10 +135,14 @@ class ControlPlane:
         self.state_dir, self.db_url = options.state_dir, options.database
         self.cluster, self.store, self.service = cluster, self.plane.store, self.plane.service
         self.prices = prices or pricing.shipped()  # cost: the shipped table, or serve --pricing FILE's
-        self.metrics = metrics_registry(self.store, prices=self.prices)  # GET /metrics; register more here
-        self.service.cycle_observers.append(cycle_histogram(self.metrics))
-        leader_gauge(self.metrics, self.replica, lambda: self.service.leads)
-        self.devices = device.register(self.metrics, cluster.inventory, self._holders)  # TPU device metrics
+        # GET /metrics: the store's metrics, then this process's own (the loop's cycles, whether it
+        # leads, the TPU devices' samples: ``loop_metrics``, which API processes get fed). Register
+        # more on ``metrics``.
+        self.loop_metrics = CollectorRegistry(auto_describe=False)
+        self.service.cycle_observers.append(cycle_histogram(self.loop_metrics))
+        leader_gauge(self.loop_metrics, self.replica, lambda: self.service.leads)
+        self.devices = device.register(self.loop_metrics, cluster.inventory, self._holders)
+        self.metrics = metrics_registry(self.store, prices=self.prices, extra=[_Of(self.loop_metrics)])
         self.admin_token_path = self.state_dir / ADMIN_TOKEN_FILE
         self._admin_token, self.admin_token_created = ensure_admin_token(self.store, self.admin_token_path)
         self.app = create_app(
@@ -200,11 +218,16 @@ class ControlPlane:
         self.devices.start()
         return self
 
-    def serve(self, sock: socket.socket) -> None:
+    def serve(self, sock: socket.socket, api_processes: int = 0) -> None:
         """Run the loop and the API on ``sock`` (:func:`~tpufleet.api.serving.listen`: bound before
         anything started) until SIGINT/SIGTERM (blocking; uvicorn handles the signals). Shutting
-        down waits at most a few seconds for a cycle under way, whatever state Ray is in."""
+        down waits at most a few seconds for a cycle under way, whatever state Ray is in. With
+        ``api_processes`` the API runs in that many processes of its own and this one runs only
+        the loop (``api/processes.py``; ``serve --api-processes``)."""
         self.start()
+        if api_processes > 0:
+            self._serve_from(sock, api_processes)
+            return
         if threading.current_thread() is threading.main_thread():
             # uvicorn raises the signal that stopped it again once it has shut down; with the
             # default action the process would die there, before ``close`` (the lease handed over)
@@ -213,6 +236,21 @@ class ControlPlane:
             config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=3)
             uvicorn.Server(config).run(sockets=[sock])
         finally:
+            self.close(loop_timeout_s=3.0)
+
+    def _serve_from(self, sock: socket.socket, count: int) -> None:
+        from tpufleet.api.processes import ApiProcesses
+
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda _s, _f: stop.set())
+        processes = ApiProcesses(self, sock, count).start()
+        try:
+            while not stop.wait(1.0):
+                pass
+        finally:
+            processes.stop(timeout_s=3.0)
             self.close(loop_timeout_s=3.0)
 
     def start_http(self, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0) -> str:

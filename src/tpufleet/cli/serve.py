@@ -230,6 +230,18 @@ def serve_cmd(
             "most this long plus a fifth of it after the leader died (docs/replicas.md).",
         ),
     ] = 5.0,
+    api_processes: Annotated[
+        int,
+        typer.Option(
+            "--api-processes",
+            min=0,
+            max=64,
+            metavar="N",
+            help="Serve the API from N processes of their own, so that no request takes the "
+            "scheduling loop's interpreter (a stream of submits otherwise lengthens its cycles); "
+            "0: the API in this process. Not with an in-memory SQLite --db (docs/control-plane.md).",
+        ),
+    ] = 0,
 ) -> None:
     """Run the control plane: store, scheduling loop, Ray executor and REST API (/api/v1, /healthz).
 
@@ -263,6 +275,11 @@ def serve_cmd(
     if not shared and ctx.get_parameter_source("lease_seconds").name == "COMMANDLINE":  # type: ignore[union-attr]
         raise SpecError(
             "--lease-seconds goes with a PostgreSQL --db (replicas); SQLite serves one replica only"
+        )
+    if api_processes and (db or "sqlite:///x").split("?", 1)[0] in ("sqlite://", "sqlite:///:memory:"):
+        raise SpecError(
+            "--api-processes needs a database the API processes can open too: a SQLite file "
+            "(the default) or PostgreSQL, not an in-memory SQLite --db"
         )
     if emulator and "ray_address" in given:
         raise SpecError("give --ray-address or --emulator, not both")
@@ -366,6 +383,11 @@ def serve_cmd(
             f"(lease {lease_seconds:g} s; docs/replicas.md)",
             highlight=False,
         )
+    if api_processes:
+        console_err.print(
+            f"the API runs in {api_processes} processes of its own; this one ({os.getpid()}) runs the loop",
+            highlight=False,
+        )
     if config.failpoints:  # for crash tests only: said loudly, so nobody runs with one by mistake
         console_err.print(
             f"{failpoints.ENV} is set: this process kills itself (SIGKILL) at "
@@ -379,7 +401,7 @@ def serve_cmd(
 
         HeadWatch(ray_address).start()
     try:
-        cp.serve(sock)
+        cp.serve(sock, api_processes=api_processes)
     finally:
         if prov is not None:
             prov.close()  # --provider emulator: the emulated fleet goes down with the control plane
