@@ -292,6 +292,9 @@ class ApiProcesses:
                 [sys.executable, "-m", "tpufleet.api.processes"],
                 stdin=subprocess.PIPE,
                 pass_fds=(self.sock.fileno(), self._wake_w, feed_r),
+                # not in serve's process group: a Ctrl-C at serve's terminal stops serve, which
+                # then stops them (SIGTERM by PID); were serve killed, their feed's end stops them
+                start_new_session=True,
             )
         except BaseException:
             os.close(feed_w)
