@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,9 @@ def _gone(pid: int) -> bool:
         return True
 
 
-@pytest.fixture
-def serve(tmp_path: Path) -> Any:
+def _serve(tmp_path: Path, *flags: str) -> Any:
     sp = planes.ServeProcess(
-        tmp_path, "--sandbox", "v5litepod-1:4", "--job-seconds", "0.2", "--api-processes", "2"
+        tmp_path, "--sandbox", "v5litepod-1:4", "--job-seconds", "0.2", "--api-processes", "2", *flags
     )
     try:
         yield sp
@@ -75,14 +75,26 @@ def serve(tmp_path: Path) -> Any:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Any]:
+    yield from _serve(tmp_path)
+
+
+@pytest.fixture
+def serve_on(tmp_path: Path, db_url: str) -> Iterator[Any]:
+    """serve with its API processes on a SQLite file or a PostgreSQL database given with --db."""
+    yield from _serve(tmp_path, "--db", db_url)
+
+
 def _admin(tmp_path: Path) -> dict[str, str]:
     token = (tmp_path / "home" / "sandbox" / "admin-token").read_text().strip()
     return {"Authorization": f"Bearer {token}"}
 
 
 def test_jobs_submitted_to_the_api_processes_run_and_the_loops_figures_reach_them(
-    serve: Any, tmp_path: Path
+    serve_on: Any, tmp_path: Path
 ) -> None:
+    serve = serve_on
     kids = _two(serve)
     assert serve.proc.pid not in kids
     with httpx.Client(base_url=serve.url, headers=_admin(tmp_path), timeout=30) as http:

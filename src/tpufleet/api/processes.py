@@ -25,9 +25,9 @@ included) stops the child, so no API outlives its loop and holds the port. The p
 child that dies (at most one start a second per child) and stops them all, by PID, on shutdown.
 
 What differs from one process: the failed-authentication allowance (``authguard.py``) is counted
-per process, so each child gets ``MAX_FAILURES // N`` of it (at least 1) and the whole stays within
-one process's; ``tpufleet_auth_failures_total`` is per process, so a scrape sees the counter of the
-child that answered it.
+per process, so each child gets ``MAX_FAILURES // N`` of it (at least 1): up to ``MAX_FAILURES``
+children together allow no more than one process did. ``tpufleet_auth_failures_total`` is per
+process, so a scrape sees the counter of the child that answered it.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ __all__ = ["ApiProcesses", "Feed", "Settings", "main"]
 
 PUSH_S = 0.25  # the loop's health to every child, this often
 SLOW_PUSH_S = 1.0  # duty cycles and the loop's metric families, this often
-QUEUED_FRAMES = 256  # frames waiting for a child that does not read; more are dropped (see Feed)
+QUEUED_FRAMES = 256  # frames waiting for a child that does not read; more are dropped (_Pipe)
 RESTART_S = 1.0  # a child that died is started again after this long
 _LEN = struct.Struct("!I")
 
