@@ -63,9 +63,9 @@ def _gone(pid: int) -> bool:
 
 
 def _serve(tmp_path: Path, *flags: str) -> Any:
-    sp = planes.ServeProcess(
-        tmp_path, "--sandbox", "v5litepod-1:4", "--job-seconds", "0.2", "--api-processes", "2", *flags
-    )
+    # a start may take long beside the other test sessions' Ray clusters (66 s once in make test)
+    args = ("--sandbox", "v5litepod-1:4", "--job-seconds", "0.2", "--api-processes", "2", *flags)
+    sp = planes.ServeProcess(tmp_path, *args, timeout_s=180)
     try:
         yield sp
     finally:
@@ -121,7 +121,7 @@ def test_jobs_submitted_to_the_api_processes_run_and_the_loops_figures_reach_the
     assert "tpufleet_jobs" in metrics  # the store's own metrics, as one process serves them
 
 
-def test_a_dead_api_process_is_replaced_and_the_api_keeps_answering(serve: Any, tmp_path: Path) -> None:
+def test_a_dead_api_process_is_replaced_and_sigterm_stops_them_all(serve: Any, tmp_path: Path) -> None:
     first = _two(serve)
     os.kill(first[0], signal.SIGKILL)
     again = _wait(
@@ -131,13 +131,9 @@ def test_a_dead_api_process_is_replaced_and_the_api_keeps_answering(serve: Any, 
     assert first[1] in again
     assert httpx.get(f"{serve.url}/api/v1/slices", headers=_admin(tmp_path), timeout=10).status_code == 200
     assert "ended (exit -9): starting another" in serve.output()
-
-
-def test_sigterm_stops_every_api_process(serve: Any) -> None:
-    kids = _two(serve)
     out = serve.stop()
     assert serve.proc.returncode == 0, out
-    assert all(_gone(pid) for pid in kids)
+    assert all(_gone(pid) for pid in again)  # the replacement too
     assert "Traceback" not in out
 
 
