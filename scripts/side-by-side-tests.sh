@@ -14,7 +14,9 @@
 # - own: beside them, the tests that start a fleet or a control plane of their own (SOLO below:
 #   the demo, the chaos soaks, the README tour, ...), also two workers a file at a time. The
 #   replicas' soak (tests/host) is one of them: a minute and a half that mostly waits, which took
-#   one of the fast stream's three workers (the longest stream) for that long.
+#   one of the fast stream's three workers (the longest stream) for that long. So is the API
+#   processes' file (tests/host): its serves, started niced in the fast stream, took a minute to
+#   answer while the fleets ran.
 #
 # The three keep both cores busy from the fleets' start to the end (/proc/stat sampled every 5 s on
 # a clean clone: 1.9 to 2.0 cores busy throughout, 2026-12-06), so the run takes about its CPU time
@@ -34,6 +36,7 @@ shift
 SOLO=(
   tests/e2e
   tests/host/test_chaos_replicas.py
+  tests/host/test_api_processes.py
   tests/integration/test_tour.py
   tests/integration/test_chaos.py
   tests/integration/test_autoscale_emulator.py
