@@ -171,11 +171,15 @@ class ServeProcess:
         cmd = [sys.executable, "-m", "tpufleet", "serve", *args, "--port", str(port)]
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
-        while not self._healthy():
-            assert time.monotonic() < deadline, (
-                f"serve did not listen within {timeout_s:g} s: {self.output()}"
-            )
-            time.sleep(0.2)
+        try:
+            while not self._healthy():
+                assert time.monotonic() < deadline, (
+                    f"serve did not listen within {timeout_s:g} s: {self.output()}"
+                )
+                time.sleep(0.2)
+        except BaseException:  # no test holds it yet to stop it: a failed start must not outlive the test
+            self.stop()
+            raise
 
     def _healthy(self) -> bool:
         assert self.proc.poll() is None, f"serve exited: {self.output()}"
