@@ -257,18 +257,13 @@ class ApiProcesses:
     def __init__(self, cp: Any, sock: socket.socket, count: int) -> None:
         from tpufleet.api.authguard import MAX_FAILURES
 
-        self.cp, self.sock, self.count = cp, sock, count
+        self.cp, self.sock = cp, sock
         self._stopping = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._children = [_Child(i) for i in range(count)]
-        self._threads: list[threading.Thread] = []
+        self._keepers: list[threading.Thread] = []  # one per child: _keep
         self.max_failures = max(1, MAX_FAILURES // count)
-        self.starts = 0  # children started, restarts included (tests and logs)
-
-    @property
-    def pids(self) -> list[int]:
-        return [c.proc.pid for c in self._children if c.proc is not None and c.proc.poll() is None]
 
     def _settings(self, feed_r: int) -> Settings:
         cp, app = self.cp, self.cp.app
@@ -302,7 +297,6 @@ class ApiProcesses:
         finally:
             os.close(feed_r)  # the child's copy is the only one: its end is the parent's
         child.proc, child.pipe = proc, _Pipe(feed_w, child.index)
-        self.starts += 1
         assert proc.stdin is not None
         with contextlib.suppress(OSError):  # a child that died at once: _keep sees it
             proc.stdin.write(pickle.dumps(self._settings(feed_r)))
@@ -362,16 +356,16 @@ class ApiProcesses:
                 return
             self.cp.service.wake()
 
-    def _thread(self, target: Callable[..., None], *args: Any, name: str) -> None:
+    def _thread(self, target: Callable[..., None], *args: Any, name: str) -> threading.Thread:
         t = threading.Thread(target=target, args=args, daemon=True, name=name)
         t.start()
-        self._threads.append(t)
+        return t
 
     def start(self) -> ApiProcesses:
         self.cp.service.write_observers.append(self.changed)
         self._thread(self._waker, name="tpufleet-api-wake")
         for child in self._children:
-            self._thread(self._keep, child, name=f"tpufleet-api-keep-{child.index}")
+            self._keepers.append(self._thread(self._keep, child, name=f"tpufleet-api-keep-{child.index}"))
         self._thread(self._pusher, name="tpufleet-api-push")
         return self
 
@@ -387,9 +381,8 @@ class ApiProcesses:
             for proc in procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(max(0.0, deadline - time.monotonic()))
-        for t in self._threads:
-            if t.name.startswith("tpufleet-api-keep"):
-                t.join(timeout=1.0)
+        for t in self._keepers:
+            t.join(timeout=1.0)
 
 
 if __name__ == "__main__":
