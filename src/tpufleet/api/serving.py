@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpufleet.control.store.values import sqlite_file
 from tpufleet.errors import ConflictError, InputError, SpecError
 
 # The admin token's file in a serve's state dir (mode 0600). Here, with where that dir is by
@@ -147,10 +148,8 @@ def lock_database(url: str) -> StateDirLock | None:
     """SQLite takes one serve: lock ``<file>.serve.lock`` beside a SQLite database file (whichever
     state dir the serve has), or a ConflictError naming the serve that uses it: one line, exit 2.
     None for PostgreSQL (replicas share it; the lease says which one leads) and in-memory SQLite."""
-    if not url.startswith("sqlite"):
-        return None
-    path = url.split("://", 1)[1].removeprefix("/").split("?", 1)[0]
-    if path in ("", ":memory:") or path.startswith("file:"):
+    path = sqlite_file(url)
+    if path is None:
         return None
     where = Path(path).absolute()
     lock_path = where.with_name(where.name + ".serve.lock")

@@ -17,7 +17,7 @@ import typer
 
 from tpufleet.cli._app import app, console_err
 from tpufleet.control.cluster.protocol import ClusterClient
-from tpufleet.control.store.values import DEFAULT_LIMITS, Limits
+from tpufleet.control.store.values import DEFAULT_LIMITS, Limits, sqlite_in_memory
 from tpufleet.errors import SpecError
 from tpufleet.host.runlimits import DEFAULT_OPEN_FILES, DEFAULT_PROCESSES
 
@@ -276,7 +276,7 @@ def serve_cmd(
         raise SpecError(
             "--lease-seconds goes with a PostgreSQL --db (replicas); SQLite serves one replica only"
         )
-    if api_processes and (db or "sqlite:///x").split("?", 1)[0] in ("sqlite://", "sqlite:///:memory:"):
+    if api_processes and db is not None and sqlite_in_memory(db):
         raise SpecError(
             "--api-processes needs a database the API processes can open too: a SQLite file "
             "(the default) or PostgreSQL, not an in-memory SQLite --db"

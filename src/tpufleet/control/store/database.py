@@ -28,7 +28,6 @@ from sqlalchemy import (
     create_engine,
     event,
     insert,
-    make_url,
     select,
     text,
 )
@@ -99,8 +98,8 @@ def make_engine(url: str) -> Engine:
     and the scheduling loop can write concurrently. No I/O: the database is first touched when a
     connection is made, and a SQLite file is created mode 0600 right before that."""
     if url.startswith("sqlite"):
-        memory = url in ("sqlite://", "sqlite:///:memory:")
-        path = "" if memory else make_url(url).database or ""
+        memory = r.sqlite_in_memory(url)
+        path = r.sqlite_file(url)
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
@@ -160,10 +159,11 @@ def claim_write_lock(conn: Connection, wait_s: float = BUSY_TIMEOUT_S) -> None:
         raw.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
 
 
-def _private_file(path: str) -> None:
+def _private_file(path: str | None) -> None:
     """Create the SQLite file (and chmod its -wal/-shm) mode 0600: it holds token hashes and every
-    tenant's jobs. SQLite gives the -wal and -shm files it creates the database file's mode."""
-    if not path or path == ":memory:" or path.startswith("file:"):
+    tenant's jobs. SQLite gives the -wal and -shm files it creates the database file's mode.
+    ``path``: ``values.sqlite_file``'s (None: no file of ours to make private)."""
+    if path is None:
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     os.close(fd)

@@ -578,3 +578,28 @@ def check_quota(quota: Mapping[str, int]) -> dict[str, int]:
             )
         out[gen.name] = out.get(gen.name, 0) + chips
     return out
+
+
+# -- SQLite URLs ---------------------------------------------------------------------------------
+def sqlite_target(url: str) -> str:
+    """What a ``sqlite://`` URL names, its query left out: "" or ``:memory:`` for an in-memory
+    database, a ``file:`` URI, or a file's path (``sqlite:///rel.db`` -> ``rel.db``,
+    ``sqlite:////abs.db`` -> ``/abs.db``). The one reading of these URLs that the engine, the
+    database's lock and serve's checks share."""
+    return url.split("://", 1)[1].removeprefix("/").split("?", 1)[0]
+
+
+def sqlite_in_memory(url: str) -> bool:
+    """Whether ``url`` is an in-memory SQLite database: one process's own, which no other process
+    (an API process, another serve) can open, and which every connection of the process shares."""
+    return url.startswith("sqlite") and sqlite_target(url) in ("", ":memory:")
+
+
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite ``url``, to create private and to lock; None for an in-memory database
+    and for a ``file:`` URI (SQLite resolves its path by rules of its own) and for any other
+    database."""
+    if not url.startswith("sqlite") or sqlite_in_memory(url):
+        return None
+    target = sqlite_target(url)
+    return None if target.startswith("file:") else target
