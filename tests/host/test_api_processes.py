@@ -146,8 +146,49 @@ def test_no_api_process_outlives_a_killed_serve(serve: Any) -> None:
         httpx.get(f"{serve.url}/healthz", timeout=2)
 
 
-def test_an_in_memory_database_is_refused_in_one_line(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16", "--db", "sqlite://"]
+@pytest.fixture
+def capped(tmp_path: Path) -> Iterator[Any]:
+    """serve whose tenants may have 3 queued jobs each."""
+    yield from _serve(tmp_path, "--max-queued-per-tenant", "3")
+
+
+def test_a_cap_holds_for_submits_racing_through_both_api_processes(capped: Any, tmp_path: Path) -> None:
+    """The API processes serve with serve's own limits (pickled to them), and the cap on queued jobs
+    is counted in the database's transaction, not in one process's memory: twelve submits at once,
+    each on a connection of its own (taken by whichever process accepts it first), leave exactly
+    three queued."""
+    _two(capped)
+    headers = _admin(tmp_path)
+    tenant = {"name": "team-a", "quota": {"v4": 16}}
+    httpx.post(f"{capped.url}/api/v1/tenants", headers=headers, json=tenant, timeout=30).raise_for_status()
+    # no v4 slice in this fleet: the jobs stay queued
+    body = {"command": ["true"], "tenant": "team-a", "accelerator_type": "v4-16"}
+    answers: list[httpx.Response] = []
+    go = threading.Barrier(12)
+
+    def submit(i: int) -> None:
+        with httpx.Client(base_url=capped.url, headers=headers, timeout=60) as http:
+            go.wait(30)
+            answers.append(http.post("/api/v1/jobs", json={**body, "name": f"j{i}"}))
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [201] * 3 + [409] * 9, [(a.status_code, a.text[:200]) for a in answers]
+    refused = [a.json()["error"] for a in answers if a.status_code == 409]
+    assert all("the cap (serve --max-queued-per-tenant 3)" in e for e in refused), refused
+    listed = httpx.get(
+        f"{capped.url}/api/v1/jobs", headers=headers, params={"tenant": "team-a"}, timeout=30
+    ).json()["items"]
+    assert sorted(j["state"] for j in listed) == ["QUEUED"] * 3
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:?timeout=5"])
+def test_an_in_memory_database_is_refused_in_one_line(tmp_path: Path, url: str) -> None:
+    cmd = [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16", "--db", url]
     env = os.environ | {"TPUFLEET_STATE_DIR": str(tmp_path), "TPUFLEET_CONFIG": str(tmp_path / "c.yaml")}
     out = subprocess.run([*cmd, "--api-processes", "2"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
