@@ -58,6 +58,12 @@ __all__ = ["ApiProcesses", "Feed", "Settings", "main"]
 
 PUSH_S = 0.25  # the loop's health to every child, this often
 SLOW_PUSH_S = 1.0  # duty cycles and the loop's metric families, this often
+# How long a child's threads hold the interpreter before handing it on (Python's default: 5 ms).
+# A submit group's thread holds SQLite's write lock across its statements and needs the
+# interpreter back after each one (the driver lets go of it while SQLite works); with the request
+# threads wanting it, each return waited up to 5 ms, and the loop's writes waited behind the lock
+# that long (docs/benchmarks.md, "A child's interpreter hands over sooner").
+SWITCH_INTERVAL_S = 0.0005
 QUEUED_FRAMES = 256  # frames waiting for a child that does not read; more are dropped (_Pipe)
 RESTART_S = 1.0  # a child that died is started again after this long
 _LEN = struct.Struct("!I")
@@ -174,6 +180,7 @@ def main() -> None:
     from tpufleet.observe.registry import metrics_registry
 
     settings: Settings = pickle.load(sys.stdin.buffer)  # written by the parent serve
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.WARNING, format=f"api process {os.getpid()}: %(message)s")
     store = Store.open(settings.db_url, limits=settings.limits)
     feed = Feed(JobChanges())
