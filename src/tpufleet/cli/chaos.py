@@ -11,6 +11,7 @@ from rich import box
 from rich.table import Table
 
 from tpufleet.cli._app import app, console, console_err, print_json
+from tpufleet.control.store.values import check_db_url
 from tpufleet.errors import SpecError
 
 
@@ -111,6 +112,8 @@ def _check_replicas(
         if ctx.get_parameter_source("lease_seconds").name == "COMMANDLINE":  # type: ignore[union-attr]
             raise SpecError("--lease-seconds goes with --replicas N", field="--lease-seconds")
         return
+    if db is not None:
+        check_db_url(db)
     if db is None or not db.startswith("postgresql"):
         raise SpecError(
             f"--replicas {replicas} runs replicas on one PostgreSQL database: give --db "

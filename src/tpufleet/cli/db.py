@@ -18,7 +18,11 @@ app.add_typer(db_app, name="db")
 
 DbOption = Annotated[
     str | None,
-    typer.Option("--db", help="SQLAlchemy URL (default: SQLite in the state dir, as `serve`)."),
+    typer.Option(
+        "--db",
+        help="The database: sqlite:///PATH or postgresql+psycopg://USER@HOST/DB (default: SQLite in "
+        "the state dir, as `serve`).",
+    ),
 ]
 StateDirOption = Annotated[
     Path | None,
@@ -30,7 +34,9 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 def _url(db: str | None, state_dir: Path | None) -> str:
     """The database ``serve`` would use: ``--db``, else ``tpufleet.db`` in the state dir."""
     if db:
-        return db
+        from tpufleet.control.store.values import check_db_url
+
+        return check_db_url(db)
     from tpufleet.api.serving import default_state_dir
 
     directory = state_dir or default_state_dir()

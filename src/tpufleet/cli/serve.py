@@ -17,7 +17,7 @@ import typer
 
 from tpufleet.cli._app import app, console_err
 from tpufleet.control.cluster.protocol import ClusterClient
-from tpufleet.control.store.values import DEFAULT_LIMITS, Limits, sqlite_in_memory
+from tpufleet.control.store.values import DEFAULT_LIMITS, Limits, check_db_url, sqlite_in_memory
 from tpufleet.errors import SpecError
 from tpufleet.host.runlimits import DEFAULT_OPEN_FILES, DEFAULT_PROCESSES
 
@@ -52,7 +52,12 @@ def serve_cmd(
         ),
     ] = None,
     db: Annotated[
-        str | None, typer.Option("--db", help="SQLAlchemy URL (default: SQLite in the state dir).")
+        str | None,
+        typer.Option(
+            "--db",
+            help="The database: sqlite:///PATH or postgresql+psycopg://USER@HOST/DB (default: SQLite "
+            "in the state dir).",
+        ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[
@@ -271,6 +276,11 @@ def serve_cmd(
         raise SpecError("--sandbox runs without Ray: give --sandbox or --ray-address/--emulator, not both")
     if sandbox is None and ctx.get_parameter_source("job_seconds").name == "COMMANDLINE":  # type: ignore[union-attr]
         raise SpecError("--job-seconds goes with --sandbox SLICES")
+    if db is not None:
+        from tpufleet.control.store.database import make_engine
+
+        check_db_url(db)
+        make_engine(db).dispose()  # its settings too (?timeout=abc), before anything is locked: no I/O
     shared = db is not None and db.startswith("postgresql")
     if not shared and ctx.get_parameter_source("lease_seconds").name == "COMMANDLINE":  # type: ignore[union-attr]
         raise SpecError(

@@ -31,14 +31,14 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from tpufleet.control.store import migrations
 from tpufleet.control.store import values as r
 from tpufleet.control.store.tables import EventRow
-from tpufleet.errors import ClusterError
+from tpufleet.errors import ClusterError, SpecError
 
 __all__ = [
     "Clock",
@@ -97,10 +97,11 @@ def make_engine(url: str) -> Engine:
     """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys, so the API thread
     and the scheduling loop can write concurrently. No I/O: the database is first touched when a
     connection is made, and a SQLite file is created mode 0600 right before that."""
+    r.check_db_url(url)
     if url.startswith("sqlite"):
         memory = r.sqlite_in_memory(url)
         path = r.sqlite_file(url)
-        engine = create_engine(
+        engine = _engine(
             url,
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
             poolclass=StaticPool if memory else None,
@@ -124,7 +125,16 @@ def make_engine(url: str) -> Engine:
     # PostgreSQL: 20 kept (10 more on demand) instead of 5 (+10), so the API's 40 threads do not open
     # and close a server process per request past 15 at once; 30 a replica keeps three replicas
     # under the server's default max_connections (100). Past that, a request waits for a connection.
-    return create_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=10)
+    return _engine(url, pool_pre_ping=True, pool_size=20, max_overflow=10)
+
+
+def _engine(url: str, **kwargs: Any) -> Engine:
+    """``create_engine``, whose complaints about the URL's settings (``?timeout=abc``, a host
+    where SQLite wants a path) are the user's input: a SpecError, not a traceback."""
+    try:
+        return create_engine(url, **kwargs)
+    except (ArgumentError, ValueError, TypeError) as err:
+        raise SpecError(f"--db: the database URL's settings are not valid: {err}") from None
 
 
 def claim_write_lock(conn: Connection, wait_s: float = BUSY_TIMEOUT_S) -> None:

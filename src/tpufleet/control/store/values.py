@@ -580,26 +580,57 @@ def check_quota(quota: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+# -- database URLs -------------------------------------------------------------------------------
+DB_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql", "postgresql+psycopg")  # the drivers shipped
+_DB_FORMS = "sqlite:///relative/path.db, sqlite:////absolute/path.db or postgresql+psycopg://USER@HOST/DB"
+
+
+def check_db_url(url: str, option: str = "--db") -> str:
+    """``url`` as ``--db`` takes it, or a SpecError that says which forms it takes: SQLite
+    (``sqlite:///relative.db``, ``sqlite:////absolute.db``, ``sqlite://`` in memory) or PostgreSQL
+    through psycopg (the drivers tpufleet ships). The error names the scheme only, never the rest
+    of the URL, which may hold a password."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise SpecError(
+            f"{option} takes a URL such as {_DB_FORMS}; this one has no scheme://", field=option, locate=False
+        )
+    if scheme not in DB_SCHEMES:
+        raise SpecError(
+            f"{option} takes SQLite or PostgreSQL through psycopg ({_DB_FORMS}), not {scheme}://",
+            field=option,
+            locate=False,
+        )
+    if scheme.startswith("sqlite") and rest and not rest.startswith("/"):
+        raise SpecError(
+            f"a SQLite {option} is sqlite:///relative/path.db, sqlite:////absolute/path.db or "
+            "sqlite:// (in memory): three slashes before a path",
+            field=option,
+            locate=False,
+        )
+    return url
+
+
 # -- SQLite URLs ---------------------------------------------------------------------------------
 def sqlite_target(url: str) -> str:
     """What a ``sqlite://`` URL names, its query left out: "" or ``:memory:`` for an in-memory
     database, a ``file:`` URI, or a file's path (``sqlite:///rel.db`` -> ``rel.db``,
     ``sqlite:////abs.db`` -> ``/abs.db``). The one reading of these URLs that the engine, the
     database's lock and serve's checks share."""
-    return url.split("://", 1)[1].removeprefix("/").split("?", 1)[0]
+    return url.partition("://")[2].removeprefix("/").split("?", 1)[0]
 
 
 def sqlite_in_memory(url: str) -> bool:
     """Whether ``url`` is an in-memory SQLite database: one process's own, which no other process
     (an API process, another serve) can open, and which every connection of the process shares."""
-    return url.startswith("sqlite") and sqlite_target(url) in ("", ":memory:")
+    return url.startswith("sqlite") and "://" in url and sqlite_target(url) in ("", ":memory:")
 
 
 def sqlite_file(url: str) -> str | None:
     """The file of a SQLite ``url``, to create private and to lock; None for an in-memory database
     and for a ``file:`` URI (SQLite resolves its path by rules of its own) and for any other
     database."""
-    if not url.startswith("sqlite") or sqlite_in_memory(url):
+    if not url.startswith("sqlite") or "://" not in url or sqlite_in_memory(url):
         return None
     target = sqlite_target(url)
     return None if target.startswith("file:") else target
