@@ -64,6 +64,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
     finally:
         out = serve.stop()
         assert "Traceback" not in out, out
+        assert "a sandbox fleet (none: no slice yet; jobs run 2 s" in out, out
 
 
 def test_python_create_measure_delete_round_trip(served: tuple[str, str, Path]) -> None:

@@ -330,7 +330,8 @@ def serve_cmd(
         # turn that issued it, instead of a turn later once a pool thread has run it.
         config = replace(config, stop_threads=0)
         state_dir = state_dir or default_state_dir() / "sandbox"  # never the real fleet's database
-        where = f"a sandbox fleet ({sandbox}; jobs run {job_seconds:g} s, nothing is executed)"
+        shown = "none: no slice yet" if empty else sandbox
+        where = f"a sandbox fleet ({shown}; jobs run {job_seconds:g} s, nothing is executed)"
     state_dir = state_dir or default_state_dir()
     # One serve per state dir, checked first (before Ray, the port or the store): a second one is
     # refused naming the first, and changes nothing.
