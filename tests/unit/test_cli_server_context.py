@@ -63,6 +63,8 @@ def test_a_server_without_a_scheme_is_http(given: str, url: str) -> None:
         ("ftp://127.0.0.1:8600", "give http(s)://host:port, e.g. http://127.0.0.1:8600"),
         ("127.0.0.1:99999", "give http(s)://host:port, e.g. http://127.0.0.1:8600"),
         ("http://", "give http(s)://host:port, e.g. http://127.0.0.1:8600"),
+        ("http://[::1", "give http(s)://host:port, e.g. http://127.0.0.1:8600"),  # was a ValueError
+        ("[::1]:8600]", "give http(s)://host:port, e.g. http://127.0.0.1:8600"),
     ],
 )
 def test_a_server_url_that_is_not_a_base_url_is_refused_with_the_expected_form(given: str, says: str) -> None:

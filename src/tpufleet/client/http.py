@@ -47,7 +47,11 @@ def server_url(text: str, field: str = "--server") -> str:
     ``http(s)://host[:port]`` (a path such as ``/api/v1``, a query, another scheme, a bad port)."""
     given = text.strip()
     url = given if "://" in given else f"http://{given}"
-    parts = urlsplit(url)
+    expected = f"give http(s)://host:port, e.g. {DEFAULT_SERVER}"
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed IPv6 bracket (http://[::1)
+        raise SpecError(f"{given!r} is not a control plane URL: {expected}", field=field) from None
     try:
         port_ok = parts.port is not None or ":" not in parts.netloc.rpartition("@")[2].rpartition("]")[2]
     except ValueError:
@@ -57,8 +61,6 @@ def server_url(text: str, field: str = "--server") -> str:
         if parts.path in ("", "/") and not parts.query and not parts.fragment:
             return base
         expected = f"give {base} (scheme://host:port, no path)"
-    else:
-        expected = f"give http(s)://host:port, e.g. {DEFAULT_SERVER}"
     raise SpecError(f"{given!r} is not a control plane URL: {expected}", field=field)
 
 
