@@ -136,3 +136,14 @@ def test_a_database_file_is_made_private_and_locked_and_memory_is_neither(tmp_pa
     lock.release()
     assert lock_database("sqlite:///:memory:?timeout=5") is None
     assert lock_database("sqlite://") is None
+
+
+def test_db_commands_refuse_a_state_dir_they_cannot_make_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    bad = tmp_path / "a-file" / "state"  # under a file: no directory can be made there
+    for command in ("current", "upgrade"):
+        code, err = _exit(capsys, "db", command, "--state-dir", str(bad))
+        # a traceback before; now what serve says of a state dir it cannot use
+        assert (code, err) == (2, f"error: cannot use the state dir {bad}: Not a directory")

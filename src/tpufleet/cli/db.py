@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from tpufleet.cli._app import app, console, print_json
+from tpufleet.errors import InputError
 
 db_app = typer.Typer(help="The control plane's database schema (migrations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -40,7 +41,10 @@ def _url(db: str | None, state_dir: Path | None) -> str:
     from tpufleet.api.serving import default_state_dir
 
     directory = state_dir or default_state_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # as serve says it
+        raise InputError(f"cannot use the state dir {directory}: {err.strerror or err}") from None
     return f"sqlite:///{directory / 'tpufleet.db'}"
 
 
