@@ -135,6 +135,9 @@ def test_events_of_one_job_tell_its_story_to_its_tenant(cli: Cli) -> None:  # no
         (("tenant", "update", "team-a"), SpecError, "nothing to change"),
         (("tenant", "update", "team-a", "--preemption", "always"), SpecError, "'always' is not a preemption"),
         (("tenant", "update", "team-z", "--weight", "2"), NotFoundError, "tenant 'team-z' not found"),
+        # nan and inf cannot be sent as JSON: they were a ValueError traceback in the client
+        (("tenant", "update", "team-a", "--weight", "nan"), SpecError, "weight must be a number above 0"),
+        (("tenant", "create", "team-b", "--weight", "inf"), SpecError, "at most 1000, got inf"),
         (("tenant", "delete", "team-z"), NotFoundError, "tenant 'team-z' not found"),
         (
             ("token", "create", "--tenant", "team-a", "--scope", "root"),

@@ -27,7 +27,7 @@ from tpufleet.cli.common import (
     when,
 )
 from tpufleet.client.http import DEFAULT_SERVER
-from tpufleet.control.store.values import PREEMPTION_MODES
+from tpufleet.control.store.values import PREEMPTION_MODES, check_weight
 from tpufleet.errors import SpecError
 
 tenant_app = typer.Typer(help="Manage tenants (admin token).", no_args_is_help=True)
@@ -147,6 +147,7 @@ def tenant_create(
     """Create a tenant and print its token (shown once). --quota v4=32,v6e=16 (or repeated)."""
     chips = parse_quota(quota)
     check_preemption(preemption)
+    check_weight(weight)  # here: nan or inf cannot even be sent as JSON
     out = make_client(ctx, server, token).create_tenant(name, chips, weight, preemption)
     if as_json:
         print_json({"name": out["name"], "token": out["token"]})
@@ -173,6 +174,8 @@ def tenant_update(
     in-quota job may reclaim it (checkpoint signal, grace period, requeue)."""
     chips = parse_quota(quota) if quota else None
     check_preemption(preemption)
+    if weight is not None:
+        check_weight(weight)
     if chips is None and weight is None and preemption is None:
         raise SpecError("nothing to change: give --quota, --weight or --preemption")
     out = make_client(ctx, server, token).update_tenant(
