@@ -156,10 +156,7 @@ def load_documents(text: str, file: str = "<input>") -> list[Document]:
         _measure(text, file)
         nodes = list(yaml.compose_all(text, Loader=_Loader))
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise InputError(f"{where}: not valid YAML: {problem}") from None
+        raise InputError(f"{_place(err, file)}: not valid YAML: {_problem(err)}") from None
     docs: list[Document] = []
     for node in nodes:
         if node is None:
@@ -167,12 +164,25 @@ def load_documents(text: str, file: str = "<input>") -> list[Document]:
         constructor = yaml.constructor.SafeConstructor()
         try:
             data = constructor.construct_document(node)
-        except yaml.YAMLError as err:
-            raise InputError(f"{file}:{_mark(node)[0]}: not valid YAML: {err}") from None
+        except yaml.YAMLError as err:  # a tag the safe loader does not build (!!python/object...)
+            raise InputError(f"{_place(err, file, node)}: not valid YAML: {_problem(err)}") from None
         positions: dict[Path, tuple[int, int]] = {}
         _walk(node, (), positions)
         docs.append(Document(data, positions, _mark(node)))
     return docs
+
+
+def _place(err: yaml.YAMLError, file: str, node: yaml.Node | None = None) -> str:
+    """``file:line:column`` of what ``err`` is about: its problem's mark, else ``node``'s line."""
+    mark = getattr(err, "problem_mark", None)
+    if mark is not None:
+        return f"{file}:{mark.line + 1}:{mark.column + 1}"
+    return f"{file}:{_mark(node)[0]}" if node is not None else file
+
+
+def _problem(err: yaml.YAMLError) -> str:
+    """What ``err`` says, on one line (PyYAML adds the mark on lines of its own)."""
+    return getattr(err, "problem", None) or str(err).splitlines()[0]
 
 
 def dotted(path: Sequence[str | int]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 from spec_builders import EXAMPLE, GENERATION_CASES, load_fleet, pool, spec_dict
@@ -136,6 +138,17 @@ def test_not_yaml_and_not_a_mapping_are_input_errors(tmp_path):
         load_spec("- a\n- b\n", "f.yaml")
     with pytest.raises(InputError, match="cannot read"):
         read_spec(tmp_path / "missing.yaml")
+
+
+def test_a_tag_the_safe_loader_refuses_is_one_line_at_its_own_line_and_never_runs() -> None:
+    marker = "/tmp/tpufleet-yaml-tag-ran"
+    text = f'name: x\npools: !!python/object/apply:os.system ["touch {marker}"]\n'
+    with pytest.raises(InputError) as err:
+        load_spec(text, "evil.yaml")
+    said = str(err.value)  # was two lines (PyYAML's own mark) at line 1, the document's
+    assert said.startswith("evil.yaml:2:8: not valid YAML: could not determine a constructor for the tag")
+    assert "\n" not in said
+    assert not os.path.exists(marker)
 
 
 def test_the_longest_fleet_name_fits_kuberays_limits():
