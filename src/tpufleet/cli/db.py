@@ -35,9 +35,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 def _url(db: str | None, state_dir: Path | None) -> str:
     """The database ``serve`` would use: ``--db``, else ``tpufleet.db`` in the state dir."""
     if db:
-        from tpufleet.control.store.values import check_db_url
-
-        return check_db_url(db)
+        return db  # checked by the store's engine, before any I/O
     from tpufleet.api.serving import default_state_dir
 
     directory = state_dir or default_state_dir()

@@ -17,7 +17,7 @@ import typer
 
 from tpufleet.cli._app import app, console_err
 from tpufleet.control.cluster.protocol import ClusterClient
-from tpufleet.control.store.values import DEFAULT_LIMITS, Limits, check_db_url, sqlite_in_memory
+from tpufleet.control.store.values import DEFAULT_LIMITS, Limits, sqlite_in_memory
 from tpufleet.errors import SpecError
 from tpufleet.host.runlimits import DEFAULT_OPEN_FILES, DEFAULT_PROCESSES
 
@@ -279,8 +279,8 @@ def serve_cmd(
     if db is not None:
         from tpufleet.control.store.database import make_engine
 
-        check_db_url(db)
-        make_engine(db).dispose()  # its settings too (?timeout=abc), before anything is locked: no I/O
+        # the URL's form and its settings (?timeout=abc), before anything is locked: no I/O
+        make_engine(db).dispose()
     shared = db is not None and db.startswith("postgresql")
     if not shared and ctx.get_parameter_source("lease_seconds").name == "COMMANDLINE":  # type: ignore[union-attr]
         raise SpecError(

@@ -581,11 +581,11 @@ def check_quota(quota: Mapping[str, int]) -> dict[str, int]:
 
 
 # -- database URLs -------------------------------------------------------------------------------
-DB_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql", "postgresql+psycopg")  # the drivers shipped
+_DB_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql", "postgresql+psycopg")  # the drivers shipped
 _DB_FORMS = "sqlite:///relative/path.db, sqlite:////absolute/path.db or postgresql+psycopg://USER@HOST/DB"
 
 
-def check_db_url(url: str, option: str = "--db") -> str:
+def check_db_url(url: str) -> str:
     """``url`` as ``--db`` takes it, or a SpecError that says which forms it takes: SQLite
     (``sqlite:///relative.db``, ``sqlite:////absolute.db``, ``sqlite://`` in memory) or PostgreSQL
     through psycopg (the drivers tpufleet ships). The error names the scheme only, never the rest
@@ -593,19 +593,19 @@ def check_db_url(url: str, option: str = "--db") -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise SpecError(
-            f"{option} takes a URL such as {_DB_FORMS}; this one has no scheme://", field=option, locate=False
+            f"--db takes a URL such as {_DB_FORMS}; this one has no scheme://", field="--db", locate=False
         )
-    if scheme not in DB_SCHEMES:
+    if scheme not in _DB_SCHEMES:
         raise SpecError(
-            f"{option} takes SQLite or PostgreSQL through psycopg ({_DB_FORMS}), not {scheme}://",
-            field=option,
+            f"--db takes SQLite or PostgreSQL through psycopg ({_DB_FORMS}), not {scheme}://",
+            field="--db",
             locate=False,
         )
     if scheme.startswith("sqlite") and rest and not rest.startswith("/"):
         raise SpecError(
-            f"a SQLite {option} is sqlite:///relative/path.db, sqlite:////absolute/path.db or "
+            "a SQLite --db is sqlite:///relative/path.db, sqlite:////absolute/path.db or "
             "sqlite:// (in memory): three slashes before a path",
-            field=option,
+            field="--db",
             locate=False,
         )
     return url
