@@ -12,7 +12,6 @@ under 1 MiB, the fleet view under 128 KiB) and the server's peak RSS grows by le
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import httpx
 from tpufleet.control.store import logs
 from tpufleet.control.store.facade import Store
 from tpufleet.control.store.values import JobRequest
+from tpufleet.emulator import procs
 
 MAX_GROWTH_MIB = 96
 LOG_CHARS = 16 << 20
@@ -62,9 +62,7 @@ def _prepare(url: str) -> tuple[str, str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 def _kib(pid: int, field: str) -> int:

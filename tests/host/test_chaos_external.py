@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tpufleet.chaos import ExternalServer
+from tpufleet.emulator import procs
 from tpufleet.errors import TpufleetError
 
 SERVER = textwrap.dedent(
@@ -33,9 +34,7 @@ SERVER = textwrap.dedent(
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 def _listening(port: int, timeout_s: float = 30.0) -> bool:

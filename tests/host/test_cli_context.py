@@ -127,9 +127,7 @@ def test_the_remembered_admin_token_never_goes_to_another_server(
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 def _serve(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 import torchreq
 
 from tpufleet import catalog, contract
-from tpufleet.emulator import plan
+from tpufleet.emulator import plan, procs
 from tpufleet.runtime import PORT_VAR
 
 torchreq.require("torch")
@@ -52,9 +51,7 @@ dist.destroy_process_group()
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return procs.free_port()  # below the ephemeral range: nobody takes it meanwhile
 
 
 def _run_job(slices: list[tuple[str, str]], user_env: dict[str, str]) -> list[dict[str, Any]]:

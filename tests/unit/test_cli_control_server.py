@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from tpufleet.client.http import Client
 from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.cluster.protocol import AttemptSpec
 from tpufleet.control.loop.service import ServiceConfig
+from tpufleet.emulator import procs
 
 SCRIPT = Script(
     run_after=1, exit_after=4, output="attempt {TPUFLEET_ATTEMPT} on {TPU_NAME}/{TPU_WORKER_ID}\n"
@@ -125,9 +125,7 @@ def test_bad_input_prints_one_line_and_exits_2(
 
 
 def test_an_unreachable_server_exits_1_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = procs.free_port()  # nothing listens there (below the ephemeral range: nobody takes it)
     code, _, err = tpufleet(capsys, "jobs", "--server", f"http://127.0.0.1:{port}", "--token", "x")
     assert code == 1 and "cannot reach the tpufleet server" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

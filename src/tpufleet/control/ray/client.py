@@ -26,7 +26,6 @@ the service may hand the slices to the next job as soon as it returns.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +54,7 @@ from tpufleet.control.cluster.protocol import (
 )
 from tpufleet.control.ray.jobs import RayJobs
 from tpufleet.control.ray.warmpool import SlicePool, kill_actor
+from tpufleet.emulator import procs
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError
 from tpufleet.host.runner import (
     NAMESPACE,
@@ -81,12 +81,6 @@ _START_WATCH_S = 120.0  # a launch watcher waits this long for the hosts' start 
 def _nodes() -> list[dict[str, Any]]:
     nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
     return nodes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -712,7 +706,9 @@ def _requests(spec: AttemptSpec, infos: list[SliceInfo], layout: list[tuple[str,
     """The start request of every host, in layout order (``contract.attempt_envs``)."""
     addresses = [h.address or "" for info in infos for h in info.hosts]
     shared = len(set(addresses)) < len(addresses)  # the emulator: every host is this machine
-    mport = _free_port() if shared else contract.MEGASCALE_PORT
+    # Ports picked now and listened on later, on the hosts (host 0's JAX coordinator, the megascale
+    # port): from below the ephemeral range, where no connection or bind(0) takes them meanwhile.
+    mport = procs.free_port() if shared else contract.MEGASCALE_PORT
     slices = [(info.name, info.slice_type, [h.address or "" for h in info.hosts]) for info in infos]
     envs = contract.attempt_envs(
         spec.job_id,
@@ -720,7 +716,7 @@ def _requests(spec: AttemptSpec, infos: list[SliceInfo], layout: list[tuple[str,
         spec.checkpoint_dir,
         slices,
         megascale_port=mport,
-        extra={JAX_PORT_VAR: str(_free_port())},
+        extra={JAX_PORT_VAR: str(procs.free_port())},
     )
     return [
         RunRequest(
