@@ -47,11 +47,12 @@ torch: $(TORCH_STAMP)
 bytecode: venv
 	@$(BIN)/python -m compileall -q src
 
-# mypy keeps its cache beside uv's, one per checkout path, not in the checkout: on a fresh clone
-# (CI) a cold check of src and the libraries it reads is ~31 CPU-s, a warm one ~1. The cache is
-# mypy's own incremental mode (each entry checked against its source's hash); a stale or missing
-# one costs time, never a wrong answer.
-MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tpufleet/mypy$(CURDIR)
+# mypy keeps its cache beside uv's, one for every checkout of this user, not in the checkout: a cold
+# check of src and the libraries it reads is ~31 CPU-s, a warm one ~1, and a fresh clone (CI) at a
+# new path finds it warm (a clone's first check with another checkout's cache: ~2 CPU-s). The cache
+# is mypy's own incremental mode (each entry checked against its source's hash, written by rename):
+# a stale or missing entry costs time, never a wrong answer.
+MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tpufleet/mypy-cache
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples
