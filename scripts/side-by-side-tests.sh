@@ -22,6 +22,18 @@
 # a clean clone: 1.9 to 2.0 cores busy throughout, 2026-12-06), so the run takes about its CPU time
 # over two: ~1,400 CPU-s of its own processes, most of them Ray workers the fleet tests start (Ray
 # Train's actors, the JAX and PyTorch processes on the hosts, the control plane's runner actors).
+# Where it went on a clean clone (2026-12-07: every process's CPU sampled twice a second, each
+# charged to the test running on the pytest worker whose fleet it belongs to; 1,824 CPU-s in all,
+# with the 65 of the bootstrap and the lint's):
+# - 262 Ray worker processes, ~490 CPU-s. A Ray job's workers start twice (Ray's setup_worker,
+#   then the worker: its runtime_env), ~2.6 CPU-s each; the others ~1.4.
+# - A Ray Train run is ~40-50 CPU-s (its controller, synchronisation, preemption-watcher and
+#   placement-group-cleaner actors, the JobSupervisor, Ray Data's when it feeds the workers, two
+#   workers importing JAX): test_ray_jobs's story test (five runs) 267, its TorchTrainer test 79.
+# - tpufleet demo --chaos 174, the README and docs tour 166 (115 alone; four fleets of its own),
+#   the PyTorch jobs 139 (a torch_xla process ~10 CPU-s, a torch one ~3), the chaos soak 74.
+# - 14 Ray clusters, each head ~13 CPU-s to start; the pytest workers' own work ~310 (collecting
+#   the fast stream's tests is ~11 CPU-s a worker).
 # The fast stream runs niced so that the fleets' processes, whose tests wait on start-ups, grace
 # periods and timeouts, always come first: it does most of its work once the fleet streams are done.
 # Nothing any of them runs looks at processes it did not start (leak checks go by PID or by the
