@@ -11,6 +11,7 @@ from rich import box
 from rich.table import Table
 
 from tpufleet.cli._app import app, console, console_err, print_json
+from tpufleet.cli.common import finite
 from tpufleet.control.store.values import check_db_url
 from tpufleet.errors import SpecError
 
@@ -139,7 +140,10 @@ def chaos_cmd(
     seed: Annotated[int, typer.Option(help="Seeds the job stream, the fault times and their targets.")] = 0,
     jobs: Annotated[int, typer.Option(min=1, help="Jobs to submit, over the first half of the window.")] = 20,
     minutes: Annotated[
-        float, typer.Option(min=0.05, help="The fault window; then every job gets --drain-timeout to end.")
+        float,
+        typer.Option(
+            min=0.05, callback=finite, help="The fault window; then every job gets --drain-timeout to end."
+        ),
     ] = 5.0,
     slices: Annotated[
         str, typer.Option(help="The emulated fleet to start, e.g. v4-8:2,v4-16:1 (what jobs ask for).")
@@ -149,6 +153,7 @@ def chaos_cmd(
         float,
         typer.Option(
             "--ray-jobs",
+            callback=finite,
             min=0.0,
             max=1.0,
             help="The share of the jobs that are Ray jobs (a driver reserving its slices with "
@@ -156,7 +161,10 @@ def chaos_cmd(
         ),
     ] = 0.25,
     drain_timeout: Annotated[
-        float, typer.Option("--drain-timeout", min=1, help="Seconds after the window for every job to end.")
+        float,
+        typer.Option(
+            "--drain-timeout", callback=finite, min=1, help="Seconds after the window for every job to end."
+        ),
     ] = 300.0,
     state_dir: Annotated[
         Path | None,
@@ -232,7 +240,10 @@ def chaos_cmd(
         ),
     ] = None,
     lease_seconds: Annotated[
-        float, typer.Option("--lease-seconds", min=0.5, help="With --replicas: the replicas' lease.")
+        float,
+        typer.Option(
+            "--lease-seconds", callback=finite, min=0.5, help="With --replicas: the replicas' lease."
+        ),
     ] = 3.0,
     sandbox: Annotated[
         str | None,

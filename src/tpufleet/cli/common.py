@@ -11,6 +11,7 @@ a token they use the admin token that a local ``tpufleet serve`` wrote to
 
 from __future__ import annotations
 
+import math
 import time
 import unicodedata
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from rich.text import Text
 
 from tpufleet.client.http import DEFAULT_SERVER, Client, server_url
 from tpufleet.control.store.values import DEFAULT_LIMITS, Limits
+from tpufleet.errors import SpecError
 
 ServerOpt = Annotated[
     str, typer.Option("--server", envvar="TPUFLEET_SERVER", help="Control plane URL.", show_default=True)
@@ -37,6 +39,20 @@ TokenOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 ERRORS = "Errors: bad input exits 2 with one line; an unreachable server exits 1."
+
+
+def finite(param: typer.CallbackParam, value: float | None) -> float | None:
+    """The callback of a float option (``callback=finite``): nan and inf are refused in one line.
+    Typer's ``min`` and ``max`` let inf through, and nan where an option has no minimum; a later
+    ``int()``, ``sleep()`` or deadline then failed with a traceback or never came."""
+    if value is None or math.isfinite(value):
+        return value
+    low, high = getattr(param, "min", None), getattr(param, "max", None)
+    bounds = [f"{sign} {bound:g}" for sign, bound in ((">=", low), ("<=", high)) if bound is not None]
+    raise SpecError(
+        f"must be a finite number{' ' + ' and '.join(bounds) if bounds else ''}, got {value}",
+        field=param.opts[0],
+    )
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tpufleet.cli._app import app, console
+from tpufleet.cli.common import finite
 from tpufleet.cli.cost import money, ratio
 from tpufleet.errors import InputError
 from tpufleet.scheduler.lifecycle import TERMINAL_STATES
@@ -184,7 +185,9 @@ def demo_cmd(
         Path | None,
         typer.Option(help="Where the fleet, database and checkpoints live (default: a temp dir)."),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 900.0,
+    timeout: Annotated[
+        float, typer.Option(min=1, callback=finite, help="Give up after this many seconds.")
+    ] = 900.0,
     autoscale: Annotated[
         bool,
         typer.Option(

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from tpufleet.cli import context
 from tpufleet.cli._app import app, console, print_json
+from tpufleet.cli.common import finite
 from tpufleet.errors import NotFoundError, SpecError
 
 emulate_app = typer.Typer(
@@ -123,6 +124,7 @@ def preempt_cmd(
         float,
         typer.Option(
             "--notice",
+            callback=finite,
             help="Seconds of preemption notice first (GCE gives spot VMs 30): the hosts are drained "
             "for preemption in Ray with that deadline, providers report it, and this command waits "
             "it out before the hosts die together. 0: no notice.",

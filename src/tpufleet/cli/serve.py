@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from tpufleet.cli._app import app, console_err
+from tpufleet.cli.common import finite
 from tpufleet.control.cluster.protocol import ClusterClient
 from tpufleet.control.store.values import DEFAULT_LIMITS, Limits, sqlite_in_memory
 from tpufleet.errors import SpecError
@@ -93,6 +94,7 @@ def serve_cmd(
         float,
         typer.Option(
             "--max-queued-mib-per-tenant",
+            callback=finite,
             min=0.001,
             help="MiB of queued job bodies (commands, env, names) a tenant may have; past it a submit "
             "is refused (409).",
@@ -144,6 +146,7 @@ def serve_cmd(
         float,
         typer.Option(
             "--max-log-mb",
+            callback=finite,
             min=0.001,
             help="Stored output per host and attempt; past it a log is truncated and says so (the "
             "host's own copy stops there too).",
@@ -173,6 +176,7 @@ def serve_cmd(
         float,
         typer.Option(
             "--start-timeout",
+            callback=finite,
             min=1,
             help="Seconds from admission to every host running; longer fails the attempt.",
         ),
@@ -191,7 +195,9 @@ def serve_cmd(
     ] = None,
     job_seconds: Annotated[
         float,
-        typer.Option("--job-seconds", min=0, help="With --sandbox: how long every host of a job runs."),
+        typer.Option(
+            "--job-seconds", callback=finite, min=0, help="With --sandbox: how long every host of a job runs."
+        ),
     ] = 1.0,
     pricing_file: Annotated[
         Path | None,
@@ -229,6 +235,7 @@ def serve_cmd(
         float,
         typer.Option(
             "--lease-seconds",
+            callback=finite,
             min=0.5,
             max=600,
             help="With a PostgreSQL --db (replicas): the leader lease's length; a standby takes over at "

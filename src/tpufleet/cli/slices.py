@@ -31,6 +31,7 @@ from tpufleet.cli.common import (
     ServerOpt,
     TokenOpt,
     cell,
+    finite,
     make_client,
     safe,
 )
@@ -137,7 +138,7 @@ def create_cmd(
         bool, typer.Option("--wait", help="Return once the provider says ACTIVE or FAILED.")
     ] = False,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="With --wait: seconds to wait at most.")
+        float, typer.Option("--timeout", callback=finite, min=0, help="With --wait: seconds to wait at most.")
     ] = 600.0,
     as_json: JsonOpt = False,
     server: ServerOpt = DEFAULT_SERVER,

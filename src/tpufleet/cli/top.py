@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpufleet.cli._app import app, console, console_err
-from tpufleet.cli.common import ServerOpt, TokenOpt, cell, make_client
+from tpufleet.cli.common import ServerOpt, TokenOpt, cell, finite, make_client
 from tpufleet.client.http import DEFAULT_SERVER, Client
 from tpufleet.errors import TpufleetError
 
@@ -241,7 +241,9 @@ def top_cmd(
     server: ServerOpt = DEFAULT_SERVER,
     token: TokenOpt = None,
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between frames.", min=0.2)] = 1.0,
+    interval: Annotated[
+        float, typer.Option("--interval", callback=finite, help="Seconds between frames.", min=0.2)
+    ] = 1.0,
 ) -> None:
     """The fleet at a glance, live: slices as chips by state and tenant, tenants' use against quota,
     the queue head and why it waits, running jobs (what the fleet page at / shows). Ctrl-C quits.
