@@ -1,5 +1,6 @@
 """What the client commands share: the --server/--token/--json options, the client they make, how
-user text goes into a table, and times as UTC. Every CLI module imports these by their public names;
+user text goes into a table, and times as UTC; and what every command's float options share
+(``finite``: nan and inf refused in one line). Every CLI module imports these by their public names;
 this module imports no command module (``context`` only, to read what ``serve`` remembered).
 
 Client commands read ``--server``/``TPUFLEET_SERVER`` and ``--token``/``TPUFLEET_TOKEN``; without
