@@ -457,16 +457,25 @@ def from_gke(accelerator_label: str, topology: str, machine_type: str | None = N
     )
 
 
+MAX_SLICE_COUNT = 100_000  # slices of one type in a list: more than any fleet, sandbox or emulated
+
+
 def parse_slice_list(text: str) -> list[tuple[SliceType, int]]:
     """Parse ``v4-16:2,v6e-16`` (type, optional count) as the CLI and specs write it."""
     out: list[tuple[SliceType, int]] = []
     for part in filter(None, (p.strip() for p in str(text).split(","))):
         name, _, count = part.partition(":")
-        if count and (not count.isdigit() or int(count) < 1):
+        # ASCII digits only, few of them: str.isdigit() also takes '²' (which int() refuses) and
+        # 5,000 nines (past int()'s 4,300-digit limit), each a ValueError instead of this line.
+        if count and not (
+            count.isascii() and count.isdigit() and len(count) <= 6 and 1 <= int(count) <= MAX_SLICE_COUNT
+        ):
+            shown = part if len(part) <= 40 else f"{part[:40]}..."
             raise SpecError(
-                f"{part!r}: the count after ':' must be a whole number >= 1, e.g. v4-16:2",
+                f"{shown!r}: the count after ':' must be a whole number from 1 to {MAX_SLICE_COUNT:,}, "
+                "e.g. v4-16:2",
                 field="slices",
-                value=part,
+                value=shown,
                 locate=False,
             )
         out.append((slice_type(name), int(count or 1)))

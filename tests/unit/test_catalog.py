@@ -91,7 +91,12 @@ def test_generation_aliases_tpu7x():
         (lambda: cat.find("v6e", "4x4", "ct6e-standard-8t"), "use ct6e-standard-4t"),
         (lambda: cat.from_gke("tpu-v4-pod", "2x2x2"), "closest: tpu-v4-podslice"),
         (lambda: cat.Topology.parse("2by2"), "expected AxB or AxBxC"),
-        (lambda: cat.parse_slice_list("v4-16:0"), "whole number >= 1"),
+        (lambda: cat.parse_slice_list("v4-16:0"), "must be a whole number from 1 to 100,000"),
+        # str.isdigit() takes these, int() does not (a ValueError, not a one-line answer)
+        (lambda: cat.parse_slice_list("v4-16:\u00b2"), "must be a whole number from 1 to 100,000"),
+        (lambda: cat.parse_slice_list("v4-16:" + "9" * 5000), "9" * 34 + "...': the count after ':'"),
+        (lambda: cat.parse_slice_list("v4-16:\u0661\u0662"), "the count after ':'"),
+        (lambda: cat.parse_slice_list("v4-16:100001"), "from 1 to 100,000"),
     ],
 )
 def test_bad_input_names_the_value_and_the_fix(call, expected):

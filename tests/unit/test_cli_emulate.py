@@ -19,7 +19,7 @@ from tpufleet.errors import TpufleetError
     ("args", "message"),
     [
         (["emulate", "up", "--slices", "v4-17"], "v4-17 is not a v4 slice size; closest: v4-16, v4-32"),
-        (["emulate", "up", "--slices", "v4-16:0"], "the count after ':' must be a whole number >= 1"),
+        (["emulate", "up", "--slices", "v4-16:0"], "the count after ':' must be a whole number from 1 to"),
         (["emulate", "up", "--slices", ""], "--slices is empty"),
         (["emulate", "up", "--cpus-per-host", "-1"], "--cpus-per-host must be >= 0, got -1"),
         (["emulate", "status"], "no emulated fleet in"),
