@@ -21,6 +21,11 @@ from tpufleet.errors import TpufleetError
         (["emulate", "up", "--slices", "v4-17"], "v4-17 is not a v4 slice size; closest: v4-16, v4-32"),
         (["emulate", "up", "--slices", "v4-16:0"], "the count after ':' must be a whole number from 1 to"),
         (["emulate", "up", "--slices", ""], "--slices is empty"),
+        # more hosts than this machine's memory holds at a raylet's least: refused before anything starts
+        (
+            ["emulate", "up", "--slices", "v4-8:100000"],
+            "'v4-8:100000' is 100,000 emulated hosts; this machine's",
+        ),
         (["emulate", "up", "--cpus-per-host", "-1"], "--cpus-per-host must be >= 0, got -1"),
         (["emulate", "status"], "no emulated fleet in"),
         (["emulate", "kill-host", "tpu-v4-16-0", "1"], "no emulated fleet in"),

@@ -8,6 +8,7 @@ import pytest
 
 from tpufleet import catalog
 from tpufleet.emulator import plan
+from tpufleet.errors import SpecError
 
 
 @pytest.mark.parametrize(
@@ -87,3 +88,15 @@ def test_the_head_has_no_cpu_and_no_tpu() -> None:
     assert "--resources" not in argv and "--head" in argv
     # a plain `ray start --head` gets its own client port (else 10001, shared by every fleet here)
     assert argv[argv.index("--ray-client-server-port") + 1] == "6002" and "--no-monitor" not in argv
+
+
+def test_a_fleet_fits_the_machine_at_a_raylets_least_or_is_refused_naming_both() -> None:
+    gib24 = 24 << 30
+    plan.check_fits(2048, gib24, "v4-8:2048")  # 12 MiB each: exactly 24 GiB
+    plan.check_fits(10**9, None, "v4-8:100000")  # memory unknown: not checked
+    with pytest.raises(SpecError) as err:
+        plan.check_fits(2049, gib24, "v4-8:2049")
+    assert str(err.value) == (
+        "'v4-8:2049' is 2,049 emulated hosts; this machine's 24 GiB holds at most 2,048 (each takes over "
+        "12 MiB); give fewer slices"
+    )

@@ -121,6 +121,7 @@ class EmulatedFleet:
         wave_size: int = 8,
     ) -> None:
         self._spec = catalog.parse_slice_list(slices) if slices else []
+        plan.check_fits(sum(st.hosts * n for st, n in self._spec), procs.physical_memory(), slices)
         if cpus_per_host < 0:
             raise SpecError(f"--cpus-per-host must be >= 0, got {cpus_per_host}")
         self.cpus_per_host = cpus_per_host

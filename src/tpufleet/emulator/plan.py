@@ -25,6 +25,7 @@ from typing import Any
 
 from tpufleet.catalog import SliceType
 from tpufleet.contract import HOST_VARS, MEGASCALE_VARS, NO_METADATA_VARS, host_env
+from tpufleet.errors import SpecError
 
 EMULATED_VAR = "TPUFLEET_EMULATED"
 
@@ -262,6 +263,23 @@ LEAN_HOST_ENV = {
     "RAY_idle_worker_killing_time_threshold_ms": "30000",
 }
 RAYHOST_SCRIPT = str(Path(__file__).with_name("rayhost.py"))
+
+
+HOST_FLOOR_BYTES = 12 << 20  # the least an emulated host takes: a lean one's raylet alone (docs/emulator.md)
+
+
+def check_fits(hosts: int, memory_bytes: int | None, asked: str) -> None:
+    """SpecError when ``hosts`` emulated hosts cannot fit in ``memory_bytes`` (this machine's; None:
+    unknown, no check) even at their least: ``emulate up --slices v4-8:100000`` started raylets
+    until the machine ran out of memory."""
+    if memory_bytes and hosts * HOST_FLOOR_BYTES > memory_bytes:
+        fits = memory_bytes // HOST_FLOOR_BYTES
+        raise SpecError(
+            f"{asked!r} is {hosts:,} emulated hosts; this machine's {memory_bytes / (1 << 30):.0f} GiB "
+            f"holds at most {fits:,} (each takes over {HOST_FLOOR_BYTES >> 20} MiB); give fewer slices",
+            field="slices",
+            locate=False,
+        )
 
 
 def lean_host_argv(

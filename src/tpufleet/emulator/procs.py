@@ -44,6 +44,14 @@ class Session:
         return cls(int(data["sid"]), int(data["start_ticks"]))
 
 
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports that are free right now (bound together, then released).
 
