@@ -40,6 +40,7 @@ from tpufleet.errors import SpecError, closest, suggest
 
 __all__ = [
     "GENERATIONS",
+    "MAX_SLICE_COUNT",
     "RUNTIME_VERSIONS",
     "Generation",
     "SliceType",
@@ -457,7 +458,7 @@ def from_gke(accelerator_label: str, topology: str, machine_type: str | None = N
     )
 
 
-MAX_SLICE_COUNT = 100_000  # slices of one type in a list: more than any fleet, sandbox or emulated
+MAX_SLICE_COUNT = 100_000  # slices of one type (a slice list, a spec's pool): more than any fleet holds
 
 
 def parse_slice_list(text: str) -> list[tuple[SliceType, int]]:

@@ -80,13 +80,15 @@ class PoolSpec(_Model):
     generation: str | None = None
     topology: str | None = None
     machine_type: str | None = None
-    slices: int = Field(default=1, ge=0)
-    min_slices: int | None = Field(default=None, ge=0)
-    max_slices: int | None = Field(default=None, ge=0)
+    # At most cat.MAX_SLICE_COUNT, as in a slice list: a billion slices rendered into a RayCluster
+    # that lint passed, and past 2**31 the API server refuses KubeRay's int32 replicas at apply time.
+    slices: int = Field(default=1, ge=0, le=cat.MAX_SLICE_COUNT)
+    min_slices: int | None = Field(default=None, ge=0, le=cat.MAX_SLICE_COUNT)
+    max_slices: int | None = Field(default=None, ge=0, le=cat.MAX_SLICE_COUNT)
     spot: bool = False
     # tpufleet's autoscaler (`serve --fleet`) keeps this many slices of the type free beyond the
     # queue's demand, so arriving jobs need not wait for a slice to be made
-    spare_slices: int = Field(default=0, ge=0)
+    spare_slices: int = Field(default=0, ge=0, le=cat.MAX_SLICE_COUNT)
     cpu: Quantity | None = None  # per host (pod / TPU VM), requests = limits
     memory: Quantity | None = None
 

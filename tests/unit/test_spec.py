@@ -78,6 +78,13 @@ ERRORS = [
     ({"pools": [pool("p", generation="v6e")]}, 4, "pools[0].topology", ["generation + topology"]),
     ({"pools": [pool("p", type="v4-16", topology="2x2x2")]}, 5, "pools[0].type", ["not both"]),
     ({"pools": [pool("p", type="v4-16", slices=2, max_slices=1)]}, 7, "pools[0].max_slices", ["2 <= 1"]),
+    # a billion slices rendered and linted clean; KubeRay's replicas are an int32 the API server checks
+    (
+        {"pools": [pool("p", type="v4-16", slices=2, max_slices=10**9)]},
+        7,
+        "pools[0].max_slices",
+        ["less than or equal to 100000", "got 1000000000"],
+    ),
     (
         {"pools": [pool("p", type="v4-16", slices=1, min_slices=0, max_slices=3)]},
         7,
