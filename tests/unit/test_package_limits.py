@@ -6,11 +6,13 @@ packages share a quota, and a package no live job uses is collected."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import struct
 import tracemalloc
 import zipfile
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -188,3 +190,22 @@ def test_a_package_no_live_job_uses_is_collected_an_hour_after_its_last_use(
     store.packages.put("team-a", _stored({"next.py": b"3"}))  # an upload collects the tenant's unused ones
     with pytest.raises(NotFoundError):
         store.packages.get("team-a", used_id)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc")
+def test_a_directory_whose_files_cannot_be_read_is_one_line_naming_the_file() -> None:
+    """`submit --working-dir /proc/self` ended in a FileNotFoundError traceback (an entry of /proc
+    gone between the walk and the read); a file that lists but cannot be read is named instead."""
+    with pytest.raises(
+        SpecError, match=r"^--working-dir: cannot pack /proc/self/\S+: .+; make it a readable"
+    ):
+        packages.pack(Path("/proc/self"))
+
+
+def test_symlinks_fifos_and_vanished_entries_are_left_out_of_the_package(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print(1)\n")
+    os.mkfifo(tmp_path / "fifo")  # reading it would block the packer forever
+    (tmp_path / "secret").symlink_to("/etc/hostname")  # outside the directory: never followed
+    (tmp_path / "loop").symlink_to("..")
+    with zipfile.ZipFile(io.BytesIO(packages.pack(tmp_path))) as zf:
+        assert zf.namelist() == ["train.py"]

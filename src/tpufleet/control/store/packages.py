@@ -183,7 +183,13 @@ def pack(
     done = 0
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for path, size in files:
-            zf.write(path, path.relative_to(directory).as_posix())
+            try:
+                zf.write(path, path.relative_to(directory).as_posix())
+            except OSError as err:  # gone since the walk, unreadable, or a file of /proc
+                raise SpecError(
+                    f"cannot pack {path}: {err.strerror or err}; make it a readable file or leave it out",
+                    field="--working-dir",
+                ) from None
             done += size
             if progress is not None:
                 progress(done, total)
@@ -200,14 +206,29 @@ def pack(
 
 
 def _walk(directory: Path) -> list[tuple[Path, int]]:
+    """The regular files under ``directory``, none skipped silently: a directory it cannot list is a
+    SpecError (os.walk would leave it out of the package); one gone since it was listed is left out.
+    """
+
+    def unlisted(err: OSError) -> None:
+        if isinstance(err, FileNotFoundError):
+            return  # removed since its parent was listed
+        raise SpecError(
+            f"cannot list {err.filename}: {err.strerror or err}; make it readable or leave it out",
+            field="--working-dir",
+        )
+
     out: list[tuple[Path, int]] = []
-    for root, dirs, names in os.walk(directory):
+    for root, dirs, names in os.walk(directory, onerror=unlisted):
         dirs[:] = sorted(
             d for d in dirs if d not in SKIPPED_DIRS and not os.path.islink(os.path.join(root, d))
         )
         for name in sorted(names):
             path = Path(root, name)
-            st = path.lstat()
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue  # removed since it was listed: nothing to pack
             if stat.S_ISREG(st.st_mode):
                 out.append((path, st.st_size))
     return out
