@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from tpufleet import catalog
+from tpufleet._yamlpos import read_yaml
 from tpufleet.errors import InputError, SpecError
 
 __all__ = [
@@ -172,9 +173,11 @@ def load_file(path: str | Path, base: PriceTable | None = None) -> PriceTable:
     """``base`` (default: the shipped table) with the prices of a YAML file on top: a fleet spec
     (its ``pricing:`` section) or a file holding just that mapping (optionally under ``pricing:``)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_yaml(path)  # bounded: --pricing /dev/zero was read until memory ran out
     except OSError as err:
         raise InputError(f"{path}: cannot read the prices: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: cannot read the prices: not UTF-8 text") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

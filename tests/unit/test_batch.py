@@ -214,3 +214,15 @@ def test_batch_and_one_jobs_flags_exclude_each_other(cli: Callable[..., Any], tm
     assert isinstance(result.exception, SpecError) and "not both" in str(result.exception)
     result = cli("submit", "--type", "v4-16")
     assert isinstance(result.exception, TpufleetError) and "--batch" in str(result.exception)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_a_batch_file_is_read_only_as_far_as_one_batch_may_carry(cli: Callable[..., Any], api: Api) -> None:
+    """`submit --batch /dev/zero` read until memory ran out; past the batch body's cap it is refused."""
+    result = cli("submit", "--batch", "/dev/zero")
+    assert isinstance(result.exception, SpecError) and result.exception.exit_code == 2
+    assert (
+        str(result.exception)
+        == "/dev/zero: over 32 MiB, what one batch may carry; split it into several files"
+    )
+    assert count(api.store, JobRow.seq) == 0

@@ -90,3 +90,14 @@ def test_the_spec_checks_its_pricing_section() -> None:
         load_spec(base + "pricing:\n  v4: {ondemand: 1}\n")
     with pytest.raises(SpecError, match=r"pricing\.v9: 'v9' is not a TPU generation"):
         load_spec(base + "pricing:\n  v9: {on_demand: 1}\n")
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_a_prices_file_is_read_only_up_to_the_yaml_limit_and_must_be_text(tmp_path: Path) -> None:
+    """`serve --pricing /dev/zero` read until memory ran out; bytes that are not UTF-8 were a traceback."""
+    with pytest.raises(InputError, match=r"^/dev/zero: over [\d,]+ characters \(the limit for a YAML file\)"):
+        pricing.load_file("/dev/zero")
+    binary = tmp_path / "prices.bin"
+    binary.write_bytes(b"\xd0\x00\xff" * 100)
+    with pytest.raises(InputError, match="cannot read the prices: not UTF-8 text"):
+        pricing.load_file(binary)

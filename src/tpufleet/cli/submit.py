@@ -201,10 +201,18 @@ def _lines_of(path: Path, lines: list[int], shown: int = 5) -> str:
 def read_batch(path: Path, tenant: str | None = None) -> tuple[list[dict[str, Any]], list[int]]:
     """The job bodies of a JSONL file (blank lines skipped) and the line number of each; ``tenant``
     fills in bodies that name none. A line that is not a JSON object is a SpecError naming it."""
-    try:
-        text = path.read_text(encoding="utf-8")
+    from tpufleet.api.limits import MAX_BATCH_BODY_BYTES
+
+    try:  # at most what one batch request may carry: /dev/zero was read until memory ran out
+        with path.open(encoding="utf-8") as f:
+            text = f.read(MAX_BATCH_BODY_BYTES + 1)
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"{path}: cannot read it ({err})") from None
+    if len(text) > MAX_BATCH_BODY_BYTES:
+        raise SpecError(
+            f"over {MAX_BATCH_BODY_BYTES >> 20} MiB, what one batch may carry; split it into several files",
+            file=str(path),
+        )
     bodies: list[dict[str, Any]] = []
     lines: list[int] = []
     for n, raw in enumerate(text.splitlines(), start=1):
