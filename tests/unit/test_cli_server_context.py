@@ -163,3 +163,14 @@ def test_context_use_of_a_state_dir_no_serve_runs_from_is_one_line(tmp_path: Pat
 def test_context_takes_one_change_at_a_time() -> None:
     result = CliRunner().invoke(command(), ["context", "--clear", "--server", "127.0.0.1:1"])
     assert isinstance(result.exception, InputError) and "one of" in str(result.exception)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_a_context_file_that_never_ends_is_read_only_up_to_the_yaml_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TPUFLEET_CONFIG may name anything; /dev/zero was read until memory ran out."""
+    monkeypatch.setenv("TPUFLEET_CONFIG", "/dev/zero")
+    result = CliRunner().invoke(command(), ["context"])
+    assert isinstance(result.exception, InputError) and result.exception.exit_code == 2
+    assert str(result.exception).startswith("/dev/zero: over ") and "\n" not in str(result.exception)

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from tpufleet._yamlpos import read_yaml
 from tpufleet.cli._app import app, console, print_json
 from tpufleet.errors import InputError
 
@@ -51,7 +52,7 @@ def load() -> Context:
     """The remembered context (empty when there is no file); an InputError when it is unreadable."""
     path = config_path()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(read_yaml(path)) or {}  # bounded: TPUFLEET_CONFIG may name anything
     except FileNotFoundError:
         return Context()
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:

@@ -25,9 +25,10 @@ from typing import Any
 import httpx
 import yaml
 
+from tpufleet._yamlpos import read_yaml
 from tpufleet.client.http import API, DEFAULT_SERVER, Client, _seg
 from tpufleet.control.store.slicegroups import slice_config
-from tpufleet.errors import ClusterError
+from tpufleet.errors import ClusterError, InputError
 
 __all__ = ["SliceManager"]
 
@@ -41,8 +42,8 @@ def _remembered() -> dict[str, str]:
     base = Path(os.environ.get("XDG_CONFIG_HOME") or Path("~/.config").expanduser())
     path = Path(env).expanduser() if env else base / "tpufleet" / "config.yaml"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = yaml.safe_load(read_yaml(path)) or {}  # bounded: TPUFLEET_CONFIG may name anything
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, InputError):
         return {}
     return {str(k): str(v) for k, v in data.items() if v is not None} if isinstance(data, dict) else {}
 
