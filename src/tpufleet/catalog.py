@@ -459,6 +459,7 @@ def from_gke(accelerator_label: str, topology: str, machine_type: str | None = N
 
 
 MAX_SLICE_COUNT = 100_000  # slices of one type (a slice list, a spec's pool): more than any fleet holds
+_COUNT_DIGITS = len(str(MAX_SLICE_COUNT))
 
 
 def parse_slice_list(text: str) -> list[tuple[SliceType, int]]:
@@ -469,7 +470,10 @@ def parse_slice_list(text: str) -> list[tuple[SliceType, int]]:
         # ASCII digits only, few of them: str.isdigit() also takes '²' (which int() refuses) and
         # 5,000 nines (past int()'s 4,300-digit limit), each a ValueError instead of this line.
         if count and not (
-            count.isascii() and count.isdigit() and len(count) <= 6 and 1 <= int(count) <= MAX_SLICE_COUNT
+            count.isascii()
+            and count.isdigit()
+            and len(count) <= _COUNT_DIGITS
+            and 1 <= int(count) <= MAX_SLICE_COUNT
         ):
             shown = part if len(part) <= 40 else f"{part[:40]}..."
             raise SpecError(
