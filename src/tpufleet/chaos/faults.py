@@ -122,7 +122,16 @@ class Faults:
                 self.counts["skipped"] += 1
                 return
         elif ev.kind in (*LEADER_FAULTS, *LEADER_RETURNS):
-            assert isinstance(self.server, Replicas)
+            assert not isinstance(self.server, ControlPlane)  # the leader faults need replicas
+            back_at = max((e.at for e in self._events if e.kind in LEADER_RETURNS), default=None)
+            if ev.kind in LEADER_FAULTS and back_at is not None:
+                # One leader fault at a time: this one waits until the last one's replicas are
+                # back, so a loaded machine that does a fault late changes when the next lands,
+                # not what it finds (a SIGKILL of every replica would otherwise continue a
+                # stopped one before its own SIGCONT came due).
+                self.damage_left += 1  # still to be done (the loop counts this event as done)
+                self._push(max(back_at - self.now(), 0.0) + 1.0, ev.kind, ev.target)
+                return
             what = self.server.fault(ev.kind, ev.target, self.rng, self._push)
             if what is None:  # no replica leads now (a takeover under way), or it is back already
                 self._leader_fault_again(ev)
