@@ -564,6 +564,8 @@ class EmulatedFleet:
                 (name,) = plan.next_slice_names([s.name for s in st.slices], stype.accelerator_type, 1)
             elif st.slice(name) is not None:
                 raise ConflictError(f"the fleet already has a slice named {name!r}")
+            hosts = sum(len(s.hosts) for s in st.slices) + stype.hosts
+            plan.check_fits(hosts, procs.physical_memory(), stype.accelerator_type, adding=stype.hosts)
             launchers = self._launch_slice(st, stype, name)
             store.save(self.state_dir, st)
             if wait:

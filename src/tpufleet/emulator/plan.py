@@ -268,18 +268,24 @@ RAYHOST_SCRIPT = str(Path(__file__).with_name("rayhost.py"))
 HOST_FLOOR_BYTES = 12 << 20  # the least an emulated host takes: a lean one's raylet alone (docs/emulator.md)
 
 
-def check_fits(hosts: int, memory_bytes: int | None, asked: str) -> None:
+def check_fits(hosts: int, memory_bytes: int | None, asked: str, *, adding: int = 0) -> None:
     """SpecError when ``hosts`` emulated hosts cannot fit in ``memory_bytes`` (this machine's; None:
     unknown, no check) even at their least: ``emulate up --slices v4-8:100000`` started raylets
-    until the machine ran out of memory."""
-    if memory_bytes and hosts * HOST_FLOOR_BYTES > memory_bytes:
-        fits = memory_bytes // HOST_FLOOR_BYTES
-        raise SpecError(
-            f"{asked!r} is {hosts:,} emulated hosts; this machine's {memory_bytes / (1 << 30):.0f} GiB "
-            f"holds at most {fits:,} (each takes over {HOST_FLOOR_BYTES >> 20} MiB); give fewer slices",
-            field="slices",
-            locate=False,
+    until the machine ran out of memory. ``adding``: ``asked`` (a slice type) adds that many hosts
+    to a running fleet, ``hosts`` counting them (``EmulatedFleet.add``, a provider's slices)."""
+    if not memory_bytes or hosts * HOST_FLOOR_BYTES <= memory_bytes:
+        return
+    fits = memory_bytes // HOST_FLOOR_BYTES
+    room = f"this machine's {memory_bytes / (1 << 30):.0f} GiB holds at most {fits:,}"
+    floor = f"each takes over {HOST_FLOOR_BYTES >> 20} MiB"
+    if adding:
+        message = (
+            f"one more {asked} would make the fleet {hosts:,} emulated hosts; {room} ({floor}); "
+            "remove a slice first"
         )
+    else:
+        message = f"{asked!r} is {hosts:,} emulated hosts; {room} ({floor}); give fewer slices"
+    raise SpecError(message, field="slices", locate=False)
 
 
 def lean_host_argv(

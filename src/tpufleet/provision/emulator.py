@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tpufleet.contract import SLICE_LABEL, WORKER_LABEL
-from tpufleet.errors import ClusterError, ConflictError, NotFoundError
+from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecError
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, PhysicalSlice, SliceRequest
 from tpufleet.provision.requests import validate
 
@@ -368,15 +368,19 @@ class EmulatorProvider:
                 # A slice this provider made before (a restarted control plane re-creating its
                 # groups) is adopted; one of the fleet's own slices of that name is not.
                 if action.slice_name not in self._made():
-                    why = f"the fleet already has a slice named {action.slice_name} that no slice group made"
-                    with self._lock:
-                        undo = self._machine.fail(action.slice_name, why)
-                    for a in undo:
-                        self._act(a)
+                    self._fail(
+                        action.slice_name,
+                        f"the fleet already has a slice named {action.slice_name} that no slice group made",
+                    )
                 return
             self._remember(action.slice_name)
-            with contextlib.suppress(ConflictError):  # made in between by another process: adopt
+            try:
                 self._fleet.add(action.accelerator_type, action.slice_name, wait=False)
+            except ConflictError:  # made in between by another process: adopt
+                pass
+            except SpecError as err:  # more hosts than this machine can hold: the group fails
+                self._forget(action.slice_name)
+                self._fail(action.slice_name, str(err))
         elif isinstance(action, Remove):
             if action.slice_name not in self._made():
                 return  # not ours: a slice of the fleet's own that a group's name collided with
@@ -386,6 +390,14 @@ class EmulatorProvider:
             self._forget(action.slice_name)
         else:
             spot.reap(self.state_dir, now=self._clock, only=action.slice_name)
+
+    def _fail(self, slice_name: str, why: str) -> None:
+        """The slice could not be made: its group is FAILED with ``why``, the group's other slices
+        removed."""
+        with self._lock:
+            undo = self._machine.fail(slice_name, why)
+        for a in undo:
+            self._act(a)
 
     # The physical slices this provider (or an earlier one on this fleet) launched.
     def _made(self) -> set[str]:
