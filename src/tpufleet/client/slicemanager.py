@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from tpufleet._yamlpos import read_yaml
+from tpufleet.client import context
+from tpufleet.client.context import Context
 from tpufleet.client.http import API, DEFAULT_SERVER, Client, _seg
 from tpufleet.control.store.slicegroups import slice_config
 from tpufleet.errors import ClusterError, InputError
@@ -35,17 +35,13 @@ __all__ = ["SliceManager"]
 _SETTLED = ("ACTIVE", "FAILED", "SUSPENDED")
 
 
-def _remembered() -> dict[str, str]:
+def _remembered() -> Context:
     """What the CLI context file holds (``tpufleet serve`` writes its URL and admin token path
-    there; the format is ``cli/context.py``'s, read here because the API layer cannot import the CLI)."""
-    env = os.environ.get("TPUFLEET_CONFIG")
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path("~/.config").expanduser())
-    path = Path(env).expanduser() if env else base / "tpufleet" / "config.yaml"
+    there); an unreadable file is no context here (the CLI says what is wrong with it)."""
     try:
-        data = yaml.safe_load(read_yaml(path)) or {}  # bounded: TPUFLEET_CONFIG may name anything
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, InputError):
-        return {}
-    return {str(k): str(v) for k, v in data.items() if v is not None} if isinstance(data, dict) else {}
+        return context.load()
+    except InputError:
+        return Context()
 
 
 def _read(path: Path) -> str | None:
@@ -60,10 +56,10 @@ def _defaults(server: str | None, token: str | None) -> tuple[str, str | None]:
     ``tpufleet serve`` remembered (its URL, and its admin token for that same URL), else
     http://127.0.0.1:8600 and the admin token in ``$TPUFLEET_STATE_DIR`` or ``~/.tpufleet``."""
     ctx = _remembered()
-    server = server or os.environ.get("TPUFLEET_SERVER") or ctx.get("server") or DEFAULT_SERVER
+    server = server or os.environ.get("TPUFLEET_SERVER") or ctx.server or DEFAULT_SERVER
     token = token or os.environ.get("TPUFLEET_TOKEN")
-    if not token and ctx.get("admin_token_path") and server == ctx.get("server"):
-        token = _read(Path(ctx["admin_token_path"]))
+    if not token and ctx.admin_token_path and server == ctx.server:
+        token = _read(Path(ctx.admin_token_path))
     if not token:
         token = _read(Path(os.environ.get("TPUFLEET_STATE_DIR") or Path.home() / ".tpufleet") / "admin-token")
     return server, token
