@@ -9,9 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tpufleet.api.app import create_app
+from tpufleet.client.http import Client
 from tpufleet.control.cluster.memory import MemoryCluster, Script
 from tpufleet.control.loop.service import Service, ServiceConfig
 from tpufleet.control.store.facade import Store
+from tpufleet.errors import InputError
 
 
 class Api:
@@ -207,3 +209,27 @@ def test_listing_jobs_by_state_filters_and_rejects_unknown_states(api: Api) -> N
     resp = api.call("GET", "/jobs", token, params={"state": "BOGUS"})
     assert resp.status_code == 400
     assert "'BOGUS' is not a job state; valid: QUEUED, ADMITTED" in resp.json()["error"]
+
+
+def test_a_path_no_route_has_is_named_in_its_404_and_a_wrong_method_in_its_405(api: Api) -> None:
+    missing = api.call("GET", "/jobs/a%2Fb", api.admin)  # the server decodes %2F before it routes
+    assert missing.status_code == 404
+    assert missing.json() == {"error": "no such path on this server: GET /api/v1/jobs/a/b"}
+    wrong = api.call("GET", "/jobs/x/cancel", api.admin)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json() == {"error": "GET is not allowed on /api/v1/jobs/x/cancel"}
+    nope = api.call("GET", "/jobs/nope", api.admin)  # a route's own 404 keeps its own words
+    assert nope.status_code == 404 and "nope" in nope.json()["error"] and "path" not in nope.json()["error"]
+
+
+def test_the_client_sends_no_id_with_a_slash_in_it(api: Api) -> None:
+    """``a/cancel`` would reach job ``a``'s cancel (the server decodes ``%2F``): refused, nothing sent."""
+    job = api.submit(api.tenant("team-a", v4=8))
+    client = Client("http://testserver", api.admin, http=api.http)
+    for call in (client.cancel, client.job, client.events, client.logs):
+        with pytest.raises(InputError) as err:
+            call(f"{job}/cancel")
+        assert str(err.value) == f"'{job}/cancel' is not an id or a name: none has a '/' in it"
+    with pytest.raises(InputError):
+        client.drain("../tenants")
+    assert api.store.jobs.get(job).state == "QUEUED"

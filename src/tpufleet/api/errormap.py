@@ -78,8 +78,14 @@ def install(app: FastAPI) -> None:
         return JSONResponse({"error": _one_line(f"database unavailable: {err.orig}")}, status_code=503)
 
     @app.exception_handler(StarletteHTTPException)
-    def http_error(_request: Request, err: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": _one_line(str(err.detail))}, status_code=err.status_code)
+    def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        detail = str(err.detail)
+        where = f"{request.method} {request.url.path[:200]}"
+        if err.status_code == 404 and detail == "Not Found":  # no route: say which was asked for
+            detail = f"no such path on this server: {where}"
+        elif err.status_code == 405 and detail == "Method Not Allowed":
+            detail = f"{request.method} is not allowed on {request.url.path[:200]}"
+        return JSONResponse({"error": _one_line(detail)}, status_code=err.status_code, headers=err.headers)
 
 
 def unknown_body_field(route: BaseRoute | None, loc: tuple[Any, ...]) -> str | None:

@@ -22,6 +22,7 @@ from tpufleet.errors import (
     ClusterError,
     ConflictError,
     ForbiddenError,
+    InputError,
     NotFoundError,
     SpecError,
     TpufleetError,
@@ -197,7 +198,7 @@ class Client:
         return dict(self.request("GET", f"{API}/fleet"))
 
     def drain(self, name: str, drain: bool = True) -> dict[str, Any]:
-        return dict(self.request("POST", f"{API}/slices/{name}/{'drain' if drain else 'undrain'}"))
+        return dict(self.request("POST", f"{API}/slices/{_seg(name)}/{'drain' if drain else 'undrain'}"))
 
     def submit(
         self,
@@ -314,7 +315,10 @@ class Client:
 
 
 def _seg(value: str) -> str:
-    """A path segment, so an id like ``../tenants`` cannot reach another route."""
+    """A path segment, so an id like ``../tenants`` cannot reach another route. No id or name has a
+    ``/`` (the server decodes ``%2F`` before it routes: ``a/cancel`` would be job ``a``'s cancel)."""
+    if "/" in value:
+        raise InputError(f"{value[:80]!r} is not an id or a name: none has a '/' in it")
     return quote(value, safe="")
 
 
