@@ -1,10 +1,12 @@
-"""``ControlPlane.start_http``: the socket it serves the API on."""
+"""``ControlPlane.start_http``: the socket it serves the API on; a serving process's garbage collector."""
 
 from __future__ import annotations
 
+import gc
 import socket
 from pathlib import Path
 
+from tpufleet.api.processes import GC_THRESHOLDS, settle_gc
 from tpufleet.api.server import ControlPlane
 from tpufleet.client.http import Client
 from tpufleet.control.cluster.memory import MemoryCluster
@@ -25,3 +27,19 @@ def test_every_api_connection_has_tcp_nodelay(tmp_path: Path) -> None:
         for transport in transports:
             sock = transport.get_extra_info("socket")
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_a_settled_collector_leaves_what_exists_alone_and_collects_less_often() -> None:
+    """``settle_gc`` (a serving process, once its app is built): what exists is frozen out of later
+    collections, and the youngest generation is collected every 10,000 net allocations."""
+    before = gc.get_threshold()
+    try:
+        settle_gc()
+        assert gc.get_threshold() == GC_THRESHOLDS and GC_THRESHOLDS[0] == 10_000
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000  # this process's modules, pytest's and ours: far more than that
+        gc.collect()
+        assert gc.get_freeze_count() == frozen  # a full collection walks none of it, and keeps it so
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -223,7 +223,11 @@ class ControlPlane:
         anything started) until SIGINT/SIGTERM (blocking; uvicorn handles the signals). Shutting
         down waits at most a few seconds for a cycle under way, whatever state Ray is in. With
         ``api_processes`` the API runs in that many processes of its own and this one runs only
-        the loop (``api/processes.py``; ``serve --api-processes``)."""
+        the loop (``api/processes.py``; ``serve --api-processes``). The process's garbage collector
+        is settled first (``processes.settle_gc``): this is the process's one server."""
+        from tpufleet.api.processes import settle_gc
+
+        settle_gc()
         self.start()
         if api_processes > 0:
             self._serve_from(sock, api_processes)
