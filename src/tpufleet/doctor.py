@@ -10,6 +10,8 @@ Two sources, checked separately so each finding says where it came from:
    must see at least one device per chip of the host).
 
 ``check`` returns a :class:`Report`; it is healthy when there are no findings (exit 0, else 1).
+A slice that ended on purpose (every host drained for a preemption or as idle, or stopped:
+:func:`tpufleet.inventory.gone_slices`) is not checked: the report lists it as gone, with why.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from tpufleet.errors import ClusterError
 from tpufleet.fleet import SliceInfo
-from tpufleet.inventory import discover, resolve_address
+from tpufleet.inventory import gone_slices, resolve_address, slices_from_nodes
 
 __all__ = ["HealthFinding", "Probe", "Report", "check", "findings_for"]
 
@@ -52,6 +54,7 @@ class Report:
     slices: tuple[SliceInfo, ...]
     probes: tuple[Probe, ...]
     findings: tuple[HealthFinding, ...]
+    gone: tuple[tuple[str, str], ...] = ()  # (slice, why): ended on purpose, not checked
 
     @property
     def healthy(self) -> bool:
@@ -81,6 +84,7 @@ class Report:
             ],
             "probes": [asdict(p) for p in self.probes],
             "findings": [asdict(f) for f in self.findings],
+            "gone": [{"slice": name, "why": why} for name, why in self.gone],
         }
 
 
@@ -164,8 +168,12 @@ def _run_probes(slices: Sequence[SliceInfo], timeout_s: float) -> list[Probe]:
 
 def check(ray_address: str | None = None, *, probe: bool = True, timeout_s: float = 60.0) -> Report:
     """Check the cluster at ``ray_address`` (see :func:`tpufleet.inventory.resolve_address`)."""
+    from tpufleet.emulator.raynodes import read_nodes
+
     address = resolve_address(ray_address)
-    slices = discover(address)
+    nodes = read_nodes(address)
+    gone = gone_slices(nodes)
+    slices = [s for s in slices_from_nodes(nodes) if s.name not in gone]
     probes: list[Probe] = []
     if probe and any(h.alive for s in slices for h in s.hosts):
         import ray
@@ -181,4 +189,6 @@ def check(ray_address: str | None = None, *, probe: bool = True, timeout_s: floa
         finally:
             if started:
                 ray.shutdown()
-    return Report(address, tuple(slices), tuple(probes), tuple(findings_for(slices, probes)))
+    return Report(
+        address, tuple(slices), tuple(probes), tuple(findings_for(slices, probes)), tuple(gone.items())
+    )

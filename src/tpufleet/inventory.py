@@ -9,6 +9,11 @@ is not intact. It is a pure function; :func:`discover` is the thin wrapper that 
 A slice is intact when every worker id ``0 .. hosts-1`` has exactly one alive node, the hosts agree
 on type and topology, and their chips add up to the topology's: the same facts
 ``ray.util.tpu.get_num_tpu_slices`` checks, spelled out as reasons.
+
+Ray keeps dead nodes in its node table (up to 1,000), so a slice that ended on purpose (drained for
+a spot preemption, or as idle by an autoscaler, then ended) stays there as dead nodes.
+:func:`gone_slices` names those: every node dead, and each death one that was meant
+(``DeathReason``), which ``doctor`` lists as gone rather than broken.
 """
 
 from __future__ import annotations
@@ -28,7 +33,16 @@ POD_TYPE = "ray.io/tpu-pod-type"
 
 Node = Mapping[str, Any]
 
-__all__ = ["discover", "slices_from_nodes"]
+__all__ = ["discover", "gone_slices", "slices_from_nodes"]
+
+# Why a node died, as Ray's GCS records it (``NodeDeathInfo.Reason``, the ``DeathReason`` of a
+# ``ray.nodes()`` dict): the deaths that were meant, and how doctor words them. 2 is
+# UNEXPECTED_TERMINATION (a crash, a lost VM, missed heartbeats) and 0 UNSPECIFIED: never meant.
+MEANT_DEATHS = {
+    1: "stopped",  # EXPECTED_TERMINATION: ``ray stop``, a node shut down gracefully
+    3: "drained for a preemption",  # AUTOSCALER_DRAIN_PREEMPTED: a notice, then the deadline
+    4: "drained as idle",  # AUTOSCALER_DRAIN_IDLE: an autoscaler's scale-in
+}
 
 
 def _labels(node: Node) -> Mapping[str, str]:
@@ -136,6 +150,27 @@ def slices_from_nodes(nodes: Iterable[Node]) -> list[SliceInfo]:
         if name:
             groups[name].append(node)
     return [_slice(name, groups[name]) for name in sorted(groups)]
+
+
+def gone_slices(nodes: Iterable[Node]) -> dict[str, str]:
+    """The slices of ``nodes`` (``ray.nodes()`` dicts) that ended on purpose: every node of the
+    slice dead, each of a death that was meant (``MEANT_DEATHS``); name -> why (the reason's words
+    and Ray's message for it). A slice with a node alive, or one that died otherwise, is not gone:
+    :func:`slices_from_nodes` reports it, broken where it is."""
+    groups: dict[str, list[Node]] = defaultdict(list)
+    for node in nodes:
+        name = _labels(node).get(SLICE_NAME)
+        if name:
+            groups[name].append(node)
+    gone = {}
+    for name, members in sorted(groups.items()):
+        reasons = [int(n.get("DeathReason") or 0) for n in members if not n.get("Alive")]
+        if len(reasons) < len(members) or not all(r in MEANT_DEATHS for r in reasons):
+            continue
+        message = next((str(m) for n in members if (m := n.get("DeathReasonMessage"))), "")
+        words = MEANT_DEATHS[reasons[0]]
+        gone[name] = f"{words}: {message}" if message else words
+    return gone
 
 
 def resolve_address(ray_address: str | None) -> str | None:

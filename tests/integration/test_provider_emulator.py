@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import ray
 
+from tpufleet import doctor
 from tpufleet.emulator import EmulatedFleet
+from tpufleet.inventory import MEANT_DEATHS
 from tpufleet.provision.base import GroupState, GroupStatus, HostHealth, SliceRequest
 from tpufleet.provision.emulator import EmulatorConfig, EmulatorProvider
 
@@ -114,6 +116,20 @@ def test_create_active_in_ray_then_preempt_with_notice(fleet: EmulatedFleet, ray
         _until("the group to go", lambda: _group(provider, "itest-spot") is None, timeout_s=60)
         provider.close()
     assert SLICE not in fleet.slice_names
+    # Its host stays in Ray's node table, drained for a preemption: doctor lists the slice as gone
+    # (ended on purpose), not as broken (inventory.MEANT_DEATHS are Ray's own reasons).
+    reasons = importlib.import_module("ray.core.generated.common_pb2").NodeDeathInfo.Reason
+    assert {reasons.Name(r) for r in MEANT_DEATHS} == {
+        "EXPECTED_TERMINATION",
+        "AUTOSCALER_DRAIN_PREEMPTED",
+        "AUTOSCALER_DRAIN_IDLE",
+    }
+    report = doctor.check(probe=False)
+    assert (
+        dict(report.gone)[SLICE]
+        == f"drained for a preemption: spot preemption of {SLICE} (tpufleet emulator)"
+    )
+    assert SLICE not in {s.name for s in report.slices} | {f.slice for f in report.findings}
 
 
 def test_a_group_whose_slice_name_is_taken_by_the_fleet_fails_and_leaves_it_alone(

@@ -47,3 +47,11 @@ def test_node_table_problems_come_first_and_count_per_type() -> None:
     assert not report.healthy
     assert report.by_type() == {"v4-16": {"slices": 2, "intact": 1}}
     assert report.to_dict()["slices"][1]["problems"] == ["worker 1 is dead"]
+
+
+def test_a_gone_slice_is_listed_with_why_and_leaves_the_report_healthy() -> None:
+    report = Report("x:1", (v4("a"),), (), (), (("spot-0", "drained for a preemption: spot preemption"),))
+    assert report.healthy and report.by_type() == {"v4-16": {"slices": 1, "intact": 1}}
+    assert report.to_dict()["gone"] == [
+        {"slice": "spot-0", "why": "drained for a preemption: spot preemption"}
+    ]

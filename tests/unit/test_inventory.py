@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tpufleet.errors import InputError
-from tpufleet.inventory import resolve_address, slices_from_nodes
+from tpufleet.inventory import gone_slices, resolve_address, slices_from_nodes
 
 _ids = iter(range(10_000))
 
@@ -109,3 +109,32 @@ def test_resolve_address(
 def test_resolve_address_refuses_what_is_not_a_gcs_address(bad: str) -> None:
     with pytest.raises(InputError, match="--ray-address"):
         resolve_address(bad)
+
+
+def _dead(name: str, worker: int, reason: int, message: str = "") -> dict[str, Any]:
+    return node(name, worker, alive=False) | {"DeathReason": reason, "DeathReasonMessage": message}
+
+
+def test_a_slice_whose_every_host_ended_on_purpose_is_gone_and_any_other_is_not() -> None:
+    """Ray's death reasons (``NodeDeathInfo.Reason``): 1 stopped, 3 drained for a preemption, 4
+    drained as idle are meant; 2 (a crash, missed heartbeats) and 0 are not."""
+    nodes = [
+        *(_dead("spot", w, 3, "spot preemption of spot") for w in (0, 1)),  # a notice, then the deadline
+        *(_dead("idle", w, 4) for w in (0, 1)),  # an autoscaler's scale-in
+        _dead("half", 0, 3),  # one host drained, the other crashed: broken, not gone
+        _dead("half", 1, 2),
+        _dead("lost", 0, 2),  # every host lost: broken
+        _dead("lost", 1, 2),
+        _dead("back", 0, 3),  # preempted, then a new host under the same worker id: there
+        node("back", 0),
+        _dead("back", 1, 3),
+        node("back", 1),
+        node("alive", 0),
+        node("alive", 1),
+    ]
+    assert gone_slices(nodes) == {
+        "idle": "drained as idle",
+        "spot": "drained for a preemption: spot preemption of spot",
+    }
+    assert {s.name for s in slices_from_nodes(nodes)} >= {"half", "lost", "back", "alive"}
+    assert gone_slices([_dead("old", 0, 0)]) == {}  # no reason recorded: not known to be meant

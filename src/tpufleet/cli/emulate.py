@@ -254,6 +254,8 @@ def doctor_cmd(
             console.print("  no TPU slices found")
         for f in report.findings:
             console.print(f"[red]  {f.slice}:[/] {f.message}", highlight=False)
+        for name, why in report.gone:
+            console.print(f"  {name}: gone ({why}); not checked", highlight=False, markup=False)
         console.print("[green]healthy[/]" if report.healthy else f"[red]{len(report.findings)} finding(s)[/]")
     if not report.healthy:
         raise typer.Exit(1)
