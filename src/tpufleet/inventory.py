@@ -142,14 +142,19 @@ def _slice(name: str, nodes: Sequence[Node]) -> SliceInfo:
     )
 
 
-def slices_from_nodes(nodes: Iterable[Node]) -> list[SliceInfo]:
-    """Every TPU slice in ``nodes`` (``ray.nodes()`` dicts, alive and dead), sorted by name."""
+def _by_slice(nodes: Iterable[Node]) -> dict[str, list[Node]]:
+    """The TPU nodes of ``nodes`` by their slice name label, the names sorted."""
     groups: dict[str, list[Node]] = defaultdict(list)
     for node in nodes:
         name = _labels(node).get(SLICE_NAME)
         if name:
             groups[name].append(node)
-    return [_slice(name, groups[name]) for name in sorted(groups)]
+    return dict(sorted(groups.items()))
+
+
+def slices_from_nodes(nodes: Iterable[Node]) -> list[SliceInfo]:
+    """Every TPU slice in ``nodes`` (``ray.nodes()`` dicts, alive and dead), sorted by name."""
+    return [_slice(name, members) for name, members in _by_slice(nodes).items()]
 
 
 def gone_slices(nodes: Iterable[Node]) -> dict[str, str]:
@@ -157,13 +162,8 @@ def gone_slices(nodes: Iterable[Node]) -> dict[str, str]:
     slice dead, each of a death that was meant (``MEANT_DEATHS``); name -> why (the reason's words
     and Ray's message for it). A slice with a node alive, or one that died otherwise, is not gone:
     :func:`slices_from_nodes` reports it, broken where it is."""
-    groups: dict[str, list[Node]] = defaultdict(list)
-    for node in nodes:
-        name = _labels(node).get(SLICE_NAME)
-        if name:
-            groups[name].append(node)
     gone = {}
-    for name, members in sorted(groups.items()):
+    for name, members in _by_slice(nodes).items():
         reasons = [int(n.get("DeathReason") or 0) for n in members if not n.get("Alive")]
         if len(reasons) < len(members) or not all(r in MEANT_DEATHS for r in reasons):
             continue
