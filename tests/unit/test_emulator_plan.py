@@ -100,3 +100,9 @@ def test_a_fleet_fits_the_machine_at_a_raylets_least_or_is_refused_naming_both()
         "'v4-8:2049' is 2,049 emulated hosts; this machine's 24 GiB holds at most 2,048 (each takes over "
         "12 MiB); give fewer slices"
     )
+    with pytest.raises(SpecError) as err:  # one slice more than a running fleet has room for
+        plan.check_fits(2049, gib24, "v4-8", adding=True)
+    assert str(err.value) == (
+        "one more v4-8 would make the fleet 2,049 emulated hosts; this machine's 24 GiB holds at most "
+        "2,048 (each takes over 12 MiB); remove a slice first"
+    )

@@ -79,12 +79,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-        detail = str(err.detail)
-        where = f"{request.method} {request.url.path[:200]}"
+        detail, path = str(err.detail), request.url.path[:200]
         if err.status_code == 404 and detail == "Not Found":  # no route: say which was asked for
-            detail = f"no such path on this server: {where}"
+            detail = f"no such path on this server: {request.method} {path}"
         elif err.status_code == 405 and detail == "Method Not Allowed":
-            detail = f"{request.method} is not allowed on {request.url.path[:200]}"
+            detail = f"{request.method} is not allowed on {path}"
         return JSONResponse({"error": _one_line(detail)}, status_code=err.status_code, headers=err.headers)
 
 

@@ -565,7 +565,7 @@ class EmulatedFleet:
             elif st.slice(name) is not None:
                 raise ConflictError(f"the fleet already has a slice named {name!r}")
             hosts = sum(len(s.hosts) for s in st.slices) + stype.hosts
-            plan.check_fits(hosts, procs.physical_memory(), stype.accelerator_type, adding=stype.hosts)
+            plan.check_fits(hosts, procs.physical_memory(), stype.accelerator_type, adding=True)
             launchers = self._launch_slice(st, stype, name)
             store.save(self.state_dir, st)
             if wait:

@@ -268,11 +268,11 @@ RAYHOST_SCRIPT = str(Path(__file__).with_name("rayhost.py"))
 HOST_FLOOR_BYTES = 12 << 20  # the least an emulated host takes: a lean one's raylet alone (docs/emulator.md)
 
 
-def check_fits(hosts: int, memory_bytes: int | None, asked: str, *, adding: int = 0) -> None:
+def check_fits(hosts: int, memory_bytes: int | None, asked: str, *, adding: bool = False) -> None:
     """SpecError when ``hosts`` emulated hosts cannot fit in ``memory_bytes`` (this machine's; None:
     unknown, no check) even at their least: ``emulate up --slices v4-8:100000`` started raylets
-    until the machine ran out of memory. ``adding``: ``asked`` (a slice type) adds that many hosts
-    to a running fleet, ``hosts`` counting them (``EmulatedFleet.add``, a provider's slices)."""
+    until the machine ran out of memory. ``adding``: ``asked`` is one slice type added to a running
+    fleet, ``hosts`` counting its hosts too (``EmulatedFleet.add``, a provider's slices)."""
     if not memory_bytes or hosts * HOST_FLOOR_BYTES <= memory_bytes:
         return
     fits = memory_bytes // HOST_FLOOR_BYTES
