@@ -21,6 +21,7 @@ import httpx
 import planes
 import psutil
 import pytest
+from guards import HANG_GUARD_S
 
 from tpufleet.api.processes import Feed, read_frames
 from tpufleet.api.watch import JobChanges
@@ -190,7 +191,9 @@ def test_a_cap_holds_for_submits_racing_through_both_api_processes(capped: Any, 
 def test_an_in_memory_database_is_refused_in_one_line(tmp_path: Path, url: str) -> None:
     cmd = [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16", "--db", url]
     env = os.environ | {"TPUFLEET_STATE_DIR": str(tmp_path), "TPUFLEET_CONFIG": str(tmp_path / "c.yaml")}
-    out = subprocess.run([*cmd, "--api-processes", "2"], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*cmd, "--api-processes", "2"], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
         "error: --api-processes needs a database the API processes can open too: a SQLite file "

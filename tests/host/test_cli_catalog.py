@@ -7,15 +7,14 @@ import subprocess
 import sys
 
 import pytest
+from guards import HANG_GUARD_S
 
 from tpufleet import catalog as cat
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    # A guard against a hang, not a measure of speed: in `make test` these run niced beside two
-    # streams of emulated fleets, where a CLI start-up of ~1.5 CPU-s took 61 s of wall once.
     return subprocess.run(
-        [sys.executable, "-m", "tpufleet", *args], capture_output=True, text=True, timeout=240
+        [sys.executable, "-m", "tpufleet", *args], capture_output=True, text=True, timeout=HANG_GUARD_S
     )
 
 

@@ -22,6 +22,7 @@ import planes
 import pytest
 import yaml
 from cli_inproc import tpufleet
+from guards import HANG_GUARD_S
 
 from tpufleet.api.server import ControlPlane
 from tpufleet.cli import context
@@ -136,7 +137,7 @@ def _serve(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess
         [sys.executable, "-m", "tpufleet", "serve", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_S,
         env=env,
     )
     return out, time.monotonic() - started
@@ -183,7 +184,7 @@ def test_a_second_serve_on_the_same_state_dir_is_refused_naming_the_first(tmp_pa
                 [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16", "--port", again],
                 capture_output=True,
                 text=True,
-                timeout=60,
+                timeout=HANG_GUARD_S,
                 env=first.env,
             )
             assert out.returncode == 2, out.stderr
@@ -210,7 +211,7 @@ def test_a_taken_port_is_one_line_exit_2_and_nothing_is_recorded_or_started(tmp_
             [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16", "--port", str(port)],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG_GUARD_S,
             env=env,
         )
     assert out.returncode == 2, out.stderr

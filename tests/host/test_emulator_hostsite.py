@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from guards import HANG_GUARD_S
 
 from tpufleet.emulator import plan
 
@@ -46,7 +47,7 @@ def _run(stand_in: Path, code: str, **env: str) -> subprocess.CompletedProcess[s
         env=clean | plan.site_env(path) | env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_S,
     )
 
 

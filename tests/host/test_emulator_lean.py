@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from guards import HANG_GUARD_S
 
 from tpufleet import catalog
 from tpufleet.emulator import plan, procs, rayhost
@@ -432,7 +433,7 @@ def _group(tmp_path: Path, exits: list[int]) -> tuple[int, str, list[Path], list
     env = dict(os.environ, secret="the launcher's own environment")
     log = tmp_path / "group.log"
     proc, sessions = procs.spawn_group([sys.executable, "-c", GROUP], env, log, hosts, 60)
-    code = proc.wait(timeout=60)
+    code = proc.wait(timeout=HANG_GUARD_S)
     return code, log.read_text(), logs, sessions
 
 
@@ -504,7 +505,10 @@ def test_the_log_monitor_is_a_fork_made_before_the_node_that_becomes_ray_s_comma
     script, out = tmp_path / "log_monitor.py", tmp_path / "out.json"
     script.write_text(MONITOR)
     run = subprocess.run(
-        [sys.executable, "-c", FORKING, str(script), str(out)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", FORKING, str(script), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert run.returncode == 0, run.stderr
     parent = json.loads(run.stdout)
@@ -548,7 +552,7 @@ def test_only_a_debugging_variable_keeps_the_log_monitor_from_the_fork(
         [sys.executable, "-c", CHOOSING, str(script)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_S,
         env=base | env,
     )
     assert run.returncode == 0, run.stderr
@@ -556,7 +560,9 @@ def test_only_a_debugging_variable_keeps_the_log_monitor_from_the_fork(
 
 
 def test_a_log_monitor_fork_never_handed_a_command_exits_with_its_launcher(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "-c", FORKING, "none"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-c", FORKING, "none"], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert run.returncode == 0, run.stderr
     pid = json.loads(run.stdout)["pid"]
     deadline = time.monotonic() + 10

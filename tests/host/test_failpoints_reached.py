@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+from guards import HANG_GUARD_S
+
 PROGRAM = """
 from tpufleet.control.loop import failpoints
 points = failpoints.parse("after-stop")
@@ -21,7 +23,9 @@ finally:
 
 
 def test_reaching_a_listed_point_kills_the_process_at_once() -> None:
-    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert done.returncode == -signal.SIGKILL, done
     assert done.stdout == "passed after-launch\n", done
     assert "failpoint after-stop reached: this process kills itself (SIGKILL)" in done.stderr, done
@@ -42,6 +46,6 @@ print("lived past after-launch", flush=True)
 
 
 def test_a_point_that_stands_for_a_later_instant_waits_for_it_then_kills() -> None:
-    done = subprocess.run([sys.executable, "-c", WAITS], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", WAITS], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == -signal.SIGKILL, done
     assert done.stdout == "asked 1\nasked 2\nasked 3\n", done  # an error is asked again; killed at True

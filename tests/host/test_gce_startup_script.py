@@ -10,6 +10,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
+from guards import HANG_GUARD_S
+
 from tpufleet.provision.gce import startup_script
 
 
@@ -60,7 +62,7 @@ def test_startup_script_exports_the_host_contract_from_metadata_and_joins_ray(tm
             env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG_GUARD_S,
         )
     finally:
         srv.shutdown()

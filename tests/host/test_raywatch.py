@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from guards import HANG_GUARD_S
 
 from tpufleet.control.ray import headwatch as raywatch
 from tpufleet.errors import ClusterError
@@ -97,7 +98,7 @@ def test_the_fresh_start_is_the_same_process_and_command_waiting_for_ray(tmp_pat
         [sys.executable, "-u", str(script), str(out), "--flag", "x y"],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         capture_output=True,
-        timeout=60,
+        timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 0, proc.stderr.decode()
     first, second = (json.loads(line) for line in out.read_text().splitlines())
@@ -148,7 +149,7 @@ def test_a_fresh_start_that_cannot_be_made_ends_the_process_saying_why(tmp_path:
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 1
     assert "still serving" not in proc.stdout

@@ -18,6 +18,7 @@ import planes
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from guards import HANG_GUARD_S
 from sqlalchemy import select
 
 from tpufleet.api.server import ControlPlane
@@ -296,7 +297,7 @@ def test_sandbox_and_ray_exclude_each_other(flags: tuple[str, ...]) -> None:
 
 def test_the_exclusion_is_one_line_and_exit_2(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "tpufleet", "serve", "--sandbox", "v4-16", "--ray-address", "10.0.0.1:6379"]
-    out = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         "error: --sandbox runs without Ray: give --sandbox or --ray-address/--emulator, not both"

@@ -16,6 +16,7 @@ from typing import Any
 import planes
 import pytest
 from click.testing import CliRunner
+from guards import HANG_GUARD_S
 
 from tpufleet import SliceManager
 from tpufleet.cli import command
@@ -150,7 +151,7 @@ def test_provider_flags_are_checked_in_one_line(tmp_path: Path) -> None:
             env=env,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG_GUARD_S,
         )
         assert out.returncode == 2 and says in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
