@@ -43,6 +43,9 @@ MEANT_DEATHS = {
     3: "drained for a preemption",  # AUTOSCALER_DRAIN_PREEMPTED: a notice, then the deadline
     4: "drained as idle",  # AUTOSCALER_DRAIN_IDLE: an autoscaler's scale-in
 }
+# Ray's message for a death is whatever the caller of a drain wrote (any client of the GCS can):
+# kept to a line's worth.
+MESSAGE_CHARS = 200
 
 
 def _labels(node: Node) -> Mapping[str, str]:
@@ -160,14 +163,16 @@ def slices_from_nodes(nodes: Iterable[Node]) -> list[SliceInfo]:
 def gone_slices(nodes: Iterable[Node]) -> dict[str, str]:
     """The slices of ``nodes`` (``ray.nodes()`` dicts) that ended on purpose: every node of the
     slice dead, each of a death that was meant (``MEANT_DEATHS``); name -> why (the reason's words
-    and Ray's message for it). A slice with a node alive, or one that died otherwise, is not gone:
-    :func:`slices_from_nodes` reports it, broken where it is."""
+    and Ray's message for it, cut to ``MESSAGE_CHARS``). A slice with a node alive, or one that
+    died otherwise, is not gone: :func:`slices_from_nodes` reports it, broken where it is."""
     gone = {}
     for name, members in _by_slice(nodes).items():
         reasons = [int(n.get("DeathReason") or 0) for n in members if not n.get("Alive")]
         if len(reasons) < len(members) or not all(r in MEANT_DEATHS for r in reasons):
             continue
         message = next((str(m) for n in members if (m := n.get("DeathReasonMessage"))), "")
+        if len(message) > MESSAGE_CHARS:
+            message = message[: MESSAGE_CHARS - 1] + "\u2026"
         words = MEANT_DEATHS[reasons[0]]
         gone[name] = f"{words}: {message}" if message else words
     return gone

@@ -55,3 +55,27 @@ def test_a_gone_slice_is_listed_with_why_and_leaves_the_report_healthy() -> None
     assert report.to_dict()["gone"] == [
         {"slice": "spot-0", "why": "drained for a preemption: spot preemption"}
     ]
+
+
+def test_the_text_report_shows_what_the_cluster_wrote_and_obeys_none_of_it() -> None:
+    """A node's labels and a drain's message are written by any client of the GCS: doctor's text
+    report shows their escapes and markup as text, never drives the terminal with them."""
+    from rich.console import Console
+
+    from tpufleet.cli.emulate import print_report
+
+    hostile = "[bold]x\x1b[2J"
+    report = Report(
+        "x:1",
+        (v4(hostile, ("worker 1 is dead [/red]",)),),
+        (),
+        (HealthFinding(hostile, "worker 1 is dead [/red]"),),
+        (("gone\x1b]0;title\x07", "drained as idle: [red]\u202eevil"),),
+    )
+    out = Console(record=True, width=400, force_terminal=True)
+    print_report(report, out)
+    shown = out.export_text()
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "[bold]x\\x1b[2J: worker 1 is dead [/red]" in shown
+    assert "gone\\x1b]0;title\\x07: gone (drained as idle: [red]\\u202eevil); not checked" in shown
+    assert "1 finding(s)" in shown

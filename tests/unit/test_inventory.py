@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tpufleet.errors import InputError
-from tpufleet.inventory import gone_slices, resolve_address, slices_from_nodes
+from tpufleet.inventory import MESSAGE_CHARS, gone_slices, resolve_address, slices_from_nodes
 
 _ids = iter(range(10_000))
 
@@ -138,3 +138,10 @@ def test_a_slice_whose_every_host_ended_on_purpose_is_gone_and_any_other_is_not(
     }
     assert {s.name for s in slices_from_nodes(nodes)} >= {"half", "lost", "back", "alive"}
     assert gone_slices([_dead("old", 0, 0)]) == {}  # no reason recorded: not known to be meant
+
+
+def test_a_drain_s_message_is_kept_to_a_line() -> None:
+    """Whoever drains a node writes its message (any client of the GCS may): doctor keeps
+    ``MESSAGE_CHARS`` of it, not a megabyte."""
+    why = gone_slices([_dead("big", w, 4, "x" * 1_000_000) for w in (0, 1)])["big"]
+    assert why == "drained as idle: " + "x" * (MESSAGE_CHARS - 1) + "\u2026"

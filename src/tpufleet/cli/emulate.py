@@ -11,15 +11,21 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from tpufleet.cli import context
 from tpufleet.cli._app import app, console, print_json
-from tpufleet.cli.common import finite
+from tpufleet.cli.common import finite, safe
 from tpufleet.errors import NotFoundError, SpecError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tpufleet import doctor
 
 emulate_app = typer.Typer(
     help="A local Ray cluster whose hosts look like TPU slices to Ray, Ray Train and JAX.",
@@ -247,18 +253,25 @@ def doctor_cmd(
     if as_json:
         print_json(report.to_dict())
     else:
-        console.print(f"TPU health of the Ray cluster at {report.ray_address}")
-        for accel, counts in report.by_type().items():
-            console.print(f"  {accel}: {counts['intact']} of {counts['slices']} slices intact")
-        if not report.slices:
-            console.print("  no TPU slices found")
-        for f in report.findings:
-            console.print(f"[red]  {f.slice}:[/] {f.message}", highlight=False)
-        for name, why in report.gone:
-            console.print(f"  {name}: gone ({why}); not checked", highlight=False, markup=False)
-        console.print("[green]healthy[/]" if report.healthy else f"[red]{len(report.findings)} finding(s)[/]")
+        print_report(report, console)
     if not report.healthy:
         raise typer.Exit(1)
+
+
+def print_report(report: doctor.Report, out: Console) -> None:
+    """``doctor``'s report as text. Slice names and messages come from the cluster (a node's
+    label, a drain's message, which any client of the GCS may write): shown, never obeyed."""
+    out.print(f"TPU health of the Ray cluster at {escape(safe(report.ray_address))}", highlight=False)
+    for accel, counts in report.by_type().items():
+        intact = f"{counts['intact']} of {counts['slices']} slices intact"
+        out.print(f"  {escape(safe(accel))}: {intact}", highlight=False)
+    if not report.slices:
+        out.print("  no TPU slices found")
+    for f in report.findings:
+        out.print(f"[red]  {escape(safe(f.slice))}:[/] {escape(safe(f.message))}", highlight=False)
+    for name, why in report.gone:  # both from the cluster: a node's label, a drain's message
+        out.print(f"  {safe(name)}: gone ({safe(why)}); not checked", highlight=False, markup=False)
+    out.print("[green]healthy[/]" if report.healthy else f"[red]{len(report.findings)} finding(s)[/]")
 
 
 def running_fleet_address(
