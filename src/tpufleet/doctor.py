@@ -11,7 +11,7 @@ Two sources, checked separately so each finding says where it came from:
 
 ``check`` returns a :class:`Report`; it is healthy when there are no findings (exit 0, else 1).
 A slice that ended on purpose (every host drained for a preemption or as idle, or stopped:
-:func:`tpufleet.inventory.gone_slices`) is not checked: the report lists it as gone, with why.
+``SliceInfo.gone``) is not checked: the report lists it as gone, with why.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from tpufleet.errors import ClusterError
 from tpufleet.fleet import SliceInfo
-from tpufleet.inventory import gone_slices, resolve_address, slices_from_nodes
+from tpufleet.inventory import resolve_address, slices_from_nodes
 
 __all__ = ["HealthFinding", "Probe", "Report", "check", "findings_for"]
 
@@ -172,8 +172,9 @@ def check(ray_address: str | None = None, *, probe: bool = True, timeout_s: floa
 
     address = resolve_address(ray_address)
     nodes = read_nodes(address)
-    gone = gone_slices(nodes)
-    slices = [s for s in slices_from_nodes(nodes) if s.name not in gone]
+    found = slices_from_nodes(nodes)
+    gone = {s.name: s.gone for s in found if s.gone}
+    slices = [s for s in found if not s.gone]
     probes: list[Probe] = []
     if probe and any(h.alive for s in slices for h in s.hosts):
         import ray

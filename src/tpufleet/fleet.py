@@ -36,6 +36,10 @@ class SliceInfo:
     expected_hosts: int
     hosts: tuple[HostInfo, ...]
     problems: tuple[str, ...] = ()  # why the slice is not intact; empty when it is
+    # Why every host of the slice ended on purpose (Ray's death reasons: stopped, drained for a
+    # preemption or as idle), so it left rather than broke; empty while a host is alive or any died
+    # otherwise. The doctor does not check such a slice and the control plane lets it leave.
+    gone: str = ""
 
     @property
     def intact(self) -> bool:

@@ -12,8 +12,9 @@ on type and topology, and their chips add up to the topology's: the same facts
 
 Ray keeps dead nodes in its node table (up to 1,000), so a slice that ended on purpose (drained for
 a spot preemption, or as idle by an autoscaler, then ended) stays there as dead nodes.
-:func:`gone_slices` names those: every node dead, and each death one that was meant
-(``DeathReason``), which ``doctor`` lists as gone rather than broken.
+Such a slice's ``SliceInfo.gone`` says why (:func:`gone_slices` names them): every node dead, and
+each death one that was meant (``DeathReason``). ``doctor`` lists it as gone rather than broken,
+and the control plane lets it leave its slices table rather than keep it ``BROKEN``.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def _slice(name: str, nodes: Sequence[Node]) -> SliceInfo:
         expected_hosts=expected,
         hosts=hosts,
         problems=tuple(problems),
+        gone=_gone(nodes),
     )
 
 
@@ -161,21 +163,23 @@ def slices_from_nodes(nodes: Iterable[Node]) -> list[SliceInfo]:
 
 
 def gone_slices(nodes: Iterable[Node]) -> dict[str, str]:
-    """The slices of ``nodes`` (``ray.nodes()`` dicts) that ended on purpose: every node of the
-    slice dead, each of a death that was meant (``MEANT_DEATHS``); name -> why (the reason's words
-    and Ray's message for it, cut to ``MESSAGE_CHARS``). A slice with a node alive, or one that
-    died otherwise, is not gone: :func:`slices_from_nodes` reports it, broken where it is."""
-    gone = {}
-    for name, members in _by_slice(nodes).items():
-        reasons = [int(n.get("DeathReason") or 0) for n in members if not n.get("Alive")]
-        if len(reasons) < len(members) or not all(r in MEANT_DEATHS for r in reasons):
-            continue
-        message = next((str(m) for n in members if (m := n.get("DeathReasonMessage"))), "")
-        if len(message) > MESSAGE_CHARS:
-            message = message[: MESSAGE_CHARS - 1] + "\u2026"
-        words = MEANT_DEATHS[reasons[0]]
-        gone[name] = f"{words}: {message}" if message else words
-    return gone
+    """The slices of ``nodes`` (``ray.nodes()`` dicts) that ended on purpose, name -> why (their
+    ``SliceInfo.gone``)."""
+    return {name: why for name, members in _by_slice(nodes).items() if (why := _gone(members))}
+
+
+def _gone(members: Sequence[Node]) -> str:
+    """Why a slice's nodes all ended on purpose: every node dead, each of a death that was meant
+    (``MEANT_DEATHS``); the reason's words and Ray's message for it, cut to ``MESSAGE_CHARS``.
+    Empty for a slice with a node alive, or one that died otherwise (which is broken)."""
+    reasons = [int(n.get("DeathReason") or 0) for n in members if not n.get("Alive")]
+    if len(reasons) < len(members) or not all(r in MEANT_DEATHS for r in reasons):
+        return ""
+    message = next((str(m) for n in members if (m := n.get("DeathReasonMessage"))), "")
+    if len(message) > MESSAGE_CHARS:
+        message = message[: MESSAGE_CHARS - 1] + "\u2026"
+    words = MEANT_DEATHS[reasons[0]]
+    return f"{words}: {message}" if message else words
 
 
 def resolve_address(ray_address: str | None) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from sqlalchemy import event, func, select
 
 from tpufleet.control.cluster.memory import MemoryCluster
 from tpufleet.control.store.facade import FenceStamp, Store
-from tpufleet.control.store.loopwrites import LEFT, Transitions
+from tpufleet.control.store.loopwrites import ENDED, LEFT, Transitions
 from tpufleet.control.store.tables import EventRow, JobRow, TenantRow, TokenRow
 from tpufleet.control.store.values import JobRequest
 from tpufleet.errors import AuthError, ConflictError, NotFoundError, SpecError
@@ -331,6 +332,46 @@ def test_inventory_keeps_retired_slices_out_and_lets_a_held_one_finish(store: St
     assert store.slices.all() == []
     tr.sync_slices(fleet.inventory())  # no longer retired (a group of that name made again)
     assert [s.name for s in store.slices.all()] == [a, b, c]
+
+
+def test_a_slice_whose_hosts_all_ended_on_purpose_leaves_once_free_and_comes_back_alive(
+    store: Store,
+) -> None:
+    """``SliceInfo.gone`` (every host stopped, or drained for a preemption or as idle, by Ray's
+    death reasons): the slice left, it did not break. A free row leaves with why, at once; a held
+    one stays BROKEN until its holder let it go, then leaves at the next sync even though the
+    cluster says the same as before; a host of that name alive again brings it back, FREE."""
+    tr, fleet = Transitions(store), MemoryCluster.of("v4-16:3")
+    a, b, c = (f"tpu-v4-16-{i}" for i in range(3))
+    tr.sync_slices(fleet.inventory())
+    store.tenants.create("t", {"v4": 64})
+    job = store.jobs.submit("t", req()).id
+    assert tr.admit(Admit(JobId(job), (SliceName(b),), False))
+    for name in (a, b):
+        fleet.kill_host(name, 0)
+        fleet.kill_host(name, 1)
+    why = {a: "drained as idle: scaled in", b: "drained for a preemption"}
+
+    def inventory() -> list[Any]:
+        return [replace(i, gone=why.get(i.name, "")) for i in fleet.inventory()]
+
+    tr.sync_slices(inventory())
+    assert {s.name: s.state for s in store.slices.all()} == {b: "BROKEN", c: "FREE"}
+    left = [e["message"] for e in store.events() if e["slice"] == a][-1]
+    assert left == f"{ENDED} (drained as idle: scaled in)"
+    assert tr.begin_stop(job, StopKind.CANCEL, "cancelled")
+    tr.finish(job, 1, None)
+    tr.sync_slices(inventory())  # the same inventory as the sync before
+    assert [s.name for s in store.slices.all()] == [c]
+    assert [e["message"] for e in store.events() if e["slice"] == b][
+        -1
+    ] == f"{ENDED} (drained for a preemption)"
+    tr.sync_slices(inventory())
+    assert [s.name for s in store.slices.all()] == [c]  # dead nodes alone discover nothing
+    fleet.repair(a)
+    why.pop(a)
+    tr.sync_slices(inventory())
+    assert {s.name: s.state for s in store.slices.all()} == {a: "FREE", c: "FREE"}
 
 
 def test_logs_are_stored_per_host_and_read_from_an_offset(store: Store) -> None:

@@ -74,6 +74,7 @@ from tpufleet.scheduler.model import (
 MISSING = "not in the cluster's inventory"
 FULL_SYNC_S = 5.0  # an unchanged inventory is still synced whole this often (sync_slices)
 LEFT = "left the fleet: its slice group was deleted"
+ENDED = "left the fleet: every host ended on purpose"  # + Ray's why (SliceInfo.gone)
 Stored = tuple[str | None, str | None, bool]  # a queued job's reason code, message, head of line
 _Chunk = tuple[list[str], Stored]  # job ids that get one stored reason
 _ID = attrgetter("id")
@@ -182,29 +183,41 @@ class Transitions:
         A slice is discovered only from an alive host: Ray's node table keeps dead nodes long after
         their hosts went. ``retired``: the slices of deleted slice groups; whatever Ray still lists
         of one (hosts dying or dead), it is never discovered again, and its row leaves the table
-        as soon as no attempt holds it. Returns every slice as it is now, by name (what the loop
-        reads next, without reading it again).
+        as soon as no attempt holds it. So does the row of a slice every host of which ended on
+        purpose (``SliceInfo.gone``: drained as idle by an autoscaler's scale-in, drained for a
+        preemption, stopped): it left, it is not broken, and it is discovered again only when a
+        host of that name is alive again. Returns every slice as it is now, by name (what the
+        loop reads next, without reading it again).
 
-        While the cluster says exactly what it said at the last sync (and no slice is retired),
-        nothing here would change: only what the admissions, the ends and the drains change
-        (holder, state, draining) is read, for at most ``FULL_SYNC_S`` before a whole sync."""
+        While the cluster says exactly what it said at the last sync (and no slice is retired or
+        gone with its row still here), nothing here would change: only what the admissions, the
+        ends and the drains change (holder, state, draining) is read, for at most ``FULL_SYNC_S``
+        before a whole sync."""
         infos = tuple(infos)
-        if not retired and self._synced is not None and self._synced[0] == (infos, frozenset()):
-            kept = self._kept_slices(self._synced[1])
+        last = self._synced
+        if (
+            not retired
+            and last is not None
+            and last[0] == (infos, frozenset())
+            and not any(i.gone and i.name in last[1] for i in infos)  # its row is to leave
+        ):
+            kept = self._kept_slices(last[1])
             if kept is not None:
                 return kept
         now = self.clock()
         changed: list[dict[str, Any]] = []
         records: list[r.SliceRecord] = []
+        gone = {i.name: i.gone for i in infos if i.gone}
         with self.store.tx() as s:
             conn = s.connection()
             rows = {x.name: x for x in conn.execute(select(_SLICES))}  # columns, no ORM objects
-            left = [n for n, x in rows.items() if n in retired and x.holder is None]
+            left = [n for n, x in rows.items() if (n in retired or n in gone) and x.holder is None]
             if left:
                 conn.execute(delete(_SLICES).where(_SLICES.c.name.in_(left)))
             for name in left:
                 del rows[name]
-                self.store.add_event(s, LEFT, slice=name, kind="slice")
+                why = LEFT if name in retired else f"{ENDED} ({gone[name]})"
+                self.store.add_event(s, why, slice=name, kind="slice")
             for info in infos:
                 row: Any = rows.pop(info.name, None)
                 if row is None and (info.name in retired or not any(h.alive for h in info.hosts)):
