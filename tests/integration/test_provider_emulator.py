@@ -1,7 +1,7 @@
 """``--provider emulator`` on the shared running fleet: a slice group is made of new emulated hosts
 that Ray labels as a TPU slice, then a spot preemption with notice (``tpufleet emulate preempt
 SLICE --notice S`` in another process) drains the hosts for preemption in Ray, the provider reports
-the deadline, and every host dies together at the deadline."""
+the deadline, and every host dies together at the deadline; a deleted idle group ends as a scale-in."""
 
 from __future__ import annotations
 
@@ -149,3 +149,29 @@ def test_a_group_whose_slice_name_is_taken_by_the_fleet_fails_and_leaves_it_alon
     assert [(s["name"], [h["node_id"] for h in s["hosts"]]) for s in after] == [
         (s["name"], [h["node_id"] for h in s["hosts"]]) for s in before
     ]
+
+
+def test_a_deleted_group_s_hosts_end_as_a_scale_in_does_and_the_slice_is_gone_not_broken(
+    fleet: EmulatedFleet, ray_client: Any
+) -> None:
+    """The provider deletes an idle group as an autoscaler scales in (``EmulatedFleet.remove``):
+    Ray is asked to drain its hosts as idle, then they end, so Ray records the deaths as meant
+    (``AUTOSCALER_DRAIN_IDLE``, with why) and doctor lists the slice as gone, not as a finding."""
+    provider = EmulatorProvider(fleet.state_dir, EmulatorConfig(delay_s=0.5), interval_s=0.2)
+    name = "itest-idle-0"
+    try:
+        provider.create(SliceRequest("itest-idle", "v6e-4"))
+        _until("ACTIVE", lambda: (g := _group(provider, "itest-idle")) and g.state == "ACTIVE")
+        assert [n["Alive"] for n in _nodes(name)] == [True]
+    finally:
+        provider.delete("itest-idle")
+        _until("the group to go", lambda: _group(provider, "itest-idle") is None, timeout_s=60)
+        provider.close()
+    (dead,) = _until("Ray to declare the host dead", lambda: [n for n in _nodes(name) if not n["Alive"]])
+    reasons = importlib.import_module("ray.core.generated.common_pb2").NodeDeathInfo.Reason
+    assert reasons.Name(dead["DeathReason"]) == "AUTOSCALER_DRAIN_IDLE", dead
+    why = f"{name} removed from the emulated fleet (scaled in)"
+    assert dead["DeathReasonMessage"] == why
+    report = doctor.check(probe=False)
+    assert dict(report.gone)[name] == f"drained as idle: {why}"
+    assert name not in {f.slice for f in report.findings}

@@ -26,6 +26,7 @@ after three failed checks (Ray's defaults are 3 s and 5), so a killed host is no
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -45,6 +46,8 @@ from tpufleet.emulator import state as store
 from tpufleet.emulator.raynodes import read_nodes
 from tpufleet.emulator.state import EmulatedSlice, FleetState, HostRecord
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecError, closest, suggest
+
+log = logging.getLogger(__name__)
 
 # How long a wave of hosts (and each restore or add) has to join: longer than a node's own wait to
 # register (rayhost.REGISTER_WAIT_S), so that a node a loaded machine starts slowly fails for its
@@ -464,6 +467,19 @@ class EmulatedFleet:
             h.session = None
         store.save(self.state_dir, st)
 
+    def _drain_idle(self, st: FleetState, slice_name: str) -> None:
+        """Ask Ray to drain the live hosts of ``slice_name`` as idle (see :meth:`remove`); best
+        effort: a head that is down, or a host that refuses, leaves the host to be ended as is."""
+        if not (st.head and procs.members(st.head)):
+            return
+        try:
+            auth.activate(self.auth_token_path)
+            nodes = raynodes.alive_slice_nodes(st.ray_address, slice_name)
+            why = f"{slice_name} removed from the emulated fleet (scaled in)"
+            raynodes.drain(st.ray_address, nodes, "DRAIN_NODE_REASON_IDLE_TERMINATION", why, timeout_s=5.0)
+        except Exception as err:  # Ray's GCS client raises its own errors; nothing here may stop a removal
+            log.debug("could not drain %s before removing it: %s", slice_name, err)
+
     def kill_host(self, slice_name: str, worker_id: int, *, wait: bool = True) -> None:
         """SIGKILL every process of one host at once, like a VM that crashed; with ``wait``,
         return once Ray has declared the node dead."""
@@ -574,10 +590,17 @@ class EmulatedFleet:
 
     def remove(self, slice_name: str, *, wait: bool = True) -> None:
         """End every host of a slice and forget it (a deleted slice, unlike a preempted one, is
-        never restored); with ``wait``, return once Ray has declared its nodes dead."""
+        never restored); with ``wait``, return once Ray has declared its nodes dead.
+
+        Ended as an autoscaler's scale-in ends a node: Ray is asked to drain each host as idle
+        first (what autoscaler v2 sends before it terminates one), so Ray records their deaths as
+        meant (``AUTOSCALER_DRAIN_IDLE``) and the doctor and the control plane see the slice gone,
+        not broken. A host Ray will not drain (busy: tasks or actors run there) is simply ended, a
+        death Ray records as unexpected, as it would for a VM deleted under running work."""
         with store.locked(self.state_dir):
             st = self._load()
             rec = self._slice(st, slice_name)
+            self._drain_idle(st, slice_name)
             self._kill(st, rec.hosts, slice_name)
             st.slices.remove(rec)
             store.save(self.state_dir, st)

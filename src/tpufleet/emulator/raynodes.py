@@ -4,7 +4,8 @@
 and the emulator's join polling only need the GCS node table. Ray's own ``GlobalState`` reads it
 from an address directly (``ray.cluster_utils.Cluster`` does the same). This uses one private Ray
 API, isolated here; when the calling process is already connected to that cluster, the public
-``ray.nodes()`` is used instead.
+``ray.nodes()`` is used instead. :func:`drain` sends the GCS's DrainNode RPC (Ray's private GCS
+client, as ``ray drain-node`` does), for a spot notice and an emulated slice's scale-in.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import socket
 from typing import Any
 
+from tpufleet.contract import SLICE_LABEL
 from tpufleet.errors import ClusterError
 
 
@@ -90,3 +92,41 @@ def read_nodes(address: str | None = None) -> list[dict[str, Any]]:
         raise ClusterError(
             f"could not read the node table of {address}: {err} {_AUTH_HINT}", retry_after=5.0
         ) from err
+
+
+def alive_slice_nodes(address: str, slice_name: str) -> list[str]:
+    """The node ids (hex) of the live hosts of ``slice_name`` in the cluster at ``address``."""
+    return [
+        str(n["NodeID"])
+        for n in read_nodes(address)
+        if n.get("Alive") and (n.get("Labels") or {}).get(SLICE_LABEL) == slice_name
+    ]
+
+
+def drain(
+    address: str,
+    node_ids: list[str],
+    reason: str,
+    message: str,
+    deadline_s: float = 0.0,
+    timeout_s: float = 10.0,
+) -> dict[str, str]:
+    """Ask Ray's GCS to drain each of ``node_ids`` (hex): the DrainNode RPC that ``ray drain-node``
+    sends and autoscaler v2 uses to end nodes, ``reason`` one of Ray's ``DrainNodeReason`` names
+    (``DRAIN_NODE_REASON_PREEMPTION``, which no raylet refuses; ``DRAIN_NODE_REASON_IDLE_TERMINATION``,
+    which a busy one does), ``deadline_s`` seconds since the epoch (0: none). Once a drained node
+    dies, Ray records its death as the drain's (``AUTOSCALER_DRAIN_PREEMPTED``, ``_IDLE``) with
+    ``message``. Returns the nodes that refused, node id -> Ray's why."""
+    import importlib
+
+    pb: Any = importlib.import_module("ray.core.generated.autoscaler_pb2")
+    raylet: Any = importlib.import_module("ray._raylet")
+    client = raylet.GcsClient(address=address)
+    refused = {}
+    for node_id in node_ids:
+        ok, why = client.drain_node(
+            node_id, pb.DrainNodeReason.Value(reason), message, int(deadline_s * 1000), timeout=timeout_s
+        )
+        if not ok:
+            refused[node_id] = str(why)
+    return refused

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpufleet.contract import SLICE_LABEL
 from tpufleet.emulator import auth
 from tpufleet.emulator import state as store
-from tpufleet.emulator.raynodes import read_nodes
+from tpufleet.emulator.raynodes import alive_slice_nodes
+from tpufleet.emulator.raynodes import drain as drain_nodes
 from tpufleet.errors import ClusterError, NotFoundError, SpecError
 
 NOTICES_FILE = "notices.json"
@@ -70,30 +70,14 @@ def forget(state_dir: Path, slice_name: str) -> None:
             _write(state_dir, notices)
 
 
-def _slice_nodes(ray_address: str, slice_name: str) -> list[str]:
-    nodes = read_nodes(ray_address)
-    return [
-        str(n["NodeID"])
-        for n in nodes
-        if n.get("Alive") and (n.get("Labels") or {}).get(SLICE_LABEL) == slice_name
-    ]
-
-
 def drain(ray_address: str, slice_name: str, deadline: float, message: str) -> int:
     """Tell Ray every live host of ``slice_name`` is being preempted at ``deadline``; returns how many
-    hosts accepted. Uses the GCS DrainNode RPC, as ``ray drain-node`` does (a private client)."""
-    import importlib
-
-    pb: Any = importlib.import_module("ray.core.generated.autoscaler_pb2")
-    raylet: Any = importlib.import_module("ray._raylet")
-    client = raylet.GcsClient(address=ray_address)
-    accepted = 0
-    for node_id in _slice_nodes(ray_address, slice_name):
-        ok, why = client.drain_node(node_id, pb.DRAIN_NODE_REASON_PREEMPTION, message, int(deadline * 1000))
-        if not ok:
-            raise ClusterError(f"Ray refused to drain {slice_name} node {node_id[:12]}: {why}")
-        accepted += 1
-    return accepted
+    hosts accepted (``raynodes.drain``, the RPC ``ray drain-node`` sends)."""
+    nodes = alive_slice_nodes(ray_address, slice_name)
+    refused = drain_nodes(ray_address, nodes, "DRAIN_NODE_REASON_PREEMPTION", message, deadline)
+    for node_id, why in refused.items():
+        raise ClusterError(f"Ray refused to drain {slice_name} node {node_id[:12]}: {why}")
+    return len(nodes)
 
 
 def announce(
