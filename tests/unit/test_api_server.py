@@ -43,3 +43,31 @@ def test_a_settled_collector_leaves_what_exists_alone_and_collects_less_often() 
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_device_metrics_leave_out_a_slice_that_left_and_count_a_broken_one_s_hosts_down(
+    tmp_path: Path,
+) -> None:
+    """Ray lists the dead hosts of a slice that ended on purpose (an autoscaler's scale-in) long
+    after it left the slices table: they are not hosts down (``tpufleet_host_up`` 0 pages as the
+    critical ``TpufleetHostDown``). A crashed host of a slice the table keeps, BROKEN, still is."""
+    cluster = MemoryCluster.of("v4-16:3")
+    with ControlPlane(cluster, state_dir=tmp_path) as cp:
+        cp.service.run_once()
+        cluster.end_slice("tpu-v4-16-1", "drained as idle")
+        cluster.kill_host("tpu-v4-16-2", 1)
+        cp.service.run_once()
+        assert [s.name for s in cp.store.slices.all()] == ["tpu-v4-16-0", "tpu-v4-16-2"]
+        cp.devices.sample_once()
+        up = {
+            (s.labels["slice"], s.labels["host"]): s.value
+            for family in cp.loop_metrics.collect()
+            if family.name == "tpufleet_host_up"
+            for s in family.samples
+        }
+    assert up == {
+        ("tpu-v4-16-0", "0"): 1.0,
+        ("tpu-v4-16-0", "1"): 1.0,
+        ("tpu-v4-16-2", "0"): 1.0,
+        ("tpu-v4-16-2", "1"): 0.0,
+    }

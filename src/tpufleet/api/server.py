@@ -47,6 +47,7 @@ from tpufleet.control.store.lease import replica_id
 from tpufleet.control.store.usage import Usage
 from tpufleet.control.store.values import DEFAULT_LIMITS, Limits
 from tpufleet.errors import ClusterError
+from tpufleet.fleet import SliceInfo
 from tpufleet.observe import device
 from tpufleet.observe.metrics import cycle_histogram, leader_gauge
 from tpufleet.observe.registry import metrics_registry
@@ -141,7 +142,7 @@ class ControlPlane:
         self.loop_metrics = CollectorRegistry(auto_describe=False)
         self.service.cycle_observers.append(cycle_histogram(self.loop_metrics))
         leader_gauge(self.loop_metrics, self.replica, lambda: self.service.leads)
-        self.devices = device.register(self.loop_metrics, cluster.inventory, self._holders)
+        self.devices = device.register(self.loop_metrics, self._fleet_slices, self._holders)
         self.metrics = metrics_registry(self.store, prices=self.prices, extra=[_Of(self.loop_metrics)])
         self.admin_token_path = self.state_dir / ADMIN_TOKEN_FILE
         self._admin_token, self.admin_token_created = ensure_admin_token(self.store, self.admin_token_path)
@@ -204,6 +205,15 @@ class ControlPlane:
                 "fenced_writes": lead.refused,
             }
         return {**self.service.stats(), "replica": self.replica, **who}
+
+    def _fleet_slices(self) -> list[SliceInfo]:
+        """The cluster's slices that the slices table has (what is paid for), for the device
+        metrics: Ray lists the dead hosts of a slice that left (a deleted group's, one every host
+        of which ended on purpose) long after, and they are not hosts down (``tpufleet_host_up``,
+        the critical ``TpufleetHostDown``). A slice that broke stays in the table, and its dead
+        hosts count as down."""
+        known = {s.name for s in self.store.slices.all()}
+        return [s for s in self.cluster.inventory() if s.name in known]
 
     def _holders(self) -> dict[str, device.Holder]:
         return device.holders_of(Usage(self.store).open_attempts())

@@ -17,7 +17,8 @@ own inventory (what is paid for), whether or not it reported:
   ``tpufleet_tpu_hbm_total_bytes``: only where the source gave the number;
 - ``tpufleet_tpu_metrics_source_up{slice,host,accelerator_type,source,emulated}``: 1 while the
   host's source answered within ``stale_s``;
-- ``tpufleet_host_up{slice,host,accelerator_type}``: 1 while the inventory has the host alive;
+- ``tpufleet_host_up{slice,host,accelerator_type}``: 1 while the inventory has the host alive
+  (the control plane passes the slices its table has: not the dead hosts of one that left);
 - ``tpufleet_job_slice_info{job,tenant,slice}``: 1 per slice a running attempt holds (a job
   gauge, so the job label stays off the per-chip series; join with ``* on(slice) group_left(job)``).
 

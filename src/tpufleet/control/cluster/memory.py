@@ -596,11 +596,19 @@ class MemoryCluster:
                 if p.slice == slice_name and p.worker_id == worker_id and p.alive:
                     p.state = HostState.LOST
 
+    def end_slice(self, slice_name: str, why: str) -> None:
+        """Every host of the slice ends on purpose (``SliceInfo.gone``: an autoscaler's scale-in, a
+        drain for a preemption, a stop), as Ray reports such a slice: dead hosts, kept listed."""
+        for host in self._slices[slice_name].hosts:
+            self.kill_host(slice_name, host.worker_id)
+        with self._lock:
+            self._slices[slice_name] = replace(self._slices[slice_name], gone=why)
+
     def repair(self, slice_name: str) -> None:
         with self._lock:
             info = self._slices[slice_name]
             hosts = tuple(replace(h, alive=True) for h in info.hosts)
-            self._slices[slice_name] = replace(info, hosts=hosts, problems=())
+            self._slices[slice_name] = replace(info, hosts=hosts, problems=(), gone="")
 
     def _latest(self, job_id: str, attempt: int | None) -> MemoryAttempt | None:
         if attempt is not None:
