@@ -48,7 +48,6 @@ from tpufleet.emulator.state import EmulatedSlice, FleetState, HostRecord
 from tpufleet.errors import ClusterError, ConflictError, NotFoundError, SpecError, closest, suggest
 
 log = logging.getLogger(__name__)
-REMOVE_GRACE_S = 5.0  # remove(): SIGTERM, then this long before SIGKILL (a raylet takes ~0.2 s)
 
 # How long a wave of hosts (and each restore or add) has to join: longer than a node's own wait to
 # register (rayhost.REGISTER_WAIT_S), so that a node a loaded machine starts slowly fails for its
@@ -459,9 +458,9 @@ class EmulatedFleet:
 
     # -- breaking and repairing -------------------------------------------------------------------
 
-    def _kill(self, st: FleetState, hosts: Sequence[HostRecord], where: str, grace_s: float = 0.0) -> None:
+    def _kill(self, st: FleetState, hosts: Sequence[HostRecord], where: str) -> None:
         sessions = [h.session for h in hosts if h.session]
-        left = procs.kill_sessions(sessions, grace_s=grace_s)
+        left = procs.kill_sessions(sessions)
         if left:
             raise ClusterError(f"could not end processes {left} of {where}")
         for h in hosts:
@@ -470,7 +469,7 @@ class EmulatedFleet:
 
     def _drain_idle(self, st: FleetState, slice_name: str) -> None:
         """Ask Ray to drain the live hosts of ``slice_name`` as idle (see :meth:`remove`); best
-        effort: with a head that is down, or for a host that refuses, nothing changes."""
+        effort: a head that is down, or a host that refuses, leaves the host to be ended as is."""
         if not (st.head and procs.members(st.head)):
             return
         try:
@@ -593,17 +592,16 @@ class EmulatedFleet:
         """End every host of a slice and forget it (a deleted slice, unlike a preempted one, is
         never restored); with ``wait``, return once Ray has declared its nodes dead.
 
-        Ended as a deleted VM or Pod ends, not as a crash: Ray is asked to drain each host as idle
-        first (what autoscaler v2 sends before it terminates one; Ray refuses for a host with tasks
-        or actors on it), then every process gets SIGTERM, as a VM's shutdown or a Pod's deletion
-        sends, and ``REMOVE_GRACE_S`` before SIGKILL. So Ray records each death as meant (the
-        drain's ``AUTOSCALER_DRAIN_IDLE``, else ``EXPECTED_TERMINATION``, "received SIGTERM") and
-        the doctor and the control plane see the slice gone, not broken."""
+        Ended as an autoscaler's scale-in ends a node: Ray is asked to drain each host as idle
+        first (what autoscaler v2 sends before it terminates one), so Ray records their deaths as
+        meant (``AUTOSCALER_DRAIN_IDLE``) and the doctor and the control plane see the slice gone,
+        not broken. A host Ray will not drain (busy: tasks or actors run there) is simply ended, a
+        death Ray records as unexpected, as it would for a VM deleted under running work."""
         with store.locked(self.state_dir):
             st = self._load()
             rec = self._slice(st, slice_name)
             self._drain_idle(st, slice_name)
-            self._kill(st, rec.hosts, slice_name, grace_s=REMOVE_GRACE_S)
+            self._kill(st, rec.hosts, slice_name)
             st.slices.remove(rec)
             store.save(self.state_dir, st)
         if wait:
