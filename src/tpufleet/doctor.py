@@ -24,7 +24,7 @@ from typing import Any
 
 from tpufleet.errors import ClusterError
 from tpufleet.fleet import SliceInfo
-from tpufleet.inventory import resolve_address, slices_from_nodes
+from tpufleet.inventory import discover, resolve_address
 
 __all__ = ["HealthFinding", "Probe", "Report", "check", "findings_for"]
 
@@ -168,11 +168,8 @@ def _run_probes(slices: Sequence[SliceInfo], timeout_s: float) -> list[Probe]:
 
 def check(ray_address: str | None = None, *, probe: bool = True, timeout_s: float = 60.0) -> Report:
     """Check the cluster at ``ray_address`` (see :func:`tpufleet.inventory.resolve_address`)."""
-    from tpufleet.emulator.raynodes import read_nodes
-
     address = resolve_address(ray_address)
-    nodes = read_nodes(address)
-    found = slices_from_nodes(nodes)
+    found = discover(address)
     gone = {s.name: s.gone for s in found if s.gone}
     slices = [s for s in found if not s.gone]
     probes: list[Probe] = []

@@ -11,10 +11,10 @@ on type and topology, and their chips add up to the topology's: the same facts
 ``ray.util.tpu.get_num_tpu_slices`` checks, spelled out as reasons.
 
 Ray keeps dead nodes in its node table (up to 1,000), so a slice that ended on purpose (drained for
-a spot preemption, or as idle by an autoscaler, then ended) stays there as dead nodes.
-Such a slice's ``SliceInfo.gone`` says why (:func:`gone_slices` names them): every node dead, and
-each death one that was meant (``DeathReason``). ``doctor`` lists it as gone rather than broken,
-and the control plane lets it leave its slices table rather than keep it ``BROKEN``.
+a spot preemption, or as idle by an autoscaler, then ended) stays there as dead nodes. Such a
+slice's ``SliceInfo.gone`` says why: every node dead, and each death one that was meant
+(``DeathReason``). ``doctor`` lists it as gone rather than broken, and the control plane lets it
+leave its slices table rather than keep it ``BROKEN``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ POD_TYPE = "ray.io/tpu-pod-type"
 
 Node = Mapping[str, Any]
 
-__all__ = ["discover", "gone_slices", "slices_from_nodes"]
+__all__ = ["discover", "slices_from_nodes"]
 
 # Why a node died, as Ray's GCS records it (``NodeDeathInfo.Reason``, the ``DeathReason`` of a
 # ``ray.nodes()`` dict): the deaths that were meant, and how doctor words them. 2 is
@@ -147,25 +147,14 @@ def _slice(name: str, nodes: Sequence[Node]) -> SliceInfo:
     )
 
 
-def _by_slice(nodes: Iterable[Node]) -> dict[str, list[Node]]:
-    """The TPU nodes of ``nodes`` by their slice name label, the names sorted."""
+def slices_from_nodes(nodes: Iterable[Node]) -> list[SliceInfo]:
+    """Every TPU slice in ``nodes`` (``ray.nodes()`` dicts, alive and dead), sorted by name."""
     groups: dict[str, list[Node]] = defaultdict(list)
     for node in nodes:
         name = _labels(node).get(SLICE_NAME)
         if name:
             groups[name].append(node)
-    return dict(sorted(groups.items()))
-
-
-def slices_from_nodes(nodes: Iterable[Node]) -> list[SliceInfo]:
-    """Every TPU slice in ``nodes`` (``ray.nodes()`` dicts, alive and dead), sorted by name."""
-    return [_slice(name, members) for name, members in _by_slice(nodes).items()]
-
-
-def gone_slices(nodes: Iterable[Node]) -> dict[str, str]:
-    """The slices of ``nodes`` (``ray.nodes()`` dicts) that ended on purpose, name -> why (their
-    ``SliceInfo.gone``)."""
-    return {name: why for name, members in _by_slice(nodes).items() if (why := _gone(members))}
+    return [_slice(name, groups[name]) for name in sorted(groups)]
 
 
 def _gone(members: Sequence[Node]) -> str:

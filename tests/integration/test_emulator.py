@@ -132,8 +132,7 @@ def test_what_a_task_prints_on_a_host_reaches_the_driver_from_that_host(
 def test_inventory_reads_every_slice_intact(ray_client: object) -> None:
     # Ray keeps the dead nodes of slices other tests made and ended on purpose (a spot slice
     # drained and deleted): they are gone, not the fleet's.
-    gone = inventory.gone_slices(ray.nodes())
-    slices = {s.name: s for s in inventory.discover() if s.name not in gone}
+    slices = {s.name: s for s in inventory.discover() if not s.gone}
     assert sorted(slices) == ["tpu-v4-16-0", "tpu-v4-16-1", "tpu-v6e-4-0"]
     assert all(s.intact for s in slices.values()), [s.problems for s in slices.values()]
     assert slices["tpu-v4-16-1"].expected_hosts == 2

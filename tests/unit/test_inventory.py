@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tpufleet.errors import InputError
-from tpufleet.inventory import MESSAGE_CHARS, gone_slices, resolve_address, slices_from_nodes
+from tpufleet.inventory import MESSAGE_CHARS, resolve_address, slices_from_nodes
 
 _ids = iter(range(10_000))
 
@@ -115,6 +115,11 @@ def _dead(name: str, worker: int, reason: int, message: str = "") -> dict[str, A
     return node(name, worker, alive=False) | {"DeathReason": reason, "DeathReasonMessage": message}
 
 
+def _gone(nodes: list[dict[str, Any]]) -> dict[str, str]:
+    """Each slice's ``SliceInfo.gone``: what doctor and the control plane read."""
+    return {s.name: s.gone for s in slices_from_nodes(nodes)}
+
+
 def test_a_slice_whose_every_host_ended_on_purpose_is_gone_and_any_other_is_not() -> None:
     """Ray's death reasons (``NodeDeathInfo.Reason``): 1 stopped, 3 drained for a preemption, 4
     drained as idle are meant; 2 (a crash, missed heartbeats) and 0 are not."""
@@ -132,20 +137,15 @@ def test_a_slice_whose_every_host_ended_on_purpose_is_gone_and_any_other_is_not(
         node("alive", 0),
         node("alive", 1),
     ]
-    assert gone_slices(nodes) == {
-        "idle": "drained as idle",
-        "spot": "drained for a preemption: spot preemption of spot",
-    }
-    found = {s.name: s.gone for s in slices_from_nodes(nodes)}  # what the control plane reads
-    assert found == {
+    assert _gone(nodes) == {
         "idle": "drained as idle",
         "spot": "drained for a preemption: spot preemption of spot",
     } | {name: "" for name in ("half", "lost", "back", "alive")}
-    assert gone_slices([_dead("old", 0, 0)]) == {}  # no reason recorded: not known to be meant
+    assert _gone([_dead("old", 0, 0)]) == {"old": ""}  # no reason recorded: not known to be meant
 
 
 def test_a_drain_s_message_is_kept_to_a_line() -> None:
     """Whoever drains a node writes its message (any client of the GCS may): doctor keeps
     ``MESSAGE_CHARS`` of it, not a megabyte."""
-    why = gone_slices([_dead("big", w, 4, "x" * 1_000_000) for w in (0, 1)])["big"]
+    why = _gone([_dead("big", w, 4, "x" * 1_000_000) for w in (0, 1)])["big"]
     assert why == "drained as idle: " + "x" * (MESSAGE_CHARS - 1) + "\u2026"

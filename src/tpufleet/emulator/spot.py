@@ -75,7 +75,8 @@ def drain(ray_address: str, slice_name: str, deadline: float, message: str) -> i
     hosts accepted (``raynodes.drain``, the RPC ``ray drain-node`` sends)."""
     nodes = alive_slice_nodes(ray_address, slice_name)
     refused = drain_nodes(ray_address, nodes, "DRAIN_NODE_REASON_PREEMPTION", message, deadline)
-    for node_id, why in refused.items():
+    if refused:  # a preemption is not refusable: Ray says why it did anyway
+        node_id, why = next(iter(refused.items()))
         raise ClusterError(f"Ray refused to drain {slice_name} node {node_id[:12]}: {why}")
     return len(nodes)
 
