@@ -7,6 +7,7 @@ the emulated fleet goes down with the control plane. Everything stopped by PID."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -104,7 +105,7 @@ def _serve(tmp_path: Path, spec: str) -> Iterator[tuple[Client, Path, Path]]:
 
 
 def test_serve_provider_emulator_autoscales_from_zero_and_back(tmp_path: Path) -> None:
-    with _serve(tmp_path, SPEC) as (admin, _, log_path):
+    with _serve(tmp_path, SPEC) as (admin, state, log_path):
         code = "import os; print('ran on', os.environ['TPU_NAME'])"
         job = admin.submit([sys.executable, "-c", code], "v4-8", tenant="team-a")["id"]
         waiting = _until(lambda: (j := admin.job(job))["reason_code"] == "PROVISIONING" and j, 60, log_path)
@@ -118,6 +119,23 @@ def test_serve_provider_emulator_autoscales_from_zero_and_back(tmp_path: Path) -
         assert [g["name"] for g in groups] == ["small-1"] and groups[0]["for_job"] == job
         _until(lambda: not admin.request("GET", "/api/v1/slice-groups"), 120, log_path)  # idle 5 s
         _until(lambda: not [s for s in admin.slices() if s["name"] == "small-1-0"], 60, log_path)
+        # A scale-in, not a crash: the control plane gave the warm slice back (its runners and
+        # reservation) before the delete, so Ray drained the idle host and doctor calls it gone.
+        fleet = state / "fleet"
+        report = _until(lambda: ((d := _doctor(fleet))["gone"] or d["findings"]) and d, 60, log_path)
+        assert report["findings"] == [], report
+        (gone,) = report["gone"]
+        assert gone["slice"] == "small-1-0" and gone["why"].startswith("drained as idle: "), report
+
+
+def _doctor(fleet_dir: Path) -> dict[str, Any]:
+    """``tpufleet doctor --no-probe --json`` on the emulated fleet in ``fleet_dir`` (a subprocess:
+    this process may hold another fleet's Ray token)."""
+    env = {**os.environ, **NO_CLOUD, **EmulatedFleet.attach(fleet_dir).client_env()}
+    cmd = [sys.executable, "-m", "tpufleet", "doctor", "--state-dir", str(fleet_dir), "--no-probe", "--json"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    return json.loads(done.stdout)
 
 
 def test_a_spot_notice_mid_job_resumes_attempt_2_on_a_replacement_without_a_retry(tmp_path: Path) -> None:

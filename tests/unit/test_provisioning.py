@@ -5,8 +5,10 @@ with no retry used; slice groups made, measured and deleted (drained or forced).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from requeues import Ends
@@ -28,12 +30,42 @@ from tpufleet.scheduler.policy import decide
 CONFIG = ServiceConfig(stop_threads=0, preempt_grace_s=30, cancel_grace_s=10, fail_grace_s=5)
 
 
+class PooledSandbox(MemoryCluster):
+    """The sandbox cluster with a warm pool's interface (``WarmPool``), as the Ray client has: it
+    records each ``release`` with how many deletes ``provider`` had been asked by then."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.provider: MemoryProvider | None = None
+        self.released: list[tuple[tuple[str, ...], int]] = []
+        self.warmed: list[tuple[str, ...]] = []
+
+    def maintain(self) -> None:
+        return None
+
+    def release(self, names: list[str]) -> None:
+        assert self.provider is not None
+        self.released.append((tuple(names), len(self.provider.deletes)))
+
+    def warm(self, names: list[str]) -> None:
+        self.warmed.append(tuple(names))
+
+    def launches_at_once(self, names: Sequence[str]) -> bool:
+        return False
+
+
 class World:
     def __init__(
-        self, store: Store, clock: FakeClock, state_dir: Path, pools: tuple[PoolView, ...], **provider: object
+        self,
+        store: Store,
+        clock: FakeClock,
+        state_dir: Path,
+        pools: tuple[PoolView, ...],
+        cluster: type[MemoryCluster] = MemoryCluster,
+        **provider: object,
     ) -> None:
         self.store, self.clock = store, clock
-        self.cluster = MemoryCluster.sandbox([], job_seconds=20, clock=clock)
+        self.cluster = cluster.sandbox([], job_seconds=20, clock=clock)
         self.provider = MemoryProvider(
             clock=clock, on_up=self.cluster.add_slices, on_down=self.cluster.remove_slices, **provider
         )  # type: ignore[arg-type]
@@ -241,6 +273,35 @@ def test_a_group_is_made_measured_and_deleted_after_its_holder_finished(world: W
     world.until(lambda: world.job(job2).state == "SUCCEEDED", seconds=5)
     world.until(lambda: not world.groups.all())
     assert world.job(job2).failures == 0
+
+
+def test_a_group_s_slices_leave_the_warm_pool_before_the_provider_deletes_it(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    """So its hosts are idle when they end, and Ray drains them as a scale-in does: the autoscaler's
+    delete of an idle slice and an operator's delete of a held group alike."""
+    world = World(store, clock, tmp_path, (POOL,), cluster=PooledSandbox, delay_s=5)
+    pool = world.cluster
+    assert isinstance(pool, PooledSandbox)
+    pool.provider = world.provider
+    job = world.submit()
+    world.until(lambda: world.job(job).state == "SUCCEEDED", seconds=2)
+    world.until(lambda: not world.groups.all(), seconds=10)  # idle 60 s: the autoscaler deletes it
+    assert world.provider.deletes == [("v4-1", False)]
+    assert [r for r in pool.released if "v4-1-0" in r[0]] == [(("v4-1-0",), 0)]  # before the delete
+
+    world.groups.create("train", "v4-8", 2)
+    world.until(lambda: world.groups.get("train").state == "ACTIVE")
+    job = world.submit(num_slices=2, env={"TPUFLEET_SANDBOX_SECONDS": "30"})
+    world.until(lambda: world.job(job).state == "RUNNING")
+    world.groups.request_delete("train")
+    world.cycle(n=2)  # the first step sees the request; the next cycle gives the slices back
+    assert world.provider.deletes == [("v4-1", False)]  # held: the delete waits for the attempt
+    assert pool.released[-1] == (("train-0", "train-1"), 1)  # held: each goes when the attempt ends
+    world.until(lambda: not any(g.name == "train" for g in world.groups.all()), seconds=5)
+    assert world.provider.deletes == [("v4-1", False), ("train", False)]
+    assert world.job(job).state == "SUCCEEDED"
+    assert pool.warmed == []  # a deleted group's slices never go back to the pool
 
 
 def test_force_delete_preempts_the_holder(world: World) -> None:

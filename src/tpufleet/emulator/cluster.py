@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 # register (rayhost.REGISTER_WAIT_S), so that a node a loaded machine starts slowly fails for its
 # own reason first; a few seconds on a quiet machine.
 JOIN_WAIT_S = 300.0
+# How long ``remove`` asks Ray again to drain a host that refused as busy before it ends it anyway.
+IDLE_WAIT_S = 2.0
 
 HEAD_ENV = {
     # GCS failure detection for a killed host: ~3 s instead of ~15 s.
@@ -469,14 +471,27 @@ class EmulatedFleet:
 
     def _drain_idle(self, st: FleetState, slice_name: str) -> None:
         """Ask Ray to drain the live hosts of ``slice_name`` as idle (see :meth:`remove`); best
-        effort: a head that is down, or a host that refuses, leaves the host to be ended as is."""
+        effort: a head that is down, or a host still busy after ``IDLE_WAIT_S``, leaves the host to
+        be ended as is. A host refuses while work is on it; work just given back (a control plane's
+        idle runner, killed asynchronously) is gone within that wait, as it would be before an
+        autoscaler's next try."""
         if not (st.head and procs.members(st.head)):
             return
         try:
             auth.activate(self.auth_token_path)
             nodes = raynodes.alive_slice_nodes(st.ray_address, slice_name)
             why = f"{slice_name} removed from the emulated fleet (scaled in)"
-            raynodes.drain(st.ray_address, nodes, "DRAIN_NODE_REASON_IDLE_TERMINATION", why, timeout_s=5.0)
+            deadline = time.monotonic() + IDLE_WAIT_S
+            while nodes:
+                refused = raynodes.drain(
+                    st.ray_address, nodes, "DRAIN_NODE_REASON_IDLE_TERMINATION", why, timeout_s=5.0
+                )
+                nodes = sorted(refused)
+                if not nodes or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.1)
+            if nodes:
+                log.debug("Ray would not drain %s of %s as idle: %s", nodes, slice_name, refused)
         except Exception as err:  # Ray's GCS client raises its own errors; nothing here may stop a removal
             log.debug("could not drain %s before removing it: %s", slice_name, err)
 

@@ -17,10 +17,13 @@ jobs waiting on slices being made:
    without using a retry, reason ``PREEMPTED_BY_PROVIDER``), and no new job is placed on it.
 3. **Deletes.** A group whose delete was asked drains: no new job is placed on its slices; with
    ``force`` its holders are preempted (``StopKind.PREEMPT``: SIGTERM, grace, requeue); once none
-   holds a slice, the provider is asked to delete it.
+   holds a slice, the provider is asked to delete it, never in the step that first saw the request:
+   between the two, the service gives the group's slices back to the cluster (:meth:`closing`: the
+   warm pool's reservation and idle runners), so the hosts are idle when the provider ends them and
+   Ray can drain them as an autoscaler's scale-in does (a meant death, not a crash).
 4. **Autoscale.** ``scheduler.autoscale.plan`` on the snapshot, the fleet spec's pools and the
    autoscaler's groups; its ``Create``\\ s become groups ``<pool>-<n>`` asked of the provider, its
-   ``Delete``\\ s provider deletes.
+   ``Delete``\\ s delete requests (carried out as 3 says, from the next step on).
 5. **Policy.** Slices being deleted or noticed are shown to the policy as ``DRAINING``; a private
    group's slices are offered only to its tenant's jobs (a first pass with those jobs alone, whose
    admissions count against the tenant's quota like any other).
@@ -99,6 +102,7 @@ class Provisioner:
         self._idle: dict[str, float] = {}  # physical slice -> free since
         self._asked: set[str] = set()  # groups given to the provider by this process
         self._deleting: set[str] = set()
+        self._closing: dict[str, tuple[str, ...]] = {}  # group -> slices: its delete asked, seen by a step
         self._noticed: set[str] = set()  # physical slices with a preemption notice
         self._orphans: set[str] = set()  # slices of deleted groups still held when the group went
         self._gone: set[str] = set()  # slices of every deleted group (some maybe made again since)
@@ -129,10 +133,18 @@ class Provisioner:
         live = {n for r in records for n in r.slice_names}
         self._retired = frozenset(self._gone - live)
         self._spot_notices(snapshot)
-        self._drain_deletes(snapshot, records)
+        seen = self._closing
+        self._closing = {r.name: tuple(r.slice_names) for r in records if r.delete_requested_at is not None}
+        self._drain_deletes(snapshot, [r for r in records if r.name in seen])
         self._ask(records)
         if self.config.autoscale:
             self._autoscale(self._closed(snapshot), records, now)
+
+    def closing(self) -> frozenset[str]:
+        """The slices of groups whose delete was asked (as of the last step) and of deleted ones
+        (:meth:`retired`): the service takes them out of its warm pool before the provider is asked
+        to delete them (3 above), and keeps them out."""
+        return self._retired.union(*self._closing.values())
 
     def retired(self) -> frozenset[str]:
         """The slices of every deleted group, less those of live groups (a group made again under an
@@ -276,7 +288,8 @@ class Provisioner:
             if isinstance(action, Delete):
                 log.info("autoscaler: delete %s (%s)", action.group, action.reason)
                 self.groups.request_delete(action.group)
-                self._delete(action.group, False)
+                names = next((r.slice_names for r in records if r.name == action.group), [])
+                self._closing[action.group] = tuple(names)
             else:
                 name = self._create(action)
                 if name and action.for_job:

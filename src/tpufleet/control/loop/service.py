@@ -715,10 +715,14 @@ class Service:
         return _inline(fn, *args)
 
     def _pool_draining(self, slices: list[r.SliceRecord]) -> None:
-        """Tell the cluster to give drained free slices back, and to take them again when undrained."""
+        """Tell the cluster to give drained free slices back, and to take them again when undrained;
+        and to give back, held or not, the slices the provider is about to delete (a held one goes
+        when its attempt ends), so their hosts are idle when they end."""
         if self.pool is None:
             return
         drained = {s.name for s in slices if s.draining and s.holder is None}
+        if self.provisioner is not None:
+            drained |= self.provisioner.closing()
         try:
             if drained - self._released:
                 self.pool.release(sorted(drained - self._released))

@@ -180,11 +180,13 @@ class RayExecutor:
         self.maintain()
 
     def release(self, names: list[str]) -> None:
-        """Take free slices out of the pool and give their chips back to Ray (``DRAINING``)."""
+        """Take free slices out of the pool and give their chips back to Ray (``DRAINING``); held
+        ones go when their attempt ends. A name neither pooled nor listed by Ray (a slice deleted
+        long ago) is only kept out of the pool: nothing of it is looked up."""
         with self._lock:
             self._cold.update(names)
             for name in names:
-                if name not in self._held:
+                if name not in self._held and (self._pool.get(name) is not None or name in self._slices):
                     self._pool.release(name)
 
     def release_all(self) -> None:
