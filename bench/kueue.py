@@ -59,15 +59,21 @@ kept a core busy without sending a request.
 
     .venv/bin/python bench/kueue.py [--config baseline|large-scale] [--db sqlite|postgresql]
                                     [--mapping slices|chips] [--scale 0.1] [--jobs-json FILE]
-                                    [--policy-only]
+                                    [--policy-only [--tick-ms MS] [--cadence-ms MS] [--cost-ms MS]
+                                                   [--drift-ms MS] [--seed N]]
 
 ``--policy-only`` replays the same plan through the policy alone (``scheduler.simulate``: the
 real ``decide`` on a fake clock, no store, no API, no loop), in ticks of the greatest common
 divisor of the sets' intervals and runtimes (100 ms for the baseline). A job holds its slices
 exactly its runtime, a preempted one gives them back one tick after the signal and runs its whole
 runtime again, and submits arrive exactly on their intervals (a generation of 60 s for the
-baseline). So it prints what the policy would give with no cost per job at all: the figures of a
-real run minus these are what the control plane's own work costs.
+baseline). So it prints what the policy would give with no cost per job at all.
+
+Its timing can be made a control plane's (``Timing``; 2026-12-07 in docs/benchmarks.md shows why it
+matters): ``--tick-ms`` a finer clock; ``--cadence-ms`` the policy decides only every so often (a
+loop's cycle), what ends in between waiting for the next decision; ``--cost-ms`` more hold per job
+(a launch and an end seen late); ``--drift-ms`` each creation comes after its interval plus an
+exponential delay of that mean (the real generators wait for each submit's answer; ``--seed``).
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -374,23 +381,52 @@ def figures(plan: Plan, jobs: list[dict[str, Any]], started: float, generated: f
     )
 
 
-def simulate(plan: Plan) -> Figures:
+@dataclass(frozen=True)
+class Timing:
+    """How ``simulate`` times the policy (the module docstring); the defaults are Kueue's ideal:
+    ticks of the sets' common divisor, a decision at every event, no cost, no drift."""
+
+    tick_ms: int | None = None  # None: the gcd of the sets' intervals and runtimes
+    cadence_ms: int | None = None  # None: every tick something happens at
+    cost_ms: int = 0
+    drift_ms: int = 0
+    seed: int = 1
+
+    def ticks(self, plan: Plan) -> tuple[int, int]:
+        """(tick in ms, decision cadence in ticks); ValueError when they do not divide."""
+        tick = self.tick_ms or math.gcd(*(ms for s in plan.sets for ms in (s.interval_ms, s.runtime_ms)))
+        every = (self.cadence_ms or tick) // tick
+        if tick < 1 or every < 1 or every * tick != (self.cadence_ms or tick):
+            raise ValueError(
+                f"--cadence-ms must be a multiple of the tick ({tick} ms), got {self.cadence_ms}"
+            )
+        if self.cost_ms < 0 or self.drift_ms < 0:
+            raise ValueError("--cost-ms and --drift-ms must be >= 0")
+        return tick, every
+
+
+def simulate(plan: Plan, timing: Timing = Timing()) -> Figures:
     """The figures of ``plan`` with the policy alone (``--policy-only``, the module docstring)."""
-    tick_ms = math.gcd(*(ms for s in plan.sets for ms in (s.interval_ms, s.runtime_ms)))
+    tick_ms, every = timing.ticks(plan)
+    rnd = random.Random(timing.seed)
     tenants = [TenantView(TenantName(t), {GENERATION: plan.quota}) for t in plan.tenants]
     jobs: list[SimJob] = []
     klass: dict[str, str] = {}
     for t in plan.tenants:
         for s in plan.sets:
             shape = plan.shapes[s.name]
+            at = 0.0  # ms: each creation its interval after the one before, plus the drift
             for i in range(s.count):
+                at += s.interval_ms + (rnd.expovariate(1 / timing.drift_ms) if timing.drift_ms else 0.0)
                 job_id = f"{t}/{s.name}-{i}"
                 klass[job_id] = s.name
+                hold = max(1, round((s.runtime_ms + timing.cost_ms) / tick_ms))
                 jobs.append(
                     SimJob(job_id, t, shape.accelerator_type, shape.num_slices, s.priority,
-                           arrival=s.interval_ms // tick_ms * (i + 1), duration=s.runtime_ms // tick_ms)
+                           arrival=round(at / tick_ms), duration=hold)
                 )  # fmt: skip
-    result = Simulation(tenants, make_fleet(plan.fleet), grace=1, resume=False).run(jobs)
+    fleet = make_fleet(plan.fleet)
+    result = Simulation(tenants, fleet, grace=1, resume=False, every=every).run(jobs)
     waits: dict[str, list[int]] = defaultdict(list)
     for job_id, rec in result.records.items():
         admitted = rec.first_admitted if rec.first_admitted is not None else result.now
@@ -417,7 +453,16 @@ def report(name: str, args: argparse.Namespace, plan: Plan, f: Figures) -> None:
         ratio = f"{ours / theirs:6.2f}x" if theirs else ""
         print(f"  {label:<32}{ours:10.1f}{unit}  {other}  {ratio}")
 
-    where = "the policy alone (simulated)" if args.policy_only else args.db
+    where = args.db
+    if args.policy_only:
+        knobs = [
+            ("tick", args.tick_ms),
+            ("cadence", args.cadence_ms),
+            ("cost", args.cost_ms),
+            ("drift", args.drift_ms),
+        ]
+        timing = "".join(f", {k} {v} ms" for k, v in knobs if v)
+        where = f"the policy alone (simulated{timing}{f', seed {args.seed}' if args.drift_ms else ''})"
     api = f", API in {args.api_processes} processes" if args.api_processes else ""
     print(f"\n{name} on {where}, mapping {args.mapping}{api}, scale {args.scale:g}: {plan.workloads:,} jobs")
     print(f"  {'':<32}{'tpufleet':>11}  {'Kueue':>11}")
@@ -481,10 +526,21 @@ def main() -> int:
         action="store_true",
         help="replay through the policy alone on a fake clock (no control plane; see the docstring)",
     )
+    sim = parser.add_argument_group("--policy-only's timing (the docstring)")
+    sim.add_argument("--tick-ms", type=int, default=None, help="the clock's step (default: the sets' gcd)")
+    sim.add_argument("--cadence-ms", type=int, default=None, help="the policy decides every MS only")
+    sim.add_argument("--cost-ms", type=int, default=0, help="added to every job's hold")
+    sim.add_argument("--drift-ms", type=int, default=0, help="mean extra delay before each creation")
+    sim.add_argument("--seed", type=int, default=1, help="of the drift")
     args = parser.parse_args()
     if args.policy_only:
         p = plan(CONFIGS[args.config], args.mapping, args.scale)
-        report(args.config, args, p, simulate(p))
+        timing = Timing(args.tick_ms, args.cadence_ms, args.cost_ms, args.drift_ms, args.seed)
+        try:
+            timing.ticks(p)
+        except ValueError as err:
+            parser.error(str(err))
+        report(args.config, args, p, simulate(p, timing))
         return 0
     # SIGTERM (a `timeout`) unwinds like Ctrl-C, so the serve subprocess is stopped, not orphaned
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -110,7 +110,25 @@ def test_the_policy_alone_replays_a_plan_on_ticks_of_its_intervals() -> None:
     assert (f.succeeded, f.jobs, f.preempted) == (3, 3, 0)
 
 
-def test_the_policy_alone_meets_the_baseline_goals_with_kueues_fungible_capacity() -> None:
+def test_the_policy_alone_can_be_timed_as_a_control_plane() -> None:
+    # The plan above. Deciding every 300 ms: admitted at 0.3, 0.6, 0.9 s (each end seen at the next
+    # decision; waits 0.2, 0.4, 0.6 s), the last seen ended at 1.2 s. With 100 ms more a job instead:
+    # held 300 ms each, admitted at 0.1, 0.4, 0.7 s.
+    p = kq.Plan(
+        ("a",), 1, "v5litepod-1:1", {"small": kq.Shape("v5litepod-1", 1)},
+        (kq.WorkloadSet("small", 3, 100, 200, 50, 1),),
+    )  # fmt: skip
+    f = kq.simulate(p, kq.Timing(cadence_ms=300))
+    assert (f.wall, f.admission["small"]) == (pytest.approx(1.2), pytest.approx(0.4))
+    f = kq.simulate(p, kq.Timing(cost_ms=100))
+    assert (f.wall, f.admission["small"]) == (pytest.approx(1.0), pytest.approx(0.2))
+    drifted = [kq.simulate(p, kq.Timing(tick_ms=10, drift_ms=50, seed=s)).generation for s in (1, 1, 2)]
+    assert drifted[0] == drifted[1] != drifted[2] and min(drifted) > 0.3  # later, and by the seed
+    with pytest.raises(ValueError, match="multiple of the tick"):
+        kq.simulate(p, kq.Timing(cadence_ms=150))
+
+
+def test_the_policy_alone_admits_by_priority_and_keeps_every_chip_busy_on_fungible_capacity() -> None:
     # The policy with no cost per job (a fifth of the baseline's workloads, all 30 tenants):
     # higher priorities are admitted first, and every chip is used while the queue has work.
     p = kq.plan(kq.CONFIGS["baseline"], "chips", scale=0.2)

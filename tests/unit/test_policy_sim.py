@@ -106,3 +106,20 @@ def test_the_simulation_is_deterministic() -> None:
         }
 
     assert once() == once()
+
+
+def test_with_a_cadence_the_policy_decides_only_on_it_and_what_ends_between_waits_for_it() -> None:
+    """``every=5``: a control plane deciding once a cycle. A job that ends at tick 3 holds its slice
+    until tick 5, where the next job (arrived at tick 1) is admitted; without a cadence at tick 3."""
+    jobs = [
+        SimJob("first", "a", "v4-16", arrival=0, duration=3),
+        SimJob("next", "a", "v4-16", arrival=1, duration=3),
+    ]
+    fleet = make_fleet("v4-16:1")
+    plain = Simulation([tenant("a", v4=8)], fleet).run(jobs)
+    assert plain.record("next").admitted == [3]
+    cadenced = Simulation([tenant("a", v4=8)], fleet, every=5).run(jobs)
+    assert (cadenced.record("first").finished, cadenced.record("next").admitted) == (5, [5])
+    assert cadenced.record("next").finished == 10  # ended at 8, seen at the next decision
+    with pytest.raises(ValueError, match="every"):
+        Simulation([tenant("a", v4=8)], fleet, every=0)

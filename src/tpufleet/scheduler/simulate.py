@@ -3,7 +3,9 @@
 Time is an integer number of ticks; nothing here reads a real clock. Jobs arrive at their
 ``arrival`` tick, run for ``duration`` ticks once admitted and then succeed. At every tick where
 something happens (an arrival, a finish, a preempted job releasing its slices) the simulator builds
-a ``Snapshot``, calls the policy once and applies its decisions:
+a ``Snapshot``, calls the policy once and applies its decisions; with ``every=n`` only at ticks that
+are multiples of ``n`` (a control plane that decides once a cycle: what happened in between waits
+for the next one, a finished job holding its slices until then):
 
 - ``Admit``: the job runs from now on the chosen slices (``admit_seq`` = the next admission number);
 - ``Preempt``: the victim gets the checkpoint signal now, keeps its slices for ``grace`` ticks, then
@@ -117,10 +119,14 @@ class Simulation:
         grace: int = 1,
         policy: Callable[[Snapshot], list[Decision]] = decide,
         resume: bool = True,
+        every: int = 1,
         max_cycles: int = 1_000_000,
     ) -> None:
         if grace < 1:
             raise ValueError("grace must be at least one tick")
+        if every < 1:
+            raise ValueError("every must be at least one tick")
+        self.every = every
         self.tenants = tuple(tenants)
         self.slices = {s.name: s for s in slices}
         self.grace = grace
@@ -253,7 +259,9 @@ class Simulation:
                 times.append(rec.release_at)
             elif rec.view.state == JobState.RUNNING and rec.started is not None:
                 times.append(rec.started + rec.remaining)
-        return min(times, default=None)
+        if not times:
+            return None
+        return -(-min(times) // self.every) * self.every  # the next tick the policy decides at
 
     def _account(self, until: int) -> None:
         """Add chips x ticks held by each tenant from ``now`` to ``until`` and move the clock."""
