@@ -1,7 +1,8 @@
 """``--provider emulator`` on the shared running fleet: a slice group is made of new emulated hosts
 that Ray labels as a TPU slice, then a spot preemption with notice (``tpufleet emulate preempt
 SLICE --notice S`` in another process) drains the hosts for preemption in Ray, the provider reports
-the deadline, and every host dies together at the deadline; a deleted idle group ends as a scale-in."""
+the deadline, and every host dies together at the deadline; a deleted group ends as Ray's
+autoscaler ends nodes (an idle host drained, a busy one stopped)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tpufleet import doctor
 from tpufleet.emulator import EmulatedFleet
@@ -64,7 +66,7 @@ def test_create_active_in_ray_then_preempt_with_notice(fleet: EmulatedFleet, ray
             def ping(self) -> int:
                 return 1
 
-        holder = Holder.remote()  # type: ignore[attr-defined]
+        holder = Holder.remote()
         assert ray.get(holder.ping.remote(), timeout=60) == 1
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
@@ -174,4 +176,32 @@ def test_a_deleted_group_s_hosts_end_as_a_scale_in_does_and_the_slice_is_gone_no
     assert dead["DeathReasonMessage"] == why
     report = doctor.check(probe=False)
     assert dict(report.gone)[name] == f"drained as idle: {why}"
+    assert name not in {f.slice for f in report.findings}
+
+
+def test_a_busy_slice_removed_is_stopped_as_an_autoscaler_stops_a_node_and_is_gone_too(
+    fleet: EmulatedFleet, ray_client: Any
+) -> None:
+    """A host with work on it refuses the idle drain; ``remove`` then stops it as Ray's autoscaler
+    stops a node it ends for another cause (DrainNodes): its work ends with it, and Ray records the
+    death as meant (``EXPECTED_TERMINATION``), so the slice is gone, not a finding (it was
+    ``UNEXPECTED_TERMINATION``, missed heartbeats, before)."""
+    name = fleet.add("v6e-4", "itest-busy-0")
+    (node,) = [n["NodeID"] for n in _nodes(name) if n["Alive"]]
+
+    @ray.remote(num_cpus=0)
+    class Work:
+        def where(self) -> str:
+            return ray.get_runtime_context().get_node_id()
+
+    work = Work.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+    assert ray.get(work.where.remote(), timeout=60) == node
+    fleet.remove(name)
+    (dead,) = _until("Ray to declare the host dead", lambda: [n for n in _nodes(name) if not n["Alive"]])
+    reasons = importlib.import_module("ray.core.generated.common_pb2").NodeDeathInfo.Reason
+    assert reasons.Name(dead["DeathReason"]) == "EXPECTED_TERMINATION", dead
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(work.where.remote(), timeout=60)
+    report = doctor.check(probe=False)
+    assert dict(report.gone)[name].startswith("stopped"), report.gone
     assert name not in {f.slice for f in report.findings}

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 # register (rayhost.REGISTER_WAIT_S), so that a node a loaded machine starts slowly fails for its
 # own reason first; a few seconds on a quiet machine.
 JOIN_WAIT_S = 300.0
-# How long ``remove`` asks Ray again to drain a host that refused as busy before it ends it anyway.
+# How long ``remove`` asks Ray again to drain a host that refused as busy before it stops it.
 IDLE_WAIT_S = 2.0
 
 HEAD_ENV = {
@@ -469,12 +469,12 @@ class EmulatedFleet:
             h.session = None
         store.save(self.state_dir, st)
 
-    def _drain_idle(self, st: FleetState, slice_name: str) -> None:
-        """Ask Ray to drain the live hosts of ``slice_name`` as idle (see :meth:`remove`); best
-        effort: a head that is down, or a host still busy after ``IDLE_WAIT_S``, leaves the host to
-        be ended as is. A host refuses while work is on it; work just given back (a control plane's
+    def _scale_in(self, st: FleetState, slice_name: str) -> None:
+        """Have Ray end the live hosts of ``slice_name`` as an autoscaler does (see :meth:`remove`):
+        each drained as idle, and one still busy after ``IDLE_WAIT_S`` stopped (``raynodes.stop``).
+        A host refuses the idle drain while work is on it; work just given back (a control plane's
         idle runner, killed asynchronously) is gone within that wait, as it would be before an
-        autoscaler's next try."""
+        autoscaler's next try. Best effort: with the head down, the hosts are simply ended."""
         if not (st.head and procs.members(st.head)):
             return
         try:
@@ -491,7 +491,8 @@ class EmulatedFleet:
                     break
                 time.sleep(0.1)
             if nodes:
-                log.debug("Ray would not drain %s of %s as idle: %s", nodes, slice_name, refused)
+                log.debug("stopping busy hosts %s of %s (%s)", nodes, slice_name, refused)
+                raynodes.stop(st.ray_address, nodes)
         except Exception as err:  # Ray's GCS client raises its own errors; nothing here may stop a removal
             log.debug("could not drain %s before removing it: %s", slice_name, err)
 
@@ -607,15 +608,15 @@ class EmulatedFleet:
         """End every host of a slice and forget it (a deleted slice, unlike a preempted one, is
         never restored); with ``wait``, return once Ray has declared its nodes dead.
 
-        Ended as an autoscaler's scale-in ends a node: Ray is asked to drain each host as idle
-        first (what autoscaler v2 sends before it terminates one), so Ray records their deaths as
-        meant (``AUTOSCALER_DRAIN_IDLE``) and the doctor and the control plane see the slice gone,
-        not broken. A host Ray will not drain (busy: tasks or actors run there) is simply ended, a
-        death Ray records as unexpected, as it would for a VM deleted under running work."""
+        Ended as Ray's autoscaler (v2) ends a node: Ray is asked to drain each host as idle first,
+        and a host it will not drain (busy: tasks or actors run there) is stopped as the
+        autoscaler stops a node it ends for another cause, so Ray records every death as meant
+        (``AUTOSCALER_DRAIN_IDLE``, or ``EXPECTED_TERMINATION`` for a busy one, whose work ends
+        with it) and the doctor and the control plane see the slice gone, not broken."""
         with store.locked(self.state_dir):
             st = self._load()
             rec = self._slice(st, slice_name)
-            self._drain_idle(st, slice_name)
+            self._scale_in(st, slice_name)
             self._kill(st, rec.hosts, slice_name)
             st.slices.remove(rec)
             store.save(self.state_dir, st)

@@ -130,3 +130,16 @@ def drain(
         if not ok:
             refused[node_id] = str(why)
     return refused
+
+
+def stop(address: str, node_ids: list[str], timeout_s: float = 10.0) -> list[str]:
+    """Stop each of ``node_ids`` (hex) busy or not, as Ray's autoscaler v2 ends a node for any
+    cause but idleness (``ray_stopper``: the GCS's DrainNodes RPC): the raylet shuts down at once,
+    ending what runs there, and Ray records the death as meant (``EXPECTED_TERMINATION``,
+    "Terminated by autoscaler."). Returns the node ids the GCS stopped."""
+    import importlib
+
+    raylet: Any = importlib.import_module("ray._raylet")
+    client = raylet.GcsClient(address=address)
+    stopped = client.drain_nodes(node_ids=[bytes.fromhex(n) for n in node_ids], timeout=timeout_s)
+    return [bytes(n).hex() for n in stopped]
