@@ -108,6 +108,7 @@ def test_the_policy_alone_replays_a_plan_on_ticks_of_its_intervals() -> None:
     assert f.admission == {"small": pytest.approx(0.1)}
     assert f.usage == pytest.approx(600 / 7)  # 0.6 chip-seconds held of 0.7
     assert (f.succeeded, f.jobs, f.preempted) == (3, 3, 0)
+    assert f.lost == {"small": 0.0, "all": 0.0}  # no run a preemption ended
 
 
 def test_the_policy_alone_can_be_timed_as_a_control_plane() -> None:

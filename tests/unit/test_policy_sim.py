@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tpufleet import catalog
 from tpufleet.scheduler.model import NotFitCode, TenantName, TenantView
 from tpufleet.scheduler.simulate import SimJob, Simulation, make_fleet
 
@@ -82,6 +83,7 @@ def test_a_borrower_is_preempted_requeued_and_finishes_later(resume: bool, rerun
     research = [SimJob(f"r{i}", "research", "v4-16", arrival=0, duration=100) for i in range(4)]
     prod = SimJob("p", "prod", "v4-16", num_slices=2, arrival=5, duration=10)
     result = sim.run([*research, prod])
+    chips = catalog.slice_type("v4-16").chips
     assert result.record("p").admitted == [6]  # preempt at 5, slices released after the grace tick
     assert result.record("p").reasons[-1].code == NotFitCode.WAITING_FOR_PREEMPTION
     victims = sorted(j for j, r in result.records.items() if r.preemptions)
@@ -91,7 +93,10 @@ def test_a_borrower_is_preempted_requeued_and_finishes_later(resume: bool, rerun
         assert rec.admitted == [0, 16]  # back when prod finished
         # resumed from its checkpoint (5 ticks of work kept), or run again whole (Kueue's eviction)
         assert rec.finished == 16 + rerun
+        # held 0 to 6 by the attempt the preemption ended (lost), then 16 to its end
+        assert (rec.lost, rec.held) == (6 * chips, (6 + rerun) * chips)
     assert result.record("r0").finished == 100
+    assert (result.record("r0").lost, result.record("r0").held) == (0, 100 * chips)
     assert result.unfinished() == []
 
 

@@ -86,6 +86,9 @@ class SimRecord:
     finished: int | None = None
     preemptions: int = 0
     release_at: int | None = None
+    attempt_at: int | None = None  # tick the current attempt was admitted at
+    held: int = 0  # chips x ticks its attempts held, admission to release
+    lost: int = 0  # of them, held by attempts that a preemption ended
     reasons: list[NotFit] = field(default_factory=list)  # the reason of every Wait, in order
     life: Life = field(default_factory=lambda: Life(JobState.QUEUED))  # moved by the lifecycle's functions
 
@@ -190,6 +193,11 @@ class Simulation:
         return not rec.view.preempting and rec.started is not None and rec.started + rec.remaining <= self.now
 
     def _release(self, rec: SimRecord) -> None:
+        st = lookup_type(rec.view.accelerator_type)
+        if st is not None and rec.attempt_at is not None:
+            chip_ticks = len(rec.view.slices) * st.chips * (self.now - rec.attempt_at)
+            rec.held += chip_ticks
+            rec.lost += chip_ticks if rec.release_at is not None else 0  # a preemption ended it
         for name in rec.view.slices:
             self.slices[name] = replace(self.slices[name], state=SliceState.FREE, holder=None)
         rec.life, _ = lifecycle.end_attempt(rec.life)
@@ -233,7 +241,7 @@ class Simulation:
             admit_seq=self._admissions,
             head_of_line=False,
         )
-        rec.started = self.now
+        rec.started = rec.attempt_at = self.now
         rec.admitted.append(self.now)
 
     def _preempt(self, rec: SimRecord, decision: Preempt) -> None:
