@@ -346,7 +346,7 @@ class Provisioner:
     # -- 5. the policy on an adjusted snapshot -------------------------------------------------------
     def _closed(self, snapshot: Snapshot) -> Snapshot:
         """Free slices that are noticed for preemption or whose group is being deleted, as DRAINING."""
-        closed = self._noticed | self._retired | {n for r in self._records_deleting() for n in r}
+        closed = self._noticed | self.closing()
         slices = [
             replace(v, state=SliceState.DRAINING) if v.name in closed and v.state is SliceState.FREE else v
             for v in snapshot.slices
@@ -374,9 +374,6 @@ class Provisioner:
         rest = [j for j in queued if j.id not in admitted]
         decisions += inner(replace(snapshot, slices=shared, jobs=[*active, *rest]))
         return decisions
-
-    def _records_deleting(self) -> list[list[str]]:
-        return [r.slice_names for r in self.groups.all() if r.delete_requested_at is not None]
 
     # -- 6. reasons ----------------------------------------------------------------------------------
     def rewrite(self, decisions: list[RunDecision]) -> list[RunDecision]:
