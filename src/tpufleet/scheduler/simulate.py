@@ -193,9 +193,8 @@ class Simulation:
         return not rec.view.preempting and rec.started is not None and rec.started + rec.remaining <= self.now
 
     def _release(self, rec: SimRecord) -> None:
-        st = lookup_type(rec.view.accelerator_type)
-        if st is not None and rec.attempt_at is not None:
-            chip_ticks = len(rec.view.slices) * st.chips * (self.now - rec.attempt_at)
+        if rec.attempt_at is not None:
+            chip_ticks = _chips(rec.view) * (self.now - rec.attempt_at)
             rec.held += chip_ticks
             rec.lost += chip_ticks if rec.release_at is not None else 0  # a preemption ended it
         for name in rec.view.slices:
@@ -274,7 +273,12 @@ class Simulation:
     def _account(self, until: int) -> None:
         """Add chips x ticks held by each tenant from ``now`` to ``until`` and move the clock."""
         for rec in self._live.values():
-            st = lookup_type(rec.view.accelerator_type)
-            if rec.view.state == JobState.RUNNING and st is not None and rec.view.tenant in self.chip_ticks:
-                self.chip_ticks[rec.view.tenant] += len(rec.view.slices) * st.chips * (until - self.now)
+            if rec.view.state == JobState.RUNNING and rec.view.tenant in self.chip_ticks:
+                self.chip_ticks[rec.view.tenant] += _chips(rec.view) * (until - self.now)
         self.now = max(self.now, until)
+
+
+def _chips(view: JobView) -> int:
+    """The chips ``view``'s slices have (0 for a type the catalog does not know)."""
+    st = lookup_type(view.accelerator_type)
+    return len(view.slices) * st.chips if st is not None else 0
