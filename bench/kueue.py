@@ -393,16 +393,17 @@ class Timing:
     seed: int = 1
 
     def ticks(self, plan: Plan) -> tuple[int, int]:
-        """(tick in ms, decision cadence in ticks); ValueError when they do not divide."""
-        tick = self.tick_ms or math.gcd(*(ms for s in plan.sets for ms in (s.interval_ms, s.runtime_ms)))
-        every = (self.cadence_ms or tick) // tick
-        if tick < 1 or every < 1 or every * tick != (self.cadence_ms or tick):
-            raise ValueError(
-                f"--cadence-ms must be a multiple of the tick ({tick} ms), got {self.cadence_ms}"
-            )
+        """(tick in ms, decision cadence in ticks); ValueError for a value out of range."""
+        gcd = math.gcd(*(ms for s in plan.sets for ms in (s.interval_ms, s.runtime_ms)))
+        tick = gcd if self.tick_ms is None else self.tick_ms
+        if tick < 1:
+            raise ValueError(f"--tick-ms must be >= 1, got {tick}")
+        cadence = tick if self.cadence_ms is None else self.cadence_ms
+        if cadence < tick or cadence % tick:
+            raise ValueError(f"--cadence-ms must be a multiple of the tick ({tick} ms), got {cadence}")
         if self.cost_ms < 0 or self.drift_ms < 0:
             raise ValueError("--cost-ms and --drift-ms must be >= 0")
-        return tick, every
+        return tick, cadence // tick
 
 
 def _sim_lost(records: dict[str, SimRecord], klass: dict[str, str]) -> dict[str, float]:

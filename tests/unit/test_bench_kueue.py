@@ -127,6 +127,8 @@ def test_the_policy_alone_can_be_timed_as_a_control_plane() -> None:
     assert drifted[0] == drifted[1] != drifted[2] and min(drifted) > 0.3  # later, and by the seed
     with pytest.raises(ValueError, match="multiple of the tick"):
         kq.simulate(p, kq.Timing(cadence_ms=150))
+    with pytest.raises(ValueError, match="--tick-ms must be >= 1"):
+        kq.simulate(p, kq.Timing(tick_ms=0))
 
 
 def test_the_policy_alone_admits_by_priority_and_keeps_every_chip_busy_on_fungible_capacity() -> None:
