@@ -47,6 +47,23 @@ def _nodes(slice_name: str) -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n["Labels"].get("ray.io/tpu-slice-name") == slice_name]
 
 
+def _death(slice_name: str) -> tuple[str, str]:
+    """Once Ray has declared the one host of ``slice_name`` dead: its death reason's name and
+    message (``NodeDeathInfo``)."""
+    (dead,) = _until(
+        "Ray to declare the host dead", lambda: [n for n in _nodes(slice_name) if not n["Alive"]]
+    )
+    reasons = importlib.import_module("ray.core.generated.common_pb2").NodeDeathInfo.Reason
+    return reasons.Name(dead["DeathReason"]), dead["DeathReasonMessage"]
+
+
+def _gone(slice_name: str) -> str:
+    """Why doctor lists ``slice_name`` as gone; it must not be a finding too."""
+    report = doctor.check(probe=False)
+    assert slice_name not in {f.slice for f in report.findings}
+    return dict(report.gone)[slice_name]
+
+
 def test_create_active_in_ray_then_preempt_with_notice(fleet: EmulatedFleet, ray_client: Any) -> None:
     provider = EmulatorProvider(fleet.state_dir, EmulatorConfig(delay_s=1.0), interval_s=0.2)
     try:
@@ -169,14 +186,9 @@ def test_a_deleted_group_s_hosts_end_as_a_scale_in_does_and_the_slice_is_gone_no
         provider.delete("itest-idle")
         _until("the group to go", lambda: _group(provider, "itest-idle") is None, timeout_s=60)
         provider.close()
-    (dead,) = _until("Ray to declare the host dead", lambda: [n for n in _nodes(name) if not n["Alive"]])
-    reasons = importlib.import_module("ray.core.generated.common_pb2").NodeDeathInfo.Reason
-    assert reasons.Name(dead["DeathReason"]) == "AUTOSCALER_DRAIN_IDLE", dead
     why = f"{name} removed from the emulated fleet (scaled in)"
-    assert dead["DeathReasonMessage"] == why
-    report = doctor.check(probe=False)
-    assert dict(report.gone)[name] == f"drained as idle: {why}"
-    assert name not in {f.slice for f in report.findings}
+    assert _death(name) == ("AUTOSCALER_DRAIN_IDLE", why)
+    assert _gone(name) == f"drained as idle: {why}"
 
 
 def test_a_busy_slice_removed_is_stopped_as_an_autoscaler_stops_a_node_and_is_gone_too(
@@ -197,11 +209,7 @@ def test_a_busy_slice_removed_is_stopped_as_an_autoscaler_stops_a_node_and_is_go
     work = Work.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
     assert ray.get(work.where.remote(), timeout=60) == node
     fleet.remove(name)
-    (dead,) = _until("Ray to declare the host dead", lambda: [n for n in _nodes(name) if not n["Alive"]])
-    reasons = importlib.import_module("ray.core.generated.common_pb2").NodeDeathInfo.Reason
-    assert reasons.Name(dead["DeathReason"]) == "EXPECTED_TERMINATION", dead
+    assert _death(name)[0] == "EXPECTED_TERMINATION"
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(work.where.remote(), timeout=60)
-    report = doctor.check(probe=False)
-    assert dict(report.gone)[name].startswith("stopped"), report.gone
-    assert name not in {f.slice for f in report.findings}
+    assert _gone(name).startswith("stopped")
