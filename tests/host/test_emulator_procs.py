@@ -50,6 +50,19 @@ def test_free_ports_are_distinct() -> None:
     assert len(set(ports)) == 5 and all(p > 0 for p in ports)
 
 
+def test_a_port_handed_out_is_not_handed_out_again_while_its_user_may_not_listen_yet() -> None:
+    """A fleet draws its dashboard port, then its head's agent ports a moment later: the port
+    drawn first is still free then (nothing listens on it yet), and was once drawn again, so Ray
+    refused to start a head whose dashboard and runtime env agent had one port."""
+    only = procs.free_port()
+    again = procs.free_ports(1, candidates=[only])  # still free: nothing listens on it
+    assert again != [only], f"port {only} was handed out twice"
+    other = procs.free_ports(1, candidates=[only + 1, only + 2], exclude=[only + 1])
+    assert other != [only + 1], "an excluded port was handed out"
+    drawn = [p for _ in range(50) for p in procs.free_ports(3)]
+    assert len(set(drawn)) == len(drawn), "a port was handed out twice within one process"
+
+
 def test_state_round_trips_through_the_file(tmp_path: Path) -> None:
     st = FleetState("id", "10.0.0.1", 6379, 8265, "/tmp/tpf-x", 2, 1 << 27, True, procs.Session(10, 20))
     st.slices.append(

@@ -412,7 +412,9 @@ class EmulatedFleet:
 
     def _launch_head(self, st: FleetState) -> tuple[Popen[bytes], Path]:
         where = (st.address, st.gcs_port, st.dashboard_port)
-        *agents, client_port = procs.free_ports(5)  # drawn together, so all differ
+        # drawn together, so all differ, and none is the head's GCS or dashboard port (a restarted
+        # head keeps the ports another process drew, which nothing listens on yet)
+        *agents, client_port = procs.free_ports(5, exclude=(st.gcs_port, st.dashboard_port))
         ports = plan.AgentPorts(*agents)  # the raylet waits for no agent's port file
         if st.lean:
             lean = (sys.executable, *where, st.temp_dir, st.object_store_bytes)

@@ -23,6 +23,7 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,17 +53,40 @@ def physical_memory() -> int | None:
         return None
 
 
-def free_ports(count: int) -> list[int]:
+def free_ports(
+    count: int, *, exclude: Iterable[int] = (), candidates: Sequence[int] | None = None
+) -> list[int]:
     """``count`` distinct TCP ports that are free right now (bound together, then released).
 
     They are drawn from below the kernel's ephemeral range (``ip_local_port_range``), which the
     kernel never hands out by itself: a port chosen now and listened on later (a GCS, a dashboard,
     a control plane) cannot meanwhile be taken as the local end of someone's connection or by a
     process listening on port 0, as a port from ``bind(0)`` can (and was, under load). Falls back
-    to ``bind(0)`` when nothing below the range is free."""
-    low = max(1024, _ephemeral_start() - _BELOW_EPHEMERAL)
-    candidates = list(range(low, _ephemeral_start()))
-    _random.shuffle(candidates)
+    to ``bind(0)`` when nothing below the range is free.
+
+    A port this process handed out is not handed out again for ``HELD_S``: it is free until its
+    user listens on it, so a later draw (a fleet's dashboard port, then its head's agent ports a
+    moment later) could return it again, and two of Ray's components were given one port.
+    ``exclude``: ports taken already that may not listen now (a restarted head's GCS and dashboard,
+    drawn by another process); ``candidates``: the ports to try, in order (default: the range below
+    the ephemeral one, shuffled)."""
+    if candidates is None:
+        low = max(1024, _ephemeral_start() - _BELOW_EPHEMERAL)
+        candidates = _random.sample(range(low, _ephemeral_start()), _ephemeral_start() - low)
+    with _handed_lock:
+        now = time.monotonic()
+        for port, until in list(_handed_out.items()):
+            if until <= now:
+                del _handed_out[port]
+        taken = set(exclude) | _handed_out.keys()
+        ports = _bind_free(count, (p for p in candidates if p not in taken))
+        _handed_out.update(dict.fromkeys(ports, now + HELD_S))
+    return ports
+
+
+def _bind_free(count: int, candidates: Iterable[int]) -> list[int]:
+    """The first ``count`` of ``candidates`` that bind, bound together then released (``bind(0)``
+    for the rest when too few do)."""
     socks: list[socket.socket] = []
     try:
         for port in candidates:
@@ -92,6 +116,9 @@ def free_port() -> int:
 
 _BELOW_EPHEMERAL = 16384  # how far below the ephemeral range ports are drawn from
 _random = random.SystemRandom()  # not the process's seeded `random`: two processes must differ
+HELD_S = 300.0  # how long a port handed out is not handed out again by this process (free_ports)
+_handed_out: dict[int, float] = {}  # port -> until (time.monotonic())
+_handed_lock = threading.Lock()
 
 
 def _ephemeral_start() -> int:
