@@ -71,8 +71,9 @@ def free_ports(
     drawn by another process); ``candidates``: the ports to try, in order (default: the range below
     the ephemeral one, shuffled)."""
     if candidates is None:
-        low = max(1024, _ephemeral_start() - _BELOW_EPHEMERAL)
-        candidates = _random.sample(range(low, _ephemeral_start()), _ephemeral_start() - low)
+        high = _ephemeral_start()
+        low = max(1024, high - _BELOW_EPHEMERAL)
+        candidates = _random.sample(range(low, high), high - low)
     with _handed_lock:
         now = time.monotonic()
         for port, until in list(_handed_out.items()):
