@@ -574,3 +574,13 @@ def test_a_log_monitor_fork_never_handed_a_command_exits_with_its_launcher(tmp_p
 def test_a_forked_process_reaped_elsewhere_reads_as_ended_as_popen_does() -> None:
     child = rayhost._Forked(os.getppid())  # not our child: waitpid fails with ECHILD
     assert child.poll() == 0 and child.wait(timeout=1) == 0
+
+
+def test_an_object_store_ray_would_refuse_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Ray's own refusal came as the head's traceback, after the start had begun."""
+    from tpufleet.emulator import EmulatedFleet
+    from tpufleet.errors import SpecError
+
+    with pytest.raises(SpecError, match="object store of 10 MiB a host: Ray needs at least 75 MiB"):
+        EmulatedFleet("v4-8", state_dir=tmp_path / "fleet", object_store_mb=10)
+    assert not (tmp_path / "fleet").exists()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,7 @@ from tpufleet import doctor, inventory
 from tpufleet.emulator import EmulatedFleet, plan, procs
 from tpufleet.emulator import state as store
 from tpufleet.emulator.state import EmulatedSlice, FleetState, HostRecord
+from tpufleet.errors import ClusterError
 
 pytestmark = pytest.mark.integration
 
@@ -217,3 +220,34 @@ def test_context_manager_ends_the_survivors_of_a_stale_fleet_and_its_own(
     assert [p for p in pids if (info := procs._stat(p)) is not None and info.state != "Z"] == []
     assert store.load(state_dir) is None
     assert sorted(p.name for p in system_tmp.iterdir()) == []  # the dashboard's pymp-* was left here
+
+
+def test_a_fleet_that_does_not_come_up_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A start that fails (its one host given no time to join) ends every process it started and
+    removes its state, its token and its Ray temp dir, as ``down`` does: a failed start left a
+    ``/tmp/tpf-*`` directory behind each time."""
+    root = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))  # short: Ray's socket paths go under it
+    state_dir = tmp_path / "fleet"
+    try:
+        fleet = EmulatedFleet("v5litepod-1", state_dir=state_dir, timeout_s=0.01, temp_root=str(root))
+        with pytest.raises(ClusterError):
+            fleet.up()
+        assert list(root.iterdir()) == []
+        assert _processes_naming(str(root)) == []
+        assert store.load(state_dir) is None and not fleet.auth_token_path.exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Live processes whose command line has ``text`` in it."""
+    found = []
+    for pid in (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        info = procs._stat(pid)
+        if text in cmdline and info is not None and info.state != "Z":
+            found.append(pid)
+    return found

@@ -110,6 +110,16 @@ def _node_key(node: dict[str, Any]) -> Key | None:
     return labels[SLICE_LABEL], int(labels[WORKER_LABEL])
 
 
+MIB = 1024 * 1024
+
+
+def _ray_object_store_minimum() -> int:
+    """The least object store Ray starts a node with (bytes); a smaller one fails its ``ray start``."""
+    from ray._private import ray_constants
+
+    return int(ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES)
+
+
 class EmulatedFleet:
     """A fleet of emulated TPU slices; see the module docstring."""
 
@@ -124,21 +134,28 @@ class EmulatedFleet:
         timeout_s: float = JOIN_WAIT_S,
         lean: bool = True,
         wave_size: int = 8,
+        temp_root: str = "/tmp",
     ) -> None:
+        """``temp_root``: where each start makes the fleet's Ray temp dir (``tpf-*``, removed by
+        ``down`` and by a start that fails); short, since Ray's socket paths live under it."""
         self._spec = catalog.parse_slice_list(slices) if slices else []
         plan.check_fits(sum(st.hosts * n for st, n in self._spec), procs.physical_memory(), slices)
         if cpus_per_host < 0:
             raise SpecError(f"--cpus-per-host must be >= 0, got {cpus_per_host}")
+        if object_store_mb * MIB < _ray_object_store_minimum():
+            least = -(-_ray_object_store_minimum() // MIB)
+            raise SpecError(f"object store of {object_store_mb} MiB a host: Ray needs at least {least} MiB")
+        if wave_size < 1:
+            raise SpecError(f"wave size must be >= 1, got {wave_size}")
         self.cpus_per_host = cpus_per_host
         self._owns_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="tpufleet-emu-"))
-        self.object_store_bytes = object_store_mb * 1024 * 1024
+        self.object_store_bytes = object_store_mb * MIB
         self.log_monitor = log_monitor
         self.timeout_s = timeout_s  # for each wave of hosts (and each restore/add) to join
         self.lean = lean
-        if wave_size < 1:
-            raise SpecError(f"wave size must be >= 1, got {wave_size}")
         self.wave_size = wave_size
+        self.temp_root = temp_root
 
     @classmethod
     def attach(cls, state_dir: str | os.PathLike[str]) -> EmulatedFleet:
@@ -333,19 +350,21 @@ class EmulatedFleet:
                 procs.kill_sessions(old.sessions())
                 shutil.rmtree(old.temp_dir, ignore_errors=True)
             st = self._new_state()
-            auth.write_token(self.auth_token_path, self._token_for_new_fleet())
-            head = self._launch_head(st)
-            for stype, count in self._spec:
-                for name in plan.next_slice_names([s.name for s in st.slices], stype.accelerator_type, count):
-                    self._new_slice(st, stype, name)
-            store.save(self.state_dir, st)
             try:
+                auth.write_token(self.auth_token_path, self._token_for_new_fleet())
+                head = self._launch_head(st)
+                for stype, count in self._spec:
+                    taken = [s.name for s in st.slices]
+                    for name in plan.next_slice_names(taken, stype.accelerator_type, count):
+                        self._new_slice(st, stype, name)
+                store.save(self.state_dir, st)
                 auth.activate(self.auth_token_path)  # this process talks to the fleet from now on
                 self._start_in_waves(st, head)
-            except BaseException:
+            except BaseException:  # a fleet that did not come up leaves nothing behind, as `down` does
                 procs.kill_sessions(st.sessions())
                 store.remove(self.state_dir)
                 self._drop_token()
+                shutil.rmtree(st.temp_dir, ignore_errors=True)
                 raise
         return self
 
@@ -403,7 +422,7 @@ class EmulatedFleet:
             address=ray_util.get_node_ip_address(),
             gcs_port=gcs,
             dashboard_port=dashboard,
-            temp_dir=tempfile.mkdtemp(prefix="tpf-", dir="/tmp"),
+            temp_dir=tempfile.mkdtemp(prefix="tpf-", dir=self.temp_root),
             cpus_per_host=self.cpus_per_host,
             object_store_bytes=self.object_store_bytes,
             log_monitor=self.log_monitor,
@@ -580,7 +599,7 @@ class EmulatedFleet:
                 for h in rec.hosts:
                     h.session = None
             shutil.rmtree(st.temp_dir, ignore_errors=True)
-            st.temp_dir = tempfile.mkdtemp(prefix="tpf-", dir="/tmp")
+            st.temp_dir = tempfile.mkdtemp(prefix="tpf-", dir=Path(st.temp_dir).parent)  # where up made it
             head = self._launch_head(st)
             store.save(self.state_dir, st)
             raynodes.forget()
