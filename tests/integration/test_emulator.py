@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import ray
+from _executor_helpers import procs_with
 from ray.util import tpu
 
 from tpufleet import doctor, inventory
@@ -233,21 +234,7 @@ def test_a_fleet_that_does_not_come_up_leaves_nothing_behind(tmp_path: Path) -> 
         with pytest.raises(ClusterError):
             fleet.up()
         assert list(root.iterdir()) == []
-        assert _processes_naming(str(root)) == []
+        assert procs_with(str(root)) == []  # no process of its head or host is left
         assert store.load(state_dir) is None and not fleet.auth_token_path.exists()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _processes_naming(text: str) -> list[int]:
-    """Live processes whose command line has ``text`` in it."""
-    found = []
-    for pid in (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        info = procs._stat(pid)
-        if text in cmdline and info is not None and info.state != "Z":
-            found.append(pid)
-    return found
