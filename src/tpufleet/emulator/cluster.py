@@ -142,8 +142,8 @@ class EmulatedFleet:
         plan.check_fits(sum(st.hosts * n for st, n in self._spec), procs.physical_memory(), slices)
         if cpus_per_host < 0:
             raise SpecError(f"--cpus-per-host must be >= 0, got {cpus_per_host}")
-        if object_store_mb * MIB < _ray_object_store_minimum():
-            least = -(-_ray_object_store_minimum() // MIB)
+        if object_store_mb * MIB < (floor := _ray_object_store_minimum()):
+            least = -(-floor // MIB)
             raise SpecError(f"object store of {object_store_mb} MiB a host: Ray needs at least {least} MiB")
         if wave_size < 1:
             raise SpecError(f"wave size must be >= 1, got {wave_size}")
