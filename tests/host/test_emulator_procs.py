@@ -63,6 +63,14 @@ def test_a_port_handed_out_is_not_handed_out_again_while_its_user_may_not_listen
     assert len(set(drawn)) == len(drawn), "a port was handed out twice within one process"
 
 
+def test_the_default_candidates_are_every_port_of_the_range_once() -> None:
+    """Drawn one at a time as asked for, then the rest shuffled: no port tried twice, none left out
+    (a draw falls back to bind(0) only once the whole range is taken)."""
+    for low, high in ((2000, 2010), (2000, 2000 + 4 * procs._RANDOM_TRIES)):
+        drawn = list(procs._shuffled(low, high))
+        assert sorted(drawn) == list(range(low, high))
+
+
 def test_state_round_trips_through_the_file(tmp_path: Path) -> None:
     st = FleetState("id", "10.0.0.1", 6379, 8265, "/tmp/tpf-x", 2, 1 << 27, True, procs.Session(10, 20))
     st.slices.append(
